@@ -2,6 +2,7 @@
 //! logging, environment parsing, Go durations and backoff.
 
 pub mod backoff;
+pub mod cli;
 pub mod duration;
 pub mod env;
 pub mod identity;

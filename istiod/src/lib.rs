@@ -1,0 +1,13 @@
+//! istiod: the control plane that configures every sidecar and signs its
+//! workload certificate. `app` wires the parts; each module is named for the
+//! Istio capability it implements.
+
+pub mod app;
+pub mod ca;
+pub mod config;
+pub mod grpc;
+pub mod metrics;
+pub mod token;
+
+/// The version reported by `/version` and `istiod version`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

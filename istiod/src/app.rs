@@ -1,0 +1,225 @@
+//! The composition root: builds every part of istiod from its `Config`, binds
+//! the listeners and returns their real addresses.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use axum::http::StatusCode;
+use axum::routing::get;
+use proto::istio_ca::istio_certificate_service_server::IstioCertificateServiceServer;
+use rustls::pki_types::PrivateKeyDer;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::ca::authn::{Authenticators, JwtAuthenticator};
+use crate::ca::material::{self, SelfSignedOptions};
+use crate::ca::server::CaServer;
+use crate::ca::{CaBundle, Signer};
+use crate::config::Config;
+use crate::metrics::{self, CaMetrics};
+
+/// The running istiod.
+pub struct Bound {
+    /// The TLS gRPC (xDS + CA) address.
+    pub secure_grpc_addr: Option<SocketAddr>,
+    /// The readiness/debug HTTP address.
+    pub http_addr: Option<SocketAddr>,
+    /// The monitoring address.
+    pub monitoring_addr: Option<SocketAddr>,
+    /// The CA root bundle (what `istio-ca-root-cert` carries).
+    pub root_pem: String,
+    shutdown: watch::Sender<bool>,
+    tasks: JoinSet<anyhow::Result<()>>,
+    shutdown_duration: Duration,
+}
+
+impl Bound {
+    /// Stops every server gracefully, waiting at most `--shutdownDuration`.
+    pub async fn shutdown(mut self) {
+        let _ = self.shutdown.send(true);
+        let deadline = tokio::time::sleep(self.shutdown_duration);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                next = self.tasks.join_next() => if next.is_none() { break },
+                _ = &mut deadline => {
+                    tracing::warn!("shutdown took longer than {:?}; stopping now", self.shutdown_duration);
+                    self.tasks.abort_all();
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Runs until a server fails or SIGTERM/SIGINT arrives, then shuts down.
+    pub async fn wait_termination(mut self) -> anyhow::Result<()> {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let result = tokio::select! {
+            _ = term.recv() => { tracing::info!("received signal: terminated; shutting down"); Ok(()) }
+            _ = tokio::signal::ctrl_c() => { tracing::info!("received signal: interrupt; shutting down"); Ok(()) }
+            Some(res) = self.tasks.join_next() => match res {
+                Ok(Ok(())) => Err(anyhow::anyhow!("a server stopped unexpectedly")),
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(anyhow::anyhow!("a server task failed: {e}")),
+            },
+        };
+        self.shutdown().await;
+        result
+    }
+}
+
+fn load_ca(config: &Config) -> anyhow::Result<CaBundle> {
+    if material::has_plugin_ca(&config.root_ca_dir) {
+        let bundle = material::load_plugin(&config.root_ca_dir)?;
+        tracing::info!(target: "ca", "using the plug-in CA in {}", config.root_ca_dir.display());
+        return Ok(bundle);
+    }
+    let bundle = material::load_or_create_self_signed(
+        &config.self_signed_ca_dir,
+        &SelfSignedOptions {
+            trust_domain: config.trust_domain.clone(),
+            ttl: config.self_signed_ca_ttl,
+            rsa_key_size: config.self_signed_ca_rsa_key_size,
+        },
+    )?;
+    tracing::info!(target: "ca", "using the self-signed root in {}", config.self_signed_ca_dir.display());
+    Ok(bundle)
+}
+
+async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} for {what}: is another process using it?"))
+}
+
+fn shutdown_signal(mut rx: watch::Receiver<bool>) -> impl std::future::Future<Output = ()> + Send {
+    async move {
+        let _ = rx.wait_for(|v| *v).await;
+    }
+}
+
+/// Builds and starts istiod.
+pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
+    common::tls::install_crypto_provider();
+    let registry = prometheus::Registry::new();
+    let ca_metrics = Arc::new(CaMetrics::new(&registry));
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let mut tasks = JoinSet::new();
+
+    let bundle = tokio::task::spawn_blocking({
+        let config = config.clone();
+        move || load_ca(&config)
+    })
+    .await??;
+    let root_pem = bundle.root_pem.clone();
+    let roots = bundle.roots.clone();
+    let signer = Arc::new(Signer::new(bundle, config.default_cert_ttl, config.max_cert_ttl)?);
+
+    // istiod's own serving certificate for :15012.
+    let (serving_chain, serving_key) = match &config.custom_tls {
+        Some((cert, key, _)) => {
+            let chain_pem = std::fs::read_to_string(cert)
+                .with_context(|| format!("--tlsCertFile {}", cert.display()))?;
+            let key_pem = std::fs::read_to_string(key)
+                .with_context(|| format!("--tlsKeyFile {}", key.display()))?;
+            let chain = common::pki::pem_certs(&cert.display().to_string(), &chain_pem)?;
+            let key = <PrivateKeyDer<'_> as rustls::pki_types::pem::PemObject>::from_pem_slice(key_pem.as_bytes())
+                .with_context(|| format!("--tlsKeyFile {}: no PEM private key", key.display()))?;
+            (chain, key)
+        }
+        None => {
+            let (chain_pem, key) = signer.sign_server_cert(&config.istiod_sans, config.self_signed_ca_ttl)?;
+            let chain = common::pki::pem_certs("istiod serving certificate", &chain_pem)?;
+            let key = PrivateKeyDer::Pkcs8(key.serialize_der().into());
+            (chain, key)
+        }
+    };
+    tracing::info!(target: "ca", "istiod serving certificate SANs: {}", config.istiod_sans.join(", "));
+
+    let jwt = config.jwt_rule.clone().map(|rule| {
+        tracing::info!(target: "authn", "trusting tokens from issuer {} (keys at {})", rule.issuer, rule.jwks_uri);
+        Arc::new(JwtAuthenticator::new(rule, &config.trust_domain))
+    });
+    let authenticators = Authenticators {
+        client_cert: true,
+        jwt,
+    };
+
+    let mut secure_grpc_addr = None;
+    if let Some(addr) = config.secure_grpc_addr {
+        let listener = bind(addr, "the secure gRPC server (--secureGRPCAddr)").await?;
+        secure_grpc_addr = Some(listener.local_addr()?);
+        let tls = crate::grpc::server_config(serving_chain, serving_key, &roots)?;
+        let incoming = crate::grpc::tls_incoming(listener, tokio_rustls::TlsAcceptor::from(Arc::new(tls)));
+        let ca = CaServer::new(signer.clone(), authenticators.clone(), ca_metrics.clone());
+        let mut builder = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(config.keepalive_interval))
+            .http2_keepalive_timeout(Some(config.keepalive_timeout));
+        if let Some(age) = config.max_connection_age {
+            builder = builder.max_connection_age(age);
+        }
+        let router = builder.add_service(IstioCertificateServiceServer::new(ca));
+        let rx = shutdown_rx.clone();
+        tasks.spawn(async move {
+            router
+                .serve_with_incoming_shutdown(incoming, shutdown_signal(rx))
+                .await
+                .context("secure gRPC server")
+        });
+        tracing::info!("starting gRPC discovery service (xDS and CA) over TLS at {}", secure_grpc_addr.unwrap_or(addr));
+    }
+
+    let mut http_addr = None;
+    if let Some(addr) = config.http_addr {
+        let listener = bind(addr, "the HTTP server (--httpAddr)").await?;
+        http_addr = Some(listener.local_addr()?);
+        // Everything /ready waits for is done by the time we get here.
+        let app = Router::new().route("/ready", get(|| async { (StatusCode::OK, "") }));
+        let rx = shutdown_rx.clone();
+        tasks.spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown_signal(rx))
+                .await
+                .context("HTTP server")
+        });
+        tracing::info!("starting HTTP service at {}", http_addr.unwrap_or(addr));
+    }
+
+    let mut monitoring_addr = None;
+    if let Some(addr) = config.monitoring_addr {
+        let listener = bind(addr, "the monitoring server (--monitoringAddr)").await?;
+        monitoring_addr = Some(listener.local_addr()?);
+        let registry = Arc::new(registry);
+        let app = Router::new()
+            .route(
+                "/metrics",
+                get(move || {
+                    let registry = registry.clone();
+                    async move { metrics::render(&registry) }
+                }),
+            )
+            .route("/version", get(|| async { crate::VERSION }));
+        let rx = shutdown_rx.clone();
+        tasks.spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown_signal(rx))
+                .await
+                .context("monitoring server")
+        });
+        tracing::info!("starting monitoring service at {}", monitoring_addr.unwrap_or(addr));
+    }
+
+    Ok(Bound {
+        secure_grpc_addr,
+        http_addr,
+        monitoring_addr,
+        root_pem,
+        shutdown,
+        tasks,
+        shutdown_duration: config.shutdown_duration,
+    })
+}

@@ -1,0 +1,399 @@
+//! Authenticates CA and xDS callers in Istio's order: a client certificate
+//! that chains to the CA (certificate renewal), then a bearer JWT checked
+//! against `JWT_RULE`. The caller's identity is what the CA signs for.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Identity, pki};
+use jsonwebtoken::jwk::JwkSet;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use rustls_pki_types::CertificateDer;
+use tokio::sync::Mutex;
+use tonic::metadata::MetadataMap;
+
+/// Istio's default audience for workload tokens (`TOKEN_AUDIENCES`).
+pub const DEFAULT_AUDIENCE: &str = "istio-ca";
+
+/// How long fetched signing keys are trusted before they are fetched again.
+const JWKS_REFRESH: Duration = Duration::from_secs(300);
+/// The shortest gap between fetches forced by an unknown key id.
+const JWKS_MIN_REFETCH: Duration = Duration::from_secs(5);
+
+/// An authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The identities the caller proved.
+    pub identities: Vec<Identity>,
+    /// `ClientCertAuthenticator` or `JwtAuthenticator`, as Istio names them.
+    pub authenticator: &'static str,
+}
+
+/// Why a caller was not authenticated; always `Unauthenticated` on the wire.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[error("request authenticate failure: {0}")]
+pub struct AuthnError(pub String);
+
+/// `JWT_RULE`: `{"issuer": ..., "jwks_uri": ..., "audiences": [...]}`.
+#[derive(Debug, Clone, serde::Deserialize, serde::Serialize, PartialEq, Eq)]
+pub struct JwtRule {
+    /// Required `iss`.
+    pub issuer: String,
+    /// Where the signing keys are: `file://`, `https://` (or `http://`).
+    pub jwks_uri: String,
+    /// Accepted `aud` values; Istio's `istio-ca` when empty.
+    #[serde(default)]
+    pub audiences: Vec<String>,
+}
+
+impl JwtRule {
+    /// Parses `JWT_RULE`.
+    pub fn parse(json: &str) -> Result<Self, String> {
+        let rule: JwtRule = serde_json::from_str(json).map_err(|e| {
+            format!(
+                "JWT_RULE is not valid JSON of the form {{\"issuer\":...,\"jwks_uri\":...,\"audiences\":[...]}}: {e}"
+            )
+        })?;
+        if rule.issuer.is_empty() {
+            return Err("JWT_RULE: issuer must not be empty".into());
+        }
+        if !(rule.jwks_uri.starts_with("file://")
+            || rule.jwks_uri.starts_with("https://")
+            || rule.jwks_uri.starts_with("http://"))
+        {
+            return Err(format!(
+                "JWT_RULE: jwks_uri {:?} must start with file://, https:// or http://",
+                rule.jwks_uri
+            ));
+        }
+        Ok(rule)
+    }
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct Claims {
+    sub: String,
+}
+
+struct KeyCache {
+    keys: Option<JwkSet>,
+    fetched: Option<Instant>,
+}
+
+/// Verifies bearer tokens against one `JWT_RULE`.
+pub struct JwtAuthenticator {
+    rule: JwtRule,
+    audiences: Vec<String>,
+    trust_domain: String,
+    cache: Mutex<KeyCache>,
+    http: std::sync::OnceLock<Result<reqwest::Client, String>>,
+}
+
+impl std::fmt::Debug for JwtAuthenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtAuthenticator").field("rule", &self.rule).finish()
+    }
+}
+
+impl JwtAuthenticator {
+    /// An authenticator for `rule`, mapping subjects into `trust_domain`.
+    pub fn new(rule: JwtRule, trust_domain: &str) -> Self {
+        let audiences = if rule.audiences.is_empty() {
+            vec![DEFAULT_AUDIENCE.to_string()]
+        } else {
+            rule.audiences.clone()
+        };
+        Self {
+            rule,
+            audiences,
+            trust_domain: trust_domain.to_string(),
+            cache: Mutex::new(KeyCache {
+                keys: None,
+                fetched: None,
+            }),
+            http: std::sync::OnceLock::new(),
+        }
+    }
+
+    async fn fetch(&self) -> Result<JwkSet, String> {
+        let uri = &self.rule.jwks_uri;
+        let body = if let Some(path) = uri.strip_prefix("file://") {
+            tokio::fs::read_to_string(PathBuf::from(path))
+                .await
+                .map_err(|e| format!("reading JWKS {uri}: {e}"))?
+        } else {
+            let client = self
+                .http
+                .get_or_init(|| {
+                    common::tls::install_crypto_provider();
+                    reqwest::Client::builder()
+                        .timeout(Duration::from_secs(10))
+                        .build()
+                        .map_err(|e| e.to_string())
+                })
+                .as_ref()
+                .map_err(|e| format!("HTTP client for {uri}: {e}"))?;
+            let resp = client
+                .get(uri)
+                .send()
+                .await
+                .map_err(|e| format!("fetching JWKS {uri}: {e}"))?;
+            if !resp.status().is_success() {
+                return Err(format!("fetching JWKS {uri}: HTTP {}", resp.status()));
+            }
+            resp.text()
+                .await
+                .map_err(|e| format!("fetching JWKS {uri}: {e}"))?
+        };
+        serde_json::from_str(&body).map_err(|e| format!("JWKS {uri} is not a JSON Web Key Set: {e}"))
+    }
+
+    /// The keys, fetched when stale or when `kid` is unknown (rate limited).
+    async fn keys(&self, kid: Option<&str>) -> Result<JwkSet, String> {
+        let mut cache = self.cache.lock().await;
+        let age = cache.fetched.map(|t| t.elapsed());
+        let stale = age.is_none_or(|a| a > JWKS_REFRESH);
+        let unknown_kid = match (&cache.keys, kid) {
+            (Some(set), Some(kid)) => set.find(kid).is_none(),
+            _ => false,
+        };
+        if stale || (unknown_kid && age.is_none_or(|a| a > JWKS_MIN_REFETCH)) {
+            match self.fetch().await {
+                Ok(set) => {
+                    cache.keys = Some(set);
+                    cache.fetched = Some(Instant::now());
+                }
+                Err(e) if cache.keys.is_none() => return Err(e),
+                Err(e) => tracing::warn!(target: "authn", "keeping the previous JWKS: {e}"),
+            }
+        }
+        cache.keys.clone().ok_or_else(|| "no JWKS loaded".to_string())
+    }
+
+    /// Verifies `token` and returns the caller's identity.
+    pub async fn authenticate(&self, token: &str) -> Result<Identity, String> {
+        let header = jsonwebtoken::decode_header(token).map_err(|e| format!("malformed JWT: {e}"))?;
+        let set = self.keys(header.kid.as_deref()).await?;
+        let candidates: Vec<_> = match &header.kid {
+            Some(kid) => set.find(kid).into_iter().collect(),
+            None => set.keys.iter().collect(),
+        };
+        if candidates.is_empty() {
+            return Err(format!(
+                "no key in {} matches the token's key id {:?}",
+                self.rule.jwks_uri, header.kid
+            ));
+        }
+        let mut validation = Validation::new(header.alg);
+        validation.set_issuer(&[&self.rule.issuer]);
+        validation.set_audience(&self.audiences);
+        validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
+        validation.leeway = 60;
+        if matches!(header.alg, Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512) {
+            return Err("HMAC-signed tokens are not accepted".into());
+        }
+        let mut last = String::new();
+        for jwk in candidates {
+            let key = match DecodingKey::from_jwk(jwk) {
+                Ok(k) => k,
+                Err(e) => {
+                    last = format!("unusable key in JWKS: {e}");
+                    continue;
+                }
+            };
+            match jsonwebtoken::decode::<Claims>(token, &key, &validation) {
+                Ok(data) => {
+                    return Identity::from_k8s_subject(&self.trust_domain, &data.claims.sub)
+                        .ok_or_else(|| {
+                            format!(
+                                "token subject {:?} is not system:serviceaccount:<namespace>:<name>",
+                                data.claims.sub
+                            )
+                        });
+                }
+                Err(e) => last = describe_jwt_error(&e, &self.rule.issuer, &self.audiences),
+            }
+        }
+        Err(last)
+    }
+}
+
+fn describe_jwt_error(e: &jsonwebtoken::errors::Error, issuer: &str, audiences: &[String]) -> String {
+    use jsonwebtoken::errors::ErrorKind;
+    match e.kind() {
+        ErrorKind::ExpiredSignature => "token has expired".into(),
+        ErrorKind::InvalidIssuer => format!("token issuer is not {issuer:?}"),
+        ErrorKind::InvalidAudience => format!("token audience is not one of {audiences:?}"),
+        ErrorKind::InvalidSignature => "token signature is invalid".into(),
+        ErrorKind::ImmatureSignature => "token is not valid yet".into(),
+        ErrorKind::MissingRequiredClaim(c) => format!("token lacks the {c:?} claim"),
+        _ => format!("invalid token: {e}"),
+    }
+}
+
+/// The authenticators of a gRPC server, tried in Istio's order.
+#[derive(Debug, Clone)]
+pub struct Authenticators {
+    /// Whether verified client certificates authenticate callers.
+    pub client_cert: bool,
+    /// The `JWT_RULE` authenticator, if configured.
+    pub jwt: Option<Arc<JwtAuthenticator>>,
+}
+
+impl Authenticators {
+    /// Authenticates a request from its metadata and verified peer chain.
+    pub async fn authenticate(
+        &self,
+        metadata: &MetadataMap,
+        peer_certs: Option<&[CertificateDer<'static>]>,
+    ) -> Result<Caller, AuthnError> {
+        let mut reasons = Vec::new();
+        if self.client_cert {
+            match peer_certs.and_then(|c| c.first()) {
+                Some(leaf) => match cert_identities(leaf) {
+                    Ok(ids) => {
+                        return Ok(Caller {
+                            identities: ids,
+                            authenticator: "ClientCertAuthenticator",
+                        });
+                    }
+                    Err(e) => reasons.push(format!("client certificate: {e}")),
+                },
+                None => reasons.push("no client certificate".to_string()),
+            }
+        }
+        match bearer_token(metadata) {
+            Err(e) => reasons.push(e),
+            Ok(token) => match &self.jwt {
+                None => reasons.push(
+                    "a bearer token was sent but no JWT_RULE is configured to verify it".into(),
+                ),
+                Some(jwt) => match jwt.authenticate(token).await {
+                    Ok(id) => {
+                        return Ok(Caller {
+                            identities: vec![id],
+                            authenticator: "JwtAuthenticator",
+                        });
+                    }
+                    Err(e) => reasons.push(format!("JWT: {e}")),
+                },
+            },
+        }
+        Err(AuthnError(reasons.join("; ")))
+    }
+}
+
+fn cert_identities(leaf: &CertificateDer<'_>) -> Result<Vec<Identity>, String> {
+    let info = pki::cert_info(leaf).map_err(|e| e.to_string())?;
+    let ids: Vec<Identity> = info.uri_sans.iter().filter_map(|u| u.parse().ok()).collect();
+    if ids.is_empty() {
+        Err("certificate has no SPIFFE URI SAN".into())
+    } else {
+        Ok(ids)
+    }
+}
+
+fn bearer_token(metadata: &MetadataMap) -> Result<&str, String> {
+    let value = metadata
+        .get("authorization")
+        .ok_or_else(|| "no HTTP authorization header exists".to_string())?;
+    let value = value
+        .to_str()
+        .map_err(|_| "authorization header is not ASCII".to_string())?;
+    let token = value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .ok_or_else(|| "authorization header is not a Bearer token".to_string())?
+        .trim();
+    if token.is_empty() {
+        return Err("empty bearer token".into());
+    }
+    Ok(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::token::{Issuer, MintOptions};
+
+    fn setup(dir: &std::path::Path) -> (Issuer, JwtAuthenticator) {
+        let issuer = Issuer::create(dir, "https://issuer.test").unwrap();
+        let rule = JwtRule {
+            issuer: "https://issuer.test".into(),
+            jwks_uri: format!("file://{}", dir.join("jwks.json").display()),
+            audiences: vec![],
+        };
+        (issuer, JwtAuthenticator::new(rule, "cluster.local"))
+    }
+
+    fn opts() -> MintOptions {
+        MintOptions {
+            namespace: "ns1".into(),
+            service_account: "sa1".into(),
+            audience: DEFAULT_AUDIENCE.into(),
+            ttl: Duration::from_secs(3600),
+            issuer_override: None,
+            expired: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn good_token_gives_spiffe_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        let (issuer, authn) = setup(dir.path());
+        let token = issuer.mint(&opts()).unwrap();
+        let id = authn.authenticate(&token).await.unwrap();
+        assert_eq!(id.to_string(), "spiffe://cluster.local/ns/ns1/sa/sa1");
+    }
+
+    #[tokio::test]
+    async fn bad_tokens_say_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let (issuer, authn) = setup(dir.path());
+        let other_dir = tempfile::tempdir().unwrap();
+        let other = Issuer::create(other_dir.path(), "https://issuer.test").unwrap();
+        let cases = [
+            (MintOptions { expired: true, ..opts() }, "expired", &issuer),
+            (MintOptions { audience: "other".into(), ..opts() }, "audience", &issuer),
+            (
+                MintOptions { issuer_override: Some("https://evil.test".into()), ..opts() },
+                "issuer",
+                &issuer,
+            ),
+        ];
+        for (o, want, iss) in cases {
+            let token = iss.mint(&o).unwrap();
+            let err = authn.authenticate(&token).await.unwrap_err();
+            assert!(err.contains(want), "{want}: {err}");
+        }
+        // Signed by a key the JWKS does not hold (same kid shape, other key).
+        let token = other.mint(&opts()).unwrap();
+        let err = authn.authenticate(&token).await.unwrap_err();
+        assert!(err.contains("key id") || err.contains("signature"), "{err}");
+        assert!(authn.authenticate("not.a.jwt").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn authenticators_report_every_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, authn) = setup(dir.path());
+        let a = Authenticators {
+            client_cert: true,
+            jwt: Some(Arc::new(authn)),
+        };
+        let err = a.authenticate(&MetadataMap::new(), None).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "request authenticate failure: no client certificate; no HTTP authorization header exists"
+        );
+    }
+
+    #[test]
+    fn jwt_rule_parses_and_names_mistakes() {
+        let r = JwtRule::parse(r#"{"issuer":"i","jwks_uri":"file:///x","audiences":["a"]}"#).unwrap();
+        assert_eq!(r.audiences, vec!["a"]);
+        assert!(JwtRule::parse("{").unwrap_err().contains("JWT_RULE"));
+        assert!(JwtRule::parse(r#"{"issuer":"i","jwks_uri":"ftp://x"}"#).unwrap_err().contains("jwks_uri"));
+    }
+}

@@ -1,0 +1,285 @@
+//! Where the CA's signing key and certificates come from, in Istio's order:
+//! a plug-in CA in `ROOT_CA_DIR` (`./etc/cacerts`, Istio's file names) wins;
+//! otherwise a self-signed root kept in a directory (the file form of Istio's
+//! `istio-ca-secret` Secret) so that a restart keeps the same root.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::pki::{self, KeyType};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose, SerialNumber,
+};
+use rustls_pki_types::CertificateDer;
+
+/// Istio's plug-in CA file names.
+pub const CA_CERT_FILE: &str = "ca-cert.pem";
+/// The signing key of the plug-in CA.
+pub const CA_KEY_FILE: &str = "ca-key.pem";
+/// The chain from the signing certificate up to (not necessarily including) the root.
+pub const CERT_CHAIN_FILE: &str = "cert-chain.pem";
+/// The root bundle.
+pub const ROOT_CERT_FILE: &str = "root-cert.pem";
+
+/// Why the CA material could not be loaded or created.
+#[derive(Debug, thiserror::Error)]
+pub enum MaterialError {
+    /// A plug-in bundle lacks a file.
+    #[error("plug-in CA in {dir} is incomplete: {missing} is missing (a plug-in CA needs {CA_CERT_FILE}, {CA_KEY_FILE}, {CERT_CHAIN_FILE} and {ROOT_CERT_FILE}; remove the directory's files to use a self-signed root)")]
+    Incomplete {
+        /// The directory.
+        dir: String,
+        /// The missing file.
+        missing: String,
+    },
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A file's content is unusable.
+    #[error(transparent)]
+    Pki(#[from] pki::PkiError),
+    /// The files do not belong together.
+    #[error("{path}: {reason}")]
+    Mismatch {
+        /// The offending file.
+        path: String,
+        /// What does not match.
+        reason: String,
+    },
+    /// rcgen failed.
+    #[error("creating the self-signed root: {0}")]
+    Rcgen(#[from] rcgen::Error),
+}
+
+/// The CA's signing material.
+pub struct CaBundle {
+    /// The key that signs workload certificates.
+    pub signing_key: KeyPair,
+    /// The signing certificate (the root itself when self-signed).
+    pub signing_cert: CertificateDer<'static>,
+    /// Certificates between the signing certificate and the root, signing certificate first.
+    /// Empty for a self-signed root.
+    pub chain: Vec<CertificateDer<'static>>,
+    /// The root bundle as PEM (what workloads trust).
+    pub root_pem: String,
+    /// The root bundle, parsed.
+    pub roots: Vec<CertificateDer<'static>>,
+    /// Where the material came from, for logs.
+    pub source: String,
+}
+
+impl std::fmt::Debug for CaBundle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CaBundle")
+            .field("source", &self.source)
+            .field("chain_len", &self.chain.len())
+            .field("roots", &self.roots.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Options for the self-signed root (Istio's `CITADEL_SELF_SIGNED_*` variables).
+#[derive(Debug, Clone)]
+pub struct SelfSignedOptions {
+    /// The trust domain, written as the root's Organization.
+    pub trust_domain: String,
+    /// Root lifetime (`CITADEL_SELF_SIGNED_CA_CERT_TTL`, 10 years).
+    pub ttl: Duration,
+    /// RSA key size (`CITADEL_SELF_SIGNED_CA_RSA_KEY_SIZE`, 2048).
+    pub rsa_key_size: usize,
+}
+
+fn read(path: &Path) -> Result<String, MaterialError> {
+    fs::read_to_string(path).map_err(|source| MaterialError::Io {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn write(path: &Path, contents: &str, mode: u32) -> Result<(), MaterialError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |source| MaterialError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let tmp = path.with_extension("tmp");
+    let mut f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(mode)
+        .open(&tmp)
+        .map_err(io)?;
+    f.write_all(contents.as_bytes()).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    fs::rename(&tmp, path).map_err(io)
+}
+
+/// Whether `dir` holds any plug-in CA file (then it must hold all of them).
+pub fn has_plugin_ca(dir: &Path) -> bool {
+    [CA_CERT_FILE, CA_KEY_FILE, CERT_CHAIN_FILE, ROOT_CERT_FILE]
+        .iter()
+        .any(|f| dir.join(f).exists())
+}
+
+/// Loads a complete plug-in CA bundle from `dir`, checking that it belongs together.
+pub fn load_plugin(dir: &Path) -> Result<CaBundle, MaterialError> {
+    for f in [CA_CERT_FILE, CA_KEY_FILE, CERT_CHAIN_FILE, ROOT_CERT_FILE] {
+        if !dir.join(f).exists() {
+            return Err(MaterialError::Incomplete {
+                dir: dir.display().to_string(),
+                missing: f.to_string(),
+            });
+        }
+    }
+    load_files(dir, true, &format!("plug-in CA {}", dir.display()))
+}
+
+fn load_files(dir: &Path, chain_required: bool, source: &str) -> Result<CaBundle, MaterialError> {
+    let p = |f: &str| dir.join(f);
+    let path_str = |f: &str| p(f).display().to_string();
+    let cert_pem = read(&p(CA_CERT_FILE))?;
+    let key_pem = read(&p(CA_KEY_FILE))?;
+    let root_pem = read(&p(ROOT_CERT_FILE))?;
+    let chain_pem = if chain_required || p(CERT_CHAIN_FILE).exists() {
+        read(&p(CERT_CHAIN_FILE))?
+    } else {
+        String::new()
+    };
+
+    let signing_cert = pki::pem_certs(&path_str(CA_CERT_FILE), &cert_pem)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| MaterialError::Mismatch {
+            path: path_str(CA_CERT_FILE),
+            reason: "holds no certificate".into(),
+        })?;
+    let signing_key = pki::key_from_pem(&path_str(CA_KEY_FILE), &key_pem)?;
+    let roots = pki::pem_certs(&path_str(ROOT_CERT_FILE), &root_pem)?;
+    let chain = if chain_pem.trim().is_empty() {
+        Vec::new()
+    } else {
+        pki::pem_certs(&path_str(CERT_CHAIN_FILE), &chain_pem)?
+    };
+
+    let info = pki::cert_info(&signing_cert)?;
+    if !info.is_ca {
+        return Err(MaterialError::Mismatch {
+            path: path_str(CA_CERT_FILE),
+            reason: "is not a CA certificate (basicConstraints CA:TRUE is required)".into(),
+        });
+    }
+    // The key must be the certificate's key: sign something and verify it
+    // against the certificate.
+    let probe = CertificateParams::new(vec!["probe.invalid".to_string()])?;
+    let issuer = rcgen::Issuer::from_ca_cert_der(&signing_cert, &signing_key)?;
+    let probe_key = pki::generate_key(KeyType::EcdsaP256)?;
+    let probe_cert = probe.signed_by(&probe_key, &issuer)?;
+    if !pki::signed_by(probe_cert.der(), &signing_cert) {
+        return Err(MaterialError::Mismatch {
+            path: path_str(CA_KEY_FILE),
+            reason: format!("does not match the public key of {}", path_str(CA_CERT_FILE)),
+        });
+    }
+    // The signing certificate must lead to one of the roots, through the chain.
+    let mut current = signing_cert.clone();
+    let mut steps = 0;
+    let chains_to_root = loop {
+        if roots.iter().any(|r| r.as_ref() == current.as_ref())
+            || roots.iter().any(|r| pki::signed_by(&current, r))
+        {
+            break true;
+        }
+        match chain
+            .iter()
+            .find(|c| c.as_ref() != current.as_ref() && pki::signed_by(&current, c))
+        {
+            Some(next) if steps < 8 => {
+                current = next.clone();
+                steps += 1;
+            }
+            _ => break false,
+        }
+    };
+    if !chains_to_root {
+        return Err(MaterialError::Mismatch {
+            path: path_str(CA_CERT_FILE),
+            reason: format!(
+                "does not chain to {} (through {})",
+                path_str(ROOT_CERT_FILE),
+                path_str(CERT_CHAIN_FILE)
+            ),
+        });
+    }
+
+    // Istio's cert-chain.pem may repeat the root; the root is sent once, last.
+    let chain = chain
+        .into_iter()
+        .filter(|c| !roots.iter().any(|r| r.as_ref() == c.as_ref()))
+        .collect();
+    Ok(CaBundle {
+        signing_key,
+        signing_cert,
+        chain,
+        root_pem,
+        roots,
+        source: source.to_string(),
+    })
+}
+
+/// Loads the self-signed root from `dir`, creating and saving one if absent.
+pub fn load_or_create_self_signed(
+    dir: &Path,
+    opts: &SelfSignedOptions,
+) -> Result<CaBundle, MaterialError> {
+    if dir.join(CA_CERT_FILE).exists() {
+        return load_files(dir, false, &format!("self-signed root in {}", dir.display()));
+    }
+    fs::create_dir_all(dir).map_err(|source| MaterialError::Io {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    let key = pki::generate_key(KeyType::Rsa(opts.rsa_key_size))?;
+    let mut params = CertificateParams::default();
+    params
+        .distinguished_name
+        .push(DnType::OrganizationName, opts.trust_domain.clone());
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::minutes(2);
+    params.not_after = now + opts.ttl;
+    params.serial_number = Some(random_serial());
+    let cert = params.self_signed(&key)?;
+    let cert_pem = cert.pem();
+    write(&dir.join(CA_KEY_FILE), &key.serialize_pem(), 0o600)?;
+    write(&dir.join(CA_CERT_FILE), &cert_pem, 0o644)?;
+    write(&dir.join(ROOT_CERT_FILE), &cert_pem, 0o644)?;
+    write(&dir.join(CERT_CHAIN_FILE), "", 0o644)?;
+    tracing::info!(target: "ca", dir = %dir.display(), "created a self-signed root CA");
+    load_files(dir, false, &format!("self-signed root in {}", dir.display()))
+}
+
+/// A random positive 128-bit serial number, as Istio's CA uses.
+pub fn random_serial() -> SerialNumber {
+    let mut bytes: [u8; 16] = rand::random();
+    bytes[0] &= 0x7f;
+    bytes[0] |= 0x01; // keep the full length so the encoding never shrinks
+    SerialNumber::from_slice(&bytes)
+}
+
+/// The default directory for the self-signed root.
+pub fn default_self_signed_dir() -> PathBuf {
+    PathBuf::from("./etc/istio-ca-secret")
+}

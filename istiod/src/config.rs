@@ -1,0 +1,328 @@
+//! istiod's configuration: the flags of `pilot-discovery discovery` (Istio's
+//! names and defaults) and the environment variables it reads.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::env::{Env, Reader};
+
+use crate::ca::authn::JwtRule;
+
+/// `JWT_RULE`: a JSON `{"issuer","jwks_uri","audiences"}` trusted for CA and xDS callers.
+pub const ENV_JWT_RULE: &str = "JWT_RULE";
+/// `DEFAULT_WORKLOAD_CERT_TTL`: lifetime when a CSR asks for none (24h).
+pub const ENV_DEFAULT_WORKLOAD_CERT_TTL: &str = "DEFAULT_WORKLOAD_CERT_TTL";
+/// `MAX_WORKLOAD_CERT_TTL`: longest lifetime a CSR may ask for (90 days).
+pub const ENV_MAX_WORKLOAD_CERT_TTL: &str = "MAX_WORKLOAD_CERT_TTL";
+/// `CITADEL_SELF_SIGNED_CA_CERT_TTL`: self-signed root lifetime (10 years).
+pub const ENV_SELF_SIGNED_CA_CERT_TTL: &str = "CITADEL_SELF_SIGNED_CA_CERT_TTL";
+/// `CITADEL_SELF_SIGNED_CA_RSA_KEY_SIZE`: self-signed root key size (2048).
+pub const ENV_SELF_SIGNED_CA_RSA_KEY_SIZE: &str = "CITADEL_SELF_SIGNED_CA_RSA_KEY_SIZE";
+/// `ROOT_CA_DIR`: the plug-in CA directory (`./etc/cacerts`, the `cacerts` Secret's mount).
+pub const ENV_ROOT_CA_DIR: &str = "ROOT_CA_DIR";
+/// Where the self-signed root is kept between restarts. Istio keeps it in the
+/// `istio-ca-secret` Secret; without Kubernetes this directory plays that part.
+pub const ENV_SELF_SIGNED_CA_DIR: &str = "ISTIO_SELF_SIGNED_CA_DIR";
+/// `ISTIOD_CUSTOM_HOST`: extra names (comma-separated) for istiod's serving certificate.
+pub const ENV_ISTIOD_CUSTOM_HOST: &str = "ISTIOD_CUSTOM_HOST";
+/// `POD_NAMESPACE`: istiod's namespace (`istio-system`).
+pub const ENV_POD_NAMESPACE: &str = "POD_NAMESPACE";
+/// `XDS_AUTH`: authenticate CA and xDS callers (true).
+pub const ENV_XDS_AUTH: &str = "XDS_AUTH";
+
+/// Default for `DEFAULT_WORKLOAD_CERT_TTL`.
+pub const DEFAULT_WORKLOAD_CERT_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Default for `MAX_WORKLOAD_CERT_TTL`.
+pub const DEFAULT_MAX_WORKLOAD_CERT_TTL: Duration = Duration::from_secs(90 * 24 * 3600);
+/// Default for `CITADEL_SELF_SIGNED_CA_CERT_TTL`.
+pub const DEFAULT_SELF_SIGNED_CA_CERT_TTL: Duration = Duration::from_secs(3650 * 24 * 3600);
+
+/// The flags of `istiod discovery`, Istio's spelling.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DiscoveryArgs {
+    /// Discovery service gRPC address, plaintext (`:15010`).
+    #[arg(long = "grpcAddr", default_value = ":15010")]
+    pub grpc_addr: String,
+    /// Discovery service and CA gRPC address over TLS (`:15012`).
+    #[arg(long = "secureGRPCAddr", default_value = ":15012")]
+    pub secure_grpc_addr: String,
+    /// Readiness and debug HTTP address (`:8080`).
+    #[arg(long = "httpAddr", default_value = ":8080")]
+    pub http_addr: String,
+    /// Webhook HTTPS address (`:15017`).
+    #[arg(long = "httpsAddr", default_value = ":15017")]
+    pub https_addr: String,
+    /// Prometheus metrics address (`:15014`).
+    #[arg(long = "monitoringAddr", default_value = ":15014")]
+    pub monitoring_addr: String,
+    /// DNS domain suffix.
+    #[arg(long = "domain", default_value = "cluster.local")]
+    pub domain: String,
+    /// Mesh config file.
+    #[arg(long = "meshConfig", default_value = "./etc/istio/config/mesh")]
+    pub mesh_config: PathBuf,
+    /// Mesh networks file.
+    #[arg(long = "networksConfig", default_value = "./etc/istio/config/meshNetworks")]
+    pub networks_config: PathBuf,
+    /// Directory of Kubernetes-style YAML config (the file source).
+    #[arg(long = "configDir", default_value = "")]
+    pub config_dir: String,
+    /// Service registries.
+    #[arg(long = "registries", value_delimiter = ',', default_value = "Kubernetes")]
+    pub registries: Vec<String>,
+    /// System namespace.
+    #[arg(short = 'n', long = "namespace", env = "POD_NAMESPACE", default_value = "istio-system")]
+    pub namespace: String,
+    /// Cluster ID.
+    #[arg(long = "clusterID", env = "CLUSTER_ID", default_value = "Kubernetes")]
+    pub cluster_id: String,
+    /// Kubeconfig file (out of cluster).
+    #[arg(long = "kubeconfig", default_value = "")]
+    pub kubeconfig: String,
+    /// Custom serving certificate chain (PEM).
+    #[arg(long = "tlsCertFile", default_value = "")]
+    pub tls_cert_file: String,
+    /// Custom serving key (PEM).
+    #[arg(long = "tlsKeyFile", default_value = "")]
+    pub tls_key_file: String,
+    /// Root of the custom serving certificate.
+    #[arg(long = "caCertFile", default_value = "")]
+    pub ca_cert_file: String,
+    /// gRPC server keepalive interval.
+    #[arg(long = "keepaliveInterval", default_value = "30s", value_parser = parse_duration)]
+    pub keepalive_interval: Duration,
+    /// gRPC server keepalive timeout.
+    #[arg(long = "keepaliveTimeout", default_value = "10s", value_parser = parse_duration)]
+    pub keepalive_timeout: Duration,
+    /// Maximum connection age (Helm sets 30m); 0 means unlimited.
+    #[arg(long = "keepaliveMaxServerConnectionAge", default_value = "0s", value_parser = parse_duration)]
+    pub keepalive_max_server_connection_age: Duration,
+    /// How long a graceful shutdown may take.
+    #[arg(long = "shutdownDuration", default_value = "10s", value_parser = parse_duration)]
+    pub shutdown_duration: Duration,
+    /// Serve pprof-style profiling (accepted for compatibility).
+    #[arg(long = "profile", default_value = "true", num_args = 0..=1, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
+    pub profile: bool,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    common::duration::parse(s).map_err(|e| e.to_string())
+}
+
+/// istiod's effective configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Plaintext gRPC listen address; `None` disables it.
+    pub grpc_addr: Option<SocketAddr>,
+    /// TLS gRPC (xDS + CA) listen address; `None` disables it.
+    pub secure_grpc_addr: Option<SocketAddr>,
+    /// HTTP (readiness, debug) listen address.
+    pub http_addr: Option<SocketAddr>,
+    /// Monitoring listen address.
+    pub monitoring_addr: Option<SocketAddr>,
+    /// DNS domain.
+    pub domain: String,
+    /// System namespace.
+    pub namespace: String,
+    /// Cluster ID.
+    pub cluster_id: String,
+    /// SPIFFE trust domain (mesh config `trustDomain`).
+    pub trust_domain: String,
+    /// `JWT_RULE`, if set.
+    pub jwt_rule: Option<JwtRule>,
+    /// `XDS_AUTH`.
+    pub xds_auth: bool,
+    /// `DEFAULT_WORKLOAD_CERT_TTL`.
+    pub default_cert_ttl: Duration,
+    /// `MAX_WORKLOAD_CERT_TTL`.
+    pub max_cert_ttl: Duration,
+    /// `CITADEL_SELF_SIGNED_CA_CERT_TTL`.
+    pub self_signed_ca_ttl: Duration,
+    /// `CITADEL_SELF_SIGNED_CA_RSA_KEY_SIZE`.
+    pub self_signed_ca_rsa_key_size: usize,
+    /// `ROOT_CA_DIR`.
+    pub root_ca_dir: PathBuf,
+    /// Self-signed root directory.
+    pub self_signed_ca_dir: PathBuf,
+    /// Names on istiod's serving certificate.
+    pub istiod_sans: Vec<String>,
+    /// Custom serving certificate, key and root files.
+    pub custom_tls: Option<(PathBuf, PathBuf, Option<PathBuf>)>,
+    /// gRPC keepalive interval.
+    pub keepalive_interval: Duration,
+    /// gRPC keepalive timeout.
+    pub keepalive_timeout: Duration,
+    /// Maximum server connection age.
+    pub max_connection_age: Option<Duration>,
+    /// Graceful shutdown limit.
+    pub shutdown_duration: Duration,
+}
+
+/// Parses Go's listen address forms: `:15012`, `host:port`, `""` (disabled).
+pub fn parse_listen_addr(flag: &str, s: &str) -> Result<Option<SocketAddr>, String> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    let full = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else if let Some(rest) = s.strip_prefix("localhost:") {
+        format!("127.0.0.1:{rest}")
+    } else {
+        s.to_string()
+    };
+    full.parse()
+        .map(Some)
+        .map_err(|_| format!("--{flag}={s:?} is not a listen address (use :PORT or IP:PORT)"))
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct MeshConfigFile {
+    #[serde(default)]
+    trust_domain: Option<String>,
+}
+
+impl Config {
+    /// Builds the configuration, reporting every invalid value at once.
+    pub fn from_args(args: &DiscoveryArgs, env: &dyn Env) -> Result<Self, String> {
+        let mut r = Reader::new(env);
+        let addr = |flag: &str, v: &str, r: &mut Reader<'_>| match parse_listen_addr(flag, v) {
+            Ok(a) => a,
+            Err(e) => {
+                r.error(e);
+                None
+            }
+        };
+        let grpc_addr = addr("grpcAddr", &args.grpc_addr, &mut r);
+        let secure_grpc_addr = addr("secureGRPCAddr", &args.secure_grpc_addr, &mut r);
+        let http_addr = addr("httpAddr", &args.http_addr, &mut r);
+        let monitoring_addr = addr("monitoringAddr", &args.monitoring_addr, &mut r);
+
+        let trust_domain = match std::fs::read_to_string(&args.mesh_config) {
+            Ok(text) => match serde_yaml_ng::from_str::<MeshConfigFile>(&text) {
+                Ok(m) => m.trust_domain.filter(|t| !t.is_empty()),
+                Err(e) => {
+                    r.error(format!("--meshConfig {}: {e}", args.mesh_config.display()));
+                    None
+                }
+            },
+            Err(_) => None,
+        }
+        .unwrap_or_else(|| common::identity::DEFAULT_TRUST_DOMAIN.to_string());
+
+        let jwt_rule = match r.opt_string(ENV_JWT_RULE) {
+            None => None,
+            Some(json) => match JwtRule::parse(&json) {
+                Ok(rule) => Some(rule),
+                Err(e) => {
+                    r.error(e);
+                    None
+                }
+            },
+        };
+        let xds_auth = r.bool(ENV_XDS_AUTH, true);
+        let default_cert_ttl = r.duration(ENV_DEFAULT_WORKLOAD_CERT_TTL, DEFAULT_WORKLOAD_CERT_TTL);
+        let max_cert_ttl = r.duration(ENV_MAX_WORKLOAD_CERT_TTL, DEFAULT_MAX_WORKLOAD_CERT_TTL);
+        let self_signed_ca_ttl = r.duration(ENV_SELF_SIGNED_CA_CERT_TTL, DEFAULT_SELF_SIGNED_CA_CERT_TTL);
+        let self_signed_ca_rsa_key_size = r.parse(ENV_SELF_SIGNED_CA_RSA_KEY_SIZE, 2048usize);
+        let root_ca_dir = PathBuf::from(r.string(ENV_ROOT_CA_DIR, "./etc/cacerts"));
+        let self_signed_ca_dir = PathBuf::from(r.string(
+            ENV_SELF_SIGNED_CA_DIR,
+            &crate::ca::material::default_self_signed_dir().display().to_string(),
+        ));
+        let ns = &args.namespace;
+        let mut istiod_sans = vec![
+            format!("istiod.{ns}.svc"),
+            format!("istiod-remote.{ns}.svc"),
+            format!("istio-pilot.{ns}.svc"),
+        ];
+        if !args.domain.is_empty() {
+            istiod_sans.push(format!("istiod.{ns}.svc.{}", args.domain));
+        }
+        if let Some(extra) = r.opt_string(ENV_ISTIOD_CUSTOM_HOST) {
+            istiod_sans.extend(extra.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from));
+        }
+        if default_cert_ttl > max_cert_ttl {
+            r.error(format!(
+                "{ENV_DEFAULT_WORKLOAD_CERT_TTL} ({}) is longer than {ENV_MAX_WORKLOAD_CERT_TTL} ({})",
+                common::duration::format(default_cert_ttl),
+                common::duration::format(max_cert_ttl)
+            ));
+        }
+        let custom_tls = match (args.tls_cert_file.as_str(), args.tls_key_file.as_str()) {
+            ("", "") => None,
+            (c, k) if !c.is_empty() && !k.is_empty() => Some((
+                PathBuf::from(c),
+                PathBuf::from(k),
+                (!args.ca_cert_file.is_empty()).then(|| PathBuf::from(&args.ca_cert_file)),
+            )),
+            _ => {
+                r.error("--tlsCertFile and --tlsKeyFile must be given together");
+                None
+            }
+        };
+        r.finish()?;
+        Ok(Self {
+            grpc_addr,
+            secure_grpc_addr,
+            http_addr,
+            monitoring_addr,
+            domain: args.domain.clone(),
+            namespace: args.namespace.clone(),
+            cluster_id: args.cluster_id.clone(),
+            trust_domain,
+            jwt_rule,
+            xds_auth,
+            default_cert_ttl,
+            max_cert_ttl,
+            self_signed_ca_ttl,
+            self_signed_ca_rsa_key_size,
+            root_ca_dir,
+            self_signed_ca_dir,
+            istiod_sans,
+            custom_tls,
+            keepalive_interval: args.keepalive_interval,
+            keepalive_timeout: args.keepalive_timeout,
+            max_connection_age: (!args.keepalive_max_server_connection_age.is_zero())
+                .then_some(args.keepalive_max_server_connection_age),
+            shutdown_duration: args.shutdown_duration,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use common::env::MapEnv;
+
+    #[derive(clap::Parser)]
+    struct T {
+        #[command(flatten)]
+        a: DiscoveryArgs,
+    }
+
+    #[test]
+    fn defaults_match_istio() {
+        let t = T::parse_from(["istiod", "--meshConfig", "/nonexistent"]);
+        let c = Config::from_args(&t.a, &MapEnv::default()).unwrap();
+        assert_eq!(c.secure_grpc_addr, Some("0.0.0.0:15012".parse().unwrap()));
+        assert_eq!(c.trust_domain, "cluster.local");
+        assert_eq!(c.default_cert_ttl, DEFAULT_WORKLOAD_CERT_TTL);
+        assert!(c.istiod_sans.contains(&"istiod.istio-system.svc".to_string()));
+    }
+
+    #[test]
+    fn every_bad_value_is_reported() {
+        let t = T::parse_from(["istiod", "--secureGRPCAddr", "nonsense", "--meshConfig", "/nonexistent"]);
+        let env = MapEnv::from_pairs([
+            ("JWT_RULE", "{bad"),
+            ("MAX_WORKLOAD_CERT_TTL", "90x"),
+        ]);
+        let err = Config::from_args(&t.a, &env).unwrap_err();
+        assert!(err.contains("secureGRPCAddr"), "{err}");
+        assert!(err.contains("JWT_RULE"), "{err}");
+        assert!(err.contains("MAX_WORKLOAD_CERT_TTL"), "{err}");
+    }
+}

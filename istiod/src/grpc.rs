@@ -1,0 +1,79 @@
+//! istiod's gRPC listeners: TLS is terminated here with our own rustls config
+//! (optional client certificates verified against the CA roots) and the
+//! streams are handed to tonic, which exposes the verified peer chain to
+//! handlers through `Request::peer_certs`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::ServerConfig;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// How long a client has to finish the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The TLS server config of :15012: istiod's serving chain, and client
+/// certificates requested but optional (a caller may use a bearer token).
+pub fn server_config(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    client_roots: &[CertificateDer<'static>],
+) -> Result<ServerConfig, common::tls::TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for r in client_roots {
+        roots.add(r.clone())?;
+    }
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| rustls::Error::General(e.to_string()))?;
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
+}
+
+/// Accepts TCP connections and yields completed TLS streams; failed handshakes
+/// are logged and dropped without disturbing other clients.
+pub fn tls_incoming(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+) -> ReceiverStream<Result<TlsStream<TcpStream>, std::io::Error>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(128);
+    tokio::spawn(async move {
+        loop {
+            let (tcp, peer) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(target: "grpc", "accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            if tx.is_closed() {
+                break;
+            }
+            let acceptor = acceptor.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(tls)) => {
+                        let _ = tx.send(Ok(tls)).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(target: "grpc", %peer, "TLS handshake failed: {e}"),
+                    Err(_) => tracing::debug!(target: "grpc", %peer, "TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}

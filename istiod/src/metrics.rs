@@ -1,0 +1,68 @@
+//! istiod's Prometheus metrics, with Istio's names. The `prometheus` crate is
+//! used because it writes names as given: Istio's counters carry no `_total`.
+
+use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+
+/// The CA's counters (`security/pkg/server/ca/monitoring.go`).
+#[derive(Clone)]
+pub struct CaMetrics {
+    /// `citadel_server_csr_count`: CSRs received.
+    pub csr_count: IntCounter,
+    /// `citadel_server_authentication_failure_count`.
+    pub authentication_failure_count: IntCounter,
+    /// `citadel_server_success_cert_issuance_count`.
+    pub success_cert_issuance_count: IntCounter,
+    /// `citadel_server_csr_sign_err_count{error}`.
+    pub csr_sign_err_count: IntCounterVec,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
+    registry
+        .register(Box::new(c.clone()))
+        .unwrap_or_else(|e| panic!("metric {name} registered twice: {e}"));
+    c
+}
+
+impl CaMetrics {
+    /// Registers the CA metrics in `registry`.
+    pub fn new(registry: &Registry) -> Self {
+        let csr_sign_err_count = IntCounterVec::new(
+            Opts::new(
+                "citadel_server_csr_sign_err_count",
+                "The number of errors occurred when signing the CSR.",
+            ),
+            &["error"],
+        )
+        .unwrap_or_else(|e| panic!("metric citadel_server_csr_sign_err_count: {e}"));
+        registry
+            .register(Box::new(csr_sign_err_count.clone()))
+            .unwrap_or_else(|e| panic!("metric registered twice: {e}"));
+        Self {
+            csr_count: counter(
+                registry,
+                "citadel_server_csr_count",
+                "The number of CSRs received by Citadel server.",
+            ),
+            authentication_failure_count: counter(
+                registry,
+                "citadel_server_authentication_failure_count",
+                "The number of authentication failures.",
+            ),
+            success_cert_issuance_count: counter(
+                registry,
+                "citadel_server_success_cert_issuance_count",
+                "The number of certificates issuances that have succeeded.",
+            ),
+            csr_sign_err_count,
+        }
+    }
+}
+
+/// Renders `registry` in Prometheus text format.
+pub fn render(registry: &Registry) -> String {
+    use prometheus::Encoder;
+    let mut buf = Vec::new();
+    let _ = prometheus::TextEncoder::new().encode(&registry.gather(), &mut buf);
+    String::from_utf8(buf).unwrap_or_default()
+}
