@@ -1,0 +1,424 @@
+//! The agent's configuration: the flags Istio's injection template passes to
+//! `pilot-agent proxy` and the environment variables the agent reads, with
+//! Istio's names and defaults. Every invalid value is reported at once.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::Identity;
+use common::env::{Env, Reader};
+use common::pki::KeyType;
+
+/// `POD_NAME`.
+pub const ENV_POD_NAME: &str = "POD_NAME";
+/// `POD_NAMESPACE`: the workload's namespace (identity, node id).
+pub const ENV_POD_NAMESPACE: &str = "POD_NAMESPACE";
+/// `SERVICE_ACCOUNT`: the workload's service account (identity).
+pub const ENV_SERVICE_ACCOUNT: &str = "SERVICE_ACCOUNT";
+/// `TRUST_DOMAIN`: SPIFFE trust domain (`cluster.local`).
+pub const ENV_TRUST_DOMAIN: &str = "TRUST_DOMAIN";
+/// `CA_ADDR`: the CA endpoint; defaults to the discovery address.
+pub const ENV_CA_ADDR: &str = "CA_ADDR";
+/// `ISTIOD_SAN`: TLS server name to verify for istiod.
+pub const ENV_ISTIOD_SAN: &str = "ISTIOD_SAN";
+/// `CA_ROOT_CA`: root for the CA connection (`SYSTEM` = OS roots).
+pub const ENV_CA_ROOT_CA: &str = "CA_ROOT_CA";
+/// `PILOT_CERT_PROVIDER`: `istiod` (default), `custom` or `none`.
+pub const ENV_PILOT_CERT_PROVIDER: &str = "PILOT_CERT_PROVIDER";
+/// `PROV_CERT`: directory of provisioning certificates (VMs).
+pub const ENV_PROV_CERT: &str = "PROV_CERT";
+/// `ISTIO_META_CLUSTER_ID`: sent as the `ClusterID` header.
+pub const ENV_CLUSTER_ID: &str = "ISTIO_META_CLUSTER_ID";
+/// `ISTIO_META_CERT_SIGNER`: CSR metadata `CertSigner`.
+pub const ENV_CERT_SIGNER: &str = "ISTIO_META_CERT_SIGNER";
+/// `CA_HEADER_<NAME>`: extra gRPC metadata on CSR calls.
+pub const ENV_CA_HEADER_PREFIX: &str = "CA_HEADER_";
+/// `SECRET_TTL`: requested certificate lifetime (24h).
+pub const ENV_SECRET_TTL: &str = "SECRET_TTL";
+/// `SECRET_GRACE_PERIOD_RATIO`: rotate when this share of the lifetime remains (0.5).
+pub const ENV_SECRET_GRACE_PERIOD_RATIO: &str = "SECRET_GRACE_PERIOD_RATIO";
+/// `SECRET_GRACE_PERIOD_RATIO_JITTER`: random spread on the ratio (0.01).
+pub const ENV_SECRET_GRACE_PERIOD_RATIO_JITTER: &str = "SECRET_GRACE_PERIOD_RATIO_JITTER";
+/// `WORKLOAD_RSA_KEY_SIZE`: RSA key size (2048).
+pub const ENV_WORKLOAD_RSA_KEY_SIZE: &str = "WORKLOAD_RSA_KEY_SIZE";
+/// `ECC_SIGNATURE_ALGORITHM`: `ECDSA` selects an EC key.
+pub const ENV_ECC_SIGNATURE_ALGORITHM: &str = "ECC_SIGNATURE_ALGORITHM";
+/// `ECC_CURVE`: `P256` (default) or `P384`.
+pub const ENV_ECC_CURVE: &str = "ECC_CURVE";
+/// `OUTPUT_CERTS`: directory to write `key.pem`, `cert-chain.pem`, `root-cert.pem`.
+pub const ENV_OUTPUT_CERTS: &str = "OUTPUT_CERTS";
+/// `FILE_MOUNTED_CERTS`: serve `./etc/certs/*` instead of asking the CA.
+pub const ENV_FILE_MOUNTED_CERTS: &str = "FILE_MOUNTED_CERTS";
+/// `WORKLOAD_IDENTITY_SOCKET_FILE`: SDS socket file name (`socket`).
+pub const ENV_WORKLOAD_IDENTITY_SOCKET_FILE: &str = "WORKLOAD_IDENTITY_SOCKET_FILE";
+/// `KUBERNETES_SERVICE_HOST`: set in a cluster; output files are then 0644.
+pub const ENV_KUBERNETES_SERVICE_HOST: &str = "KUBERNETES_SERVICE_HOST";
+
+/// Istio's discovery address default.
+pub const DEFAULT_DISCOVERY_ADDRESS: &str = "istiod.istio-system.svc:15012";
+/// Istio's projected token path.
+pub const TOKEN_PATH: &str = "./var/run/secrets/tokens/istio-token";
+/// The `istio-ca-root-cert` ConfigMap mount.
+pub const DEFAULT_ROOT_CERT_PATH: &str = "./var/run/secrets/istio/root-cert.pem";
+/// The SDS socket directory.
+pub const SDS_SOCKET_DIR: &str = "./var/run/secrets/workload-spiffe-uds";
+/// File-mounted certificates directory.
+pub const FILE_CERTS_DIR: &str = "./etc/certs";
+/// Workload certificate files that switch the agent to file mode when all present.
+pub const WORKLOAD_CREDENTIALS_DIR: &str = "./var/run/secrets/workload-spiffe-credentials";
+
+/// OS CA bundles, first existing wins (Istio's list).
+const SYSTEM_ROOTS: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/pki/tls/cacert.pem",
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+];
+
+/// The flags of `pilot-agent proxy`, as Istio's injection template passes them.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ProxyArgs {
+    /// Proxy type: `sidecar` (default) or `router`.
+    #[arg(default_value = "sidecar")]
+    pub proxy_type: String,
+    /// DNS domain suffix; `${POD_NAMESPACE}.svc.cluster.local` when empty.
+    #[arg(long = "domain", default_value = "")]
+    pub domain: String,
+    /// Mesh config file; only `defaultConfig` matters.
+    #[arg(long = "meshConfig", default_value = "./etc/istio/config/mesh")]
+    pub mesh_config: PathBuf,
+    /// STS port (metadata only).
+    #[arg(long = "stsPort", default_value = "0")]
+    pub sts_port: u16,
+    /// Accepted, unused (as in Istio).
+    #[arg(long = "tokenManagerPlugin", default_value = "")]
+    pub token_manager_plugin: String,
+    /// Deprecated service cluster name.
+    #[arg(long = "serviceCluster", default_value = "istio-proxy")]
+    pub service_cluster: String,
+    /// Envoy log level, optionally with `component:level` pairs.
+    #[arg(long = "proxyLogLevel", default_value = "warning")]
+    pub proxy_log_level: String,
+    /// Envoy component log levels.
+    #[arg(long = "proxyComponentLogLevel", default_value = "")]
+    pub proxy_component_log_level: String,
+    /// Envoy worker threads (legacy override).
+    #[arg(long = "concurrency", default_value = "0")]
+    pub concurrency: u32,
+    /// Bootstrap template path.
+    #[arg(long = "templateFile", default_value = "")]
+    pub template_file: String,
+    /// Outlier detection log path.
+    #[arg(long = "outlierLogPath", default_value = "")]
+    pub outlier_log_path: String,
+    /// Serve profiling on the status port (accepted for compatibility).
+    #[arg(long = "profiling", default_value = "true", num_args = 0..=1, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
+    pub profiling: bool,
+}
+
+/// Where the agent's workload certificate comes from.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub enum CertSource {
+    /// CSRs to istiod's CA.
+    Ca,
+    /// Files, watched for changes: chain, key, root.
+    Files {
+        /// Certificate chain file.
+        cert_chain: PathBuf,
+        /// Private key file.
+        key: PathBuf,
+        /// Root bundle file.
+        root: PathBuf,
+    },
+}
+
+/// The agent's effective configuration.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Config {
+    /// `sidecar` or `router`.
+    pub proxy_type: String,
+    /// `POD_NAME`.
+    pub pod_name: String,
+    /// `POD_NAMESPACE`.
+    pub pod_namespace: String,
+    /// `SERVICE_ACCOUNT`.
+    pub service_account: String,
+    /// The workload's SPIFFE identity.
+    pub identity: String,
+    /// `TRUST_DOMAIN`.
+    pub trust_domain: String,
+    /// `ISTIO_META_CLUSTER_ID`.
+    pub cluster_id: String,
+    /// ProxyConfig `discoveryAddress`.
+    pub discovery_address: String,
+    /// The CA address (`CA_ADDR` or the discovery address).
+    pub ca_addr: String,
+    /// TLS server name verified for the CA.
+    pub ca_server_name: String,
+    /// Root bundle file for the CA connection; `None` for plaintext (`:15010`).
+    pub ca_root_path: Option<PathBuf>,
+    /// Extra CSR metadata headers (`CA_HEADER_*`).
+    pub ca_headers: Vec<(String, String)>,
+    /// `ISTIO_META_CERT_SIGNER`.
+    pub cert_signer: Option<String>,
+    /// Projected token path.
+    pub token_path: PathBuf,
+    /// `SECRET_TTL`.
+    pub secret_ttl: Duration,
+    /// `SECRET_GRACE_PERIOD_RATIO`.
+    pub grace_period_ratio: f64,
+    /// `SECRET_GRACE_PERIOD_RATIO_JITTER`.
+    pub grace_period_ratio_jitter: f64,
+    /// Workload key type.
+    pub key_type: KeyType,
+    /// `OUTPUT_CERTS`.
+    pub output_certs: Option<PathBuf>,
+    /// Mode for files written to `OUTPUT_CERTS`.
+    pub output_mode: u32,
+    /// Certificate source.
+    pub cert_source: CertSource,
+    /// SDS socket path.
+    pub sds_socket: PathBuf,
+    /// Whether the SDS socket name is Istio's default.
+    pub sds_socket_default_name: bool,
+}
+
+fn host_of(addr: &str) -> String {
+    if let Some(rest) = addr.strip_prefix('[')
+        && let Some((h, _)) = rest.split_once(']')
+    {
+        return h.to_string();
+    }
+    match addr.rsplit_once(':') {
+        Some((h, _)) => h.to_string(),
+        None => addr.to_string(),
+    }
+}
+
+fn all_exist(dir: &str, files: &[&str]) -> bool {
+    files.iter().all(|f| PathBuf::from(dir).join(f).is_file())
+}
+
+impl Config {
+    /// Builds the configuration from the command line and environment.
+    pub fn from_env(args: &ProxyArgs, env: &dyn Env) -> Result<Self, String> {
+        let mut r = Reader::new(env);
+        if !matches!(args.proxy_type.as_str(), "sidecar" | "router") {
+            r.error(format!(
+                "invalid proxy Type {:?}: use sidecar or router",
+                args.proxy_type
+            ));
+        }
+        let pod_name = r.string(ENV_POD_NAME, "");
+        let pod_namespace = r.string(ENV_POD_NAMESPACE, "");
+        let service_account = r.string(ENV_SERVICE_ACCOUNT, "");
+        let trust_domain = r.string(ENV_TRUST_DOMAIN, common::identity::DEFAULT_TRUST_DOMAIN);
+        let cluster_id = r.string(ENV_CLUSTER_ID, "");
+        let discovery_address = DEFAULT_DISCOVERY_ADDRESS.to_string();
+        let ca_addr_env = r.opt_string(ENV_CA_ADDR);
+        let istiod_san = r.opt_string(ENV_ISTIOD_SAN);
+        let ca_addr = ca_addr_env.clone().unwrap_or_else(|| discovery_address.clone());
+        // Istio: the host of CA_ADDR when it is set; otherwise ISTIOD_SAN, else
+        // the discovery address host.
+        let ca_server_name = match (&ca_addr_env, &istiod_san) {
+            (Some(a), _) => host_of(a),
+            (None, Some(san)) => san.clone(),
+            (None, None) => host_of(&discovery_address),
+        };
+        let cert_provider = r.string(ENV_PILOT_CERT_PROVIDER, "istiod");
+        let prov_cert = r.opt_string(ENV_PROV_CERT);
+        let ca_root_path = if ca_addr.ends_with(":15010") {
+            None
+        } else if let Some(root) = r.opt_string(ENV_CA_ROOT_CA) {
+            if root == "SYSTEM" {
+                match SYSTEM_ROOTS.iter().find(|p| PathBuf::from(p).is_file()) {
+                    Some(p) => Some(PathBuf::from(p)),
+                    None => {
+                        r.error(format!("{ENV_CA_ROOT_CA}=SYSTEM but no OS CA bundle was found"));
+                        None
+                    }
+                }
+            } else {
+                Some(PathBuf::from(root))
+            }
+        } else if cert_provider == "custom" {
+            Some(PathBuf::from(FILE_CERTS_DIR).join("root-cert.pem"))
+        } else if let Some(p) = &prov_cert {
+            Some(PathBuf::from(p).join("root-cert.pem"))
+        } else if cert_provider == "none" {
+            r.error(format!(
+                "{ENV_PILOT_CERT_PROVIDER}=none but a root certificate is needed for {ca_addr}; set {ENV_CA_ROOT_CA}"
+            ));
+            None
+        } else {
+            Some(PathBuf::from(DEFAULT_ROOT_CERT_PATH))
+        };
+        let ca_headers = r
+            .prefixed(ENV_CA_HEADER_PREFIX)
+            .into_iter()
+            .map(|(k, v)| (k.to_ascii_lowercase(), v))
+            .collect();
+        let cert_signer = r.opt_string(ENV_CERT_SIGNER);
+        let secret_ttl = r.duration(ENV_SECRET_TTL, Duration::from_secs(24 * 3600));
+        if secret_ttl.is_zero() {
+            r.error(format!("{ENV_SECRET_TTL} must be longer than 0s"));
+        }
+        let grace_period_ratio: f64 = r.parse(ENV_SECRET_GRACE_PERIOD_RATIO, 0.5);
+        let grace_period_ratio_jitter: f64 = r.parse(ENV_SECRET_GRACE_PERIOD_RATIO_JITTER, 0.01);
+        let rsa_bits: usize = r.parse(ENV_WORKLOAD_RSA_KEY_SIZE, 2048);
+        let key_type = match r.opt_string(ENV_ECC_SIGNATURE_ALGORITHM).as_deref() {
+            None => KeyType::Rsa(rsa_bits),
+            Some("ECDSA") => match r.string(ENV_ECC_CURVE, "P256").as_str() {
+                "P256" => KeyType::EcdsaP256,
+                "P384" => KeyType::EcdsaP384,
+                other => {
+                    r.error(format!("{ENV_ECC_CURVE}={other:?}: use P256 or P384"));
+                    KeyType::EcdsaP256
+                }
+            },
+            Some(other) => {
+                r.error(format!("{ENV_ECC_SIGNATURE_ALGORITHM}={other:?}: the only supported value is ECDSA"));
+                KeyType::Rsa(rsa_bits)
+            }
+        };
+        if rsa_bits < common::pki::MIN_RSA_KEY_SIZE {
+            r.error(format!(
+                "{ENV_WORKLOAD_RSA_KEY_SIZE}={rsa_bits}: the minimum is {}",
+                common::pki::MIN_RSA_KEY_SIZE
+            ));
+        }
+        let output_certs = r.opt_string(ENV_OUTPUT_CERTS).map(PathBuf::from);
+        let output_mode = if r.opt_string(ENV_KUBERNETES_SERVICE_HOST).is_some() {
+            0o644
+        } else {
+            0o600
+        };
+        let file_mounted = r.bool(ENV_FILE_MOUNTED_CERTS, false);
+        let cert_files = ["cert-chain.pem", "key.pem", "root-cert.pem"];
+        let cert_source = if file_mounted || (all_exist(FILE_CERTS_DIR, &cert_files)
+            && output_certs.as_deref() != Some(std::path::Path::new(FILE_CERTS_DIR)))
+        {
+            let d = PathBuf::from(FILE_CERTS_DIR);
+            CertSource::Files {
+                cert_chain: d.join("cert-chain.pem"),
+                key: d.join("key.pem"),
+                root: d.join("root-cert.pem"),
+            }
+        } else if all_exist(WORKLOAD_CREDENTIALS_DIR, &cert_files) {
+            let d = PathBuf::from(WORKLOAD_CREDENTIALS_DIR);
+            CertSource::Files {
+                cert_chain: d.join("cert-chain.pem"),
+                key: d.join("key.pem"),
+                root: d.join("root-cert.pem"),
+            }
+        } else {
+            CertSource::Ca
+        };
+        let socket_file = r.string(ENV_WORKLOAD_IDENTITY_SOCKET_FILE, "socket");
+        if socket_file.contains('/') {
+            r.error(format!(
+                "{ENV_WORKLOAD_IDENTITY_SOCKET_FILE}={socket_file:?} must be a bare file name, not a path"
+            ));
+        }
+        if cert_source == CertSource::Ca {
+            if pod_namespace.is_empty() {
+                r.error(format!("{ENV_POD_NAMESPACE} is not set: the workload identity needs it"));
+            }
+            if service_account.is_empty() {
+                r.error(format!("{ENV_SERVICE_ACCOUNT} is not set: the workload identity needs it"));
+            }
+        }
+        let identity = Identity::new(&trust_domain, &pod_namespace, &service_account).to_string();
+        r.finish()?;
+        Ok(Self {
+            proxy_type: args.proxy_type.clone(),
+            pod_name,
+            pod_namespace,
+            service_account,
+            identity,
+            trust_domain,
+            cluster_id,
+            discovery_address,
+            ca_addr,
+            ca_server_name,
+            ca_root_path,
+            ca_headers,
+            cert_signer,
+            token_path: PathBuf::from(TOKEN_PATH),
+            secret_ttl,
+            grace_period_ratio: grace_period_ratio.clamp(0.0, 1.0),
+            grace_period_ratio_jitter,
+            key_type,
+            output_certs,
+            output_mode,
+            cert_source,
+            sds_socket: PathBuf::from(SDS_SOCKET_DIR).join(&socket_file),
+            sds_socket_default_name: socket_file == "socket",
+        })
+    }
+
+    /// The workload identity.
+    pub fn workload_identity(&self) -> Identity {
+        Identity::new(&self.trust_domain, &self.pod_namespace, &self.service_account)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use common::env::MapEnv;
+
+    fn args() -> ProxyArgs {
+        ProxyArgs {
+            proxy_type: "sidecar".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn istio_defaults() {
+        let env = MapEnv::from_pairs([("POD_NAMESPACE", "ns"), ("SERVICE_ACCOUNT", "sa")]);
+        let c = Config::from_env(&args(), &env).unwrap();
+        assert_eq!(c.ca_addr, "istiod.istio-system.svc:15012");
+        assert_eq!(c.ca_server_name, "istiod.istio-system.svc");
+        assert_eq!(c.ca_root_path, Some(PathBuf::from("./var/run/secrets/istio/root-cert.pem")));
+        assert_eq!(c.key_type, KeyType::Rsa(2048));
+        assert_eq!(c.secret_ttl, Duration::from_secs(86400));
+        assert_eq!(c.identity, "spiffe://cluster.local/ns/ns/sa/sa");
+        assert_eq!(c.sds_socket, PathBuf::from("./var/run/secrets/workload-spiffe-uds/socket"));
+    }
+
+    #[test]
+    fn ca_addr_sets_server_name_and_plaintext() {
+        let env = MapEnv::from_pairs([
+            ("POD_NAMESPACE", "ns"),
+            ("SERVICE_ACCOUNT", "sa"),
+            ("CA_ADDR", "localhost:15012"),
+            ("ISTIOD_SAN", "ignored.when.ca.addr.set"),
+            ("ECC_SIGNATURE_ALGORITHM", "ECDSA"),
+            ("CA_HEADER_X_Foo", "bar"),
+        ]);
+        let c = Config::from_env(&args(), &env).unwrap();
+        assert_eq!(c.ca_server_name, "localhost");
+        assert_eq!(c.key_type, KeyType::EcdsaP256);
+        assert_eq!(c.ca_headers, vec![("x_foo".to_string(), "bar".to_string())]);
+        let env = MapEnv::from_pairs([("POD_NAMESPACE", "ns"), ("SERVICE_ACCOUNT", "sa"), ("CA_ADDR", "istiod:15010")]);
+        assert_eq!(Config::from_env(&args(), &env).unwrap().ca_root_path, None);
+    }
+
+    #[test]
+    fn reports_every_bad_value() {
+        let env = MapEnv::from_pairs([
+            ("SECRET_TTL", "soon"),
+            ("ECC_CURVE", "P999"),
+            ("ECC_SIGNATURE_ALGORITHM", "ECDSA"),
+            ("WORKLOAD_IDENTITY_SOCKET_FILE", "a/b"),
+        ]);
+        let err = Config::from_env(&args(), &env).unwrap_err();
+        for want in ["SECRET_TTL", "ECC_CURVE", "WORKLOAD_IDENTITY_SOCKET_FILE", "POD_NAMESPACE", "SERVICE_ACCOUNT"] {
+            assert!(err.contains(want), "{want} missing from {err}");
+        }
+    }
+}

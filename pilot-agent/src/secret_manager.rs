@@ -1,0 +1,358 @@
+//! Holds the workload's certificate and keeps it fresh. One task owns it and
+//! publishes each new secret through a `watch` channel; the SDS server (and
+//! anything else) subscribes.
+//!
+//! Unlike Istio's agent, rotation does not wait for an SDS client to ask
+//! again: the certificate is renewed on schedule whoever is watching (Istio's
+//! behaviour means `OUTPUT_CERTS` without Envoy never rotates, istio#53118).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use common::backoff::Backoff;
+use common::pki::{self, KeyType};
+use tokio::sync::watch;
+
+use crate::ca_client::CaClient;
+use crate::config::{CertSource, Config};
+
+/// The workload's key, certificate chain and root, as Envoy gets them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadSecret {
+    /// PEM chain: leaf first, then intermediates (the root excluded).
+    pub cert_chain_pem: String,
+    /// PEM private key.
+    pub key_pem: String,
+    /// PEM root bundle (the last element of the CA's answer).
+    pub root_pem: String,
+    /// The leaf's serial, lower-case hex.
+    pub serial: String,
+    /// When the agent obtained it (Istio's `CreatedTime`, the rotation baseline).
+    pub created: SystemTime,
+    /// The leaf's expiry.
+    pub expires: SystemTime,
+}
+
+/// The latest secret, `None` until the first one arrives.
+pub type SecretWatch = watch::Receiver<Option<Arc<WorkloadSecret>>>;
+
+/// Why a secret could not be produced.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    /// The CSR failed.
+    #[error(transparent)]
+    Ca(#[from] crate::ca_client::CaClientError),
+    /// Keys or certificates could not be made or read.
+    #[error(transparent)]
+    Pki(#[from] pki::PkiError),
+    /// A file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// When to rotate: `expires - (ratio ± U[0, jitter]) * (expires - created)`,
+/// as Istio's `rotateTime`, returned as a delay from `now` (zero if past).
+pub fn rotation_delay(
+    created: SystemTime,
+    expires: SystemTime,
+    ratio: f64,
+    jitter: f64,
+    now: SystemTime,
+) -> Duration {
+    let lifetime = expires.duration_since(created).unwrap_or_default().as_secs_f64();
+    let spread = if jitter > 0.0 {
+        (rand::random::<f64>() * 2.0 - 1.0) * jitter
+    } else {
+        0.0
+    };
+    let ratio = (ratio + spread).clamp(0.0, 1.0);
+    let grace = Duration::from_secs_f64(lifetime * ratio);
+    let rotate_at = expires.checked_sub(grace).unwrap_or(created);
+    rotate_at.duration_since(now).unwrap_or_default()
+}
+
+/// Splits the CA's answer into (chain without root, root), joining elements
+/// with newlines where one lacks it (Istio's `concatCerts`).
+pub fn split_chain(chain: &[String]) -> (String, String) {
+    let concat = |items: &[String]| {
+        let mut out = String::new();
+        for item in items {
+            if !out.is_empty() && !out.ends_with('\n') {
+                out.push('\n');
+            }
+            out.push_str(item);
+        }
+        out
+    };
+    match chain.split_last() {
+        Some((root, rest)) => (concat(rest), root.clone()),
+        None => (String::new(), String::new()),
+    }
+}
+
+fn secret_from_pems(cert_chain_pem: String, key_pem: String, root_pem: String) -> Result<WorkloadSecret, SecretError> {
+    let certs = pki::pem_certs("workload certificate chain", &cert_chain_pem)?;
+    let info = pki::cert_info(&certs[0])?;
+    pki::pem_certs("root certificate", &root_pem)?;
+    Ok(WorkloadSecret {
+        cert_chain_pem,
+        key_pem,
+        root_pem,
+        serial: info.serial,
+        created: SystemTime::now(),
+        expires: info.not_after,
+    })
+}
+
+/// Generates a key and CSR and asks the CA.
+async fn fetch_from_ca(client: &CaClient, config: &Config) -> Result<WorkloadSecret, SecretError> {
+    let identity = config.workload_identity();
+    let key_type: KeyType = config.key_type;
+    // RSA key generation takes a while: keep it off the async workers.
+    let (key_pem, csr) = tokio::task::spawn_blocking(move || -> Result<_, pki::PkiError> {
+        let key = pki::generate_key(key_type)?;
+        let csr = pki::csr_pem(&identity, &key)?;
+        Ok((key.serialize_pem(), csr))
+    })
+    .await
+    .map_err(|e| pki::PkiError::KeyGen {
+        kind: key_type.to_string(),
+        reason: e.to_string(),
+    })??;
+    let chain = client.sign(&csr).await?;
+    let (cert_chain_pem, root_pem) = split_chain(&chain);
+    secret_from_pems(cert_chain_pem, key_pem, root_pem)
+}
+
+fn read(path: &Path) -> Result<String, SecretError> {
+    std::fs::read_to_string(path).map_err(|source| SecretError::Io {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn load_files(cert_chain: &Path, key: &Path, root: &Path) -> Result<WorkloadSecret, SecretError> {
+    let key_pem = read(key)?;
+    pki::key_from_pem(&key.display().to_string(), &key_pem)?;
+    secret_from_pems(read(cert_chain)?, key_pem, read(root)?)
+}
+
+/// Writes the secret to `OUTPUT_CERTS` atomically, only when changed.
+fn write_output(dir: &Path, secret: &WorkloadSecret, mode: u32) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::create_dir_all(dir)?;
+    for (name, content) in [
+        ("key.pem", &secret.key_pem),
+        ("cert-chain.pem", &secret.cert_chain_pem),
+        ("root-cert.pem", &secret.root_pem),
+    ] {
+        let path = dir.join(name);
+        if std::fs::read_to_string(&path).is_ok_and(|c| &c == content) {
+            continue;
+        }
+        let tmp = dir.join(format!(".{name}.tmp"));
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(content.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+    }
+    Ok(())
+}
+
+/// The handle of the running secret manager.
+#[derive(Clone)]
+pub struct SecretManager {
+    rx: SecretWatch,
+}
+
+impl SecretManager {
+    /// Starts the manager for `config`'s certificate source.
+    pub fn start(config: Arc<Config>) -> Result<Self, SecretError> {
+        let (tx, rx) = watch::channel(None);
+        match config.cert_source.clone() {
+            CertSource::Ca => {
+                let client = CaClient::new(&config)?;
+                tokio::spawn(run_ca(client, config, tx));
+            }
+            CertSource::Files { cert_chain, key, root } => {
+                tokio::spawn(run_files(cert_chain, key, root, config, tx));
+            }
+        }
+        Ok(Self { rx })
+    }
+
+    /// A manager that serves a fixed secret (tests).
+    pub fn fixed(rx: SecretWatch) -> Self {
+        Self { rx }
+    }
+
+    /// Subscribes to the secret.
+    pub fn watch(&self) -> SecretWatch {
+        self.rx.clone()
+    }
+}
+
+fn publish(tx: &watch::Sender<Option<Arc<WorkloadSecret>>>, secret: WorkloadSecret, config: &Config) {
+    if let Some(dir) = &config.output_certs
+        && let Err(e) = write_output(dir, &secret, config.output_mode)
+    {
+        tracing::warn!(target: "cache", "cannot write certificates to {}: {e}", dir.display());
+    }
+    let root_changed = tx
+        .borrow()
+        .as_ref()
+        .is_none_or(|old| old.root_pem != secret.root_pem);
+    if root_changed {
+        tracing::info!(target: "cache", "root certificate updated");
+    }
+    tx.send_replace(Some(Arc::new(secret)));
+}
+
+async fn run_ca(client: CaClient, config: Arc<Config>, tx: watch::Sender<Option<Arc<WorkloadSecret>>>) {
+    let mut backoff = Backoff::default();
+    loop {
+        match fetch_from_ca(&client, &config).await {
+            Ok(secret) => {
+                backoff.reset();
+                let delay = rotation_delay(
+                    secret.created,
+                    secret.expires,
+                    config.grace_period_ratio,
+                    config.grace_period_ratio_jitter,
+                    SystemTime::now(),
+                );
+                tracing::info!(
+                    target: "cache",
+                    "generated new workload certificate for {} serial={} expires in {}; rotating in {}",
+                    config.identity,
+                    secret.serial,
+                    common::duration::format(secret.expires.duration_since(SystemTime::now()).unwrap_or_default()),
+                    common::duration::format(delay),
+                );
+                publish(&tx, secret, &config);
+                if tx.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(delay).await;
+            }
+            Err(e) => {
+                let delay = backoff.next_delay();
+                let still_valid = tx
+                    .borrow()
+                    .as_ref()
+                    .and_then(|s| s.expires.duration_since(SystemTime::now()).ok());
+                match still_valid {
+                    Some(left) => tracing::warn!(
+                        target: "cache",
+                        "{e}; keeping the current certificate (valid for {} more), retrying in {}",
+                        common::duration::format(left),
+                        common::duration::format(delay)
+                    ),
+                    None => tracing::warn!(
+                        target: "cache",
+                        "{e}; no workload certificate yet, retrying in {}",
+                        common::duration::format(delay)
+                    ),
+                }
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+/// File-mounted certificates: load, then reload when the files change. The
+/// files are polled by content; Kubernetes secret volumes swap symlinks, which
+/// a content check follows without special cases.
+async fn run_files(
+    cert_chain: PathBuf,
+    key: PathBuf,
+    root: PathBuf,
+    config: Arc<Config>,
+    tx: watch::Sender<Option<Arc<WorkloadSecret>>>,
+) {
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
+    let mut last: Option<(String, String)> = None;
+    let mut ticker = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        ticker.tick().await;
+        if tx.is_closed() {
+            return;
+        }
+        // The key alone changing does not push, as in Istio (only the cert and root are watched).
+        let current = match (read(&cert_chain), read(&root)) {
+            (Ok(c), Ok(r)) => (c, r),
+            (Err(e), _) | (_, Err(e)) => {
+                if last.is_none() {
+                    tracing::warn!(target: "cache", "{e}; retrying");
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+                continue;
+            }
+        };
+        if last.as_ref() == Some(&current) {
+            continue;
+        }
+        match load_files(&cert_chain, &key, &root) {
+            Ok(secret) => {
+                tracing::info!(target: "cache", "loaded workload certificate from {} serial={}", cert_chain.display(), secret.serial);
+                last = Some(current);
+                backoff.reset();
+                publish(&tx, secret, &config);
+            }
+            Err(e) => {
+                tracing::warn!(target: "cache", "{e}; keeping the previous certificate");
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn rotation_time_matches_istio_without_jitter() {
+        // A one-hour certificate (TestRotateTimeNoJitter).
+        let (c, e) = (at(0), at(3600));
+        assert_eq!(rotation_delay(c, e, 0.5, 0.0, at(0)), Duration::from_secs(1800));
+        assert_eq!(rotation_delay(c, e, 0.25, 0.0, at(0)), Duration::from_secs(2700));
+        assert_eq!(rotation_delay(c, e, 0.75, 0.0, at(0)), Duration::from_secs(900));
+        assert_eq!(rotation_delay(c, e, 1.0, 0.0, at(0)), Duration::ZERO);
+        assert_eq!(rotation_delay(c, e, 0.0, 0.0, at(0)), Duration::from_secs(3600));
+        assert_eq!(rotation_delay(c, e, 0.5, 0.0, at(4000)), Duration::ZERO, "expired");
+    }
+
+    #[test]
+    fn rotation_jitter_stays_in_range() {
+        let (c, e) = (at(0), at(3600));
+        for _ in 0..1000 {
+            let d = rotation_delay(c, e, 0.5, 0.01, at(0)).as_secs_f64();
+            assert!((1800.0 - 36.0..=1800.0 + 36.0).contains(&d), "{d}");
+        }
+    }
+
+    #[test]
+    fn concat_like_istio() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(split_chain(&s(&["a", "r"])), ("a".into(), "r".into()));
+        assert_eq!(split_chain(&s(&["a", "b", "r"])), ("a\nb".into(), "r".into()));
+        assert_eq!(split_chain(&s(&["a\n", "b", "r"])), ("a\nb".into(), "r".into()));
+    }
+}
