@@ -36,7 +36,8 @@ impl Backoff {
         let base = self.current.as_secs_f64();
         let delta = base * self.randomization;
         let jittered = base - delta + rand::random::<f64>() * 2.0 * delta;
-        self.current = Duration::from_secs_f64((base * self.multiplier).min(self.max.as_secs_f64()));
+        self.current =
+            Duration::from_secs_f64((base * self.multiplier).min(self.max.as_secs_f64()));
         Duration::from_secs_f64(jittered.min(self.max.as_secs_f64()))
     }
 

@@ -18,7 +18,11 @@ pub fn strip_unknown_flags(cmd: &Command, args: Vec<String>) -> (Vec<String>, Ve
         out.push(bin);
     }
     let mut current = cmd.clone();
-    let global: Vec<clap::Arg> = cmd.get_arguments().filter(|a| a.is_global_set()).cloned().collect();
+    let global: Vec<clap::Arg> = cmd
+        .get_arguments()
+        .filter(|a| a.is_global_set())
+        .cloned()
+        .collect();
     while let Some(arg) = iter.next() {
         if arg == "--" {
             out.push(arg);
@@ -33,7 +37,10 @@ pub fn strip_unknown_flags(cmd: &Command, args: Vec<String>) -> (Vec<String>, Ve
             let known = current
                 .get_arguments()
                 .chain(global.iter())
-                .find(|a| a.get_long() == Some(name) || a.get_all_aliases().is_some_and(|al| al.contains(&name)))
+                .find(|a| {
+                    a.get_long() == Some(name)
+                        || a.get_all_aliases().is_some_and(|al| al.contains(&name))
+                })
                 .cloned();
             let builtin = matches!(name, "help" | "version");
             match known {
@@ -41,7 +48,8 @@ pub fn strip_unknown_flags(cmd: &Command, args: Vec<String>) -> (Vec<String>, Ve
                     let takes_value = a.get_action().takes_values()
                         && a.get_num_args().is_none_or(|n| n.min_values() > 0);
                     out.push(arg.clone());
-                    if takes_value && !has_value
+                    if takes_value
+                        && !has_value
                         && let Some(v) = iter.next()
                     {
                         out.push(v);
@@ -95,7 +103,10 @@ mod tests {
                     .arg(Arg::new("domain").long("domain"))
                     .arg(Arg::new("type").num_args(0..=1)),
             )
-            .subcommand(Command::new("wait").arg(Arg::new("t").long("timeoutSeconds").action(ArgAction::Set)))
+            .subcommand(
+                Command::new("wait")
+                    .arg(Arg::new("t").long("timeoutSeconds").action(ArgAction::Set)),
+            )
     }
 
     fn strip(args: &[&str]) -> (Vec<String>, Vec<String>) {
@@ -105,10 +116,34 @@ mod tests {
     #[test]
     fn keeps_known_and_drops_unknown() {
         let (args, warn) = strip(&[
-            "bin", "proxy", "sidecar", "--domain", "ns.svc", "--newFlag", "x", "--other=1", "--log_output_level=default:debug",
+            "bin",
+            "proxy",
+            "sidecar",
+            "--domain",
+            "ns.svc",
+            "--newFlag",
+            "x",
+            "--other=1",
+            "--log_output_level=default:debug",
         ]);
-        assert_eq!(args, ["bin", "proxy", "sidecar", "--domain", "ns.svc", "--log_output_level=default:debug"]);
-        assert_eq!(warn, ["ignoring unknown flag --newFlag x", "ignoring unknown flag --other=1"]);
+        assert_eq!(
+            args,
+            [
+                "bin",
+                "proxy",
+                "sidecar",
+                "--domain",
+                "ns.svc",
+                "--log_output_level=default:debug"
+            ]
+        );
+        assert_eq!(
+            warn,
+            [
+                "ignoring unknown flag --newFlag x",
+                "ignoring unknown flag --other=1"
+            ]
+        );
     }
 
     #[test]

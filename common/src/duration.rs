@@ -68,9 +68,9 @@ pub fn format(d: Duration) -> String {
     }
     if d < Duration::from_secs(1) {
         let ns = d.as_nanos();
-        return if ns % 1_000_000 == 0 {
+        return if ns.is_multiple_of(1_000_000) {
             format!("{}ms", ns / 1_000_000)
-        } else if ns % 1000 == 0 {
+        } else if ns.is_multiple_of(1000) {
             format!("{}µs", ns / 1000)
         } else {
             format!("{ns}ns")
@@ -111,7 +111,12 @@ mod tests {
         for bad in ["", "10", "5 s", "1d", "-1s", "h", "1.2.3s"] {
             assert!(parse(bad).is_err(), "{bad}");
         }
-        assert!(parse("10").unwrap_err().to_string().contains("missing unit"));
+        assert!(
+            parse("10")
+                .unwrap_err()
+                .to_string()
+                .contains("missing unit")
+        );
     }
 
     #[test]

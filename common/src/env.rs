@@ -23,7 +23,9 @@ impl Env for ProcessEnv {
     }
 
     fn with_prefix(&self, prefix: &str) -> Vec<(String, String)> {
-        let mut v: Vec<_> = std::env::vars().filter(|(k, _)| k.starts_with(prefix)).collect();
+        let mut v: Vec<_> = std::env::vars()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .collect();
         v.sort();
         v
     }

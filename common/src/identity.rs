@@ -19,7 +19,9 @@ pub struct Identity {
 
 /// Why a string is not an Istio SPIFFE identity.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("{input:?} is not a SPIFFE identity of the form spiffe://<trust-domain>/ns/<namespace>/sa/<service-account>")]
+#[error(
+    "{input:?} is not a SPIFFE identity of the form spiffe://<trust-domain>/ns/<namespace>/sa/<service-account>"
+)]
 pub struct IdentityError {
     input: String,
 }
@@ -79,9 +81,14 @@ mod tests {
 
     #[test]
     fn round_trips() {
-        let id: Identity = "spiffe://cluster.local/ns/default/sa/bookinfo".parse().unwrap();
+        let id: Identity = "spiffe://cluster.local/ns/default/sa/bookinfo"
+            .parse()
+            .unwrap();
         assert_eq!(id, Identity::new("cluster.local", "default", "bookinfo"));
-        assert_eq!(id.to_string(), "spiffe://cluster.local/ns/default/sa/bookinfo");
+        assert_eq!(
+            id.to_string(),
+            "spiffe://cluster.local/ns/default/sa/bookinfo"
+        );
     }
 
     #[test]
@@ -103,7 +110,10 @@ mod tests {
             Identity::from_k8s_subject("td", "system:serviceaccount:ns1:sa1"),
             Some(Identity::new("td", "ns1", "sa1"))
         );
-        assert_eq!(Identity::from_k8s_subject("td", "system:serviceaccount:ns1"), None);
+        assert_eq!(
+            Identity::from_k8s_subject("td", "system:serviceaccount:ns1"),
+            None
+        );
         assert_eq!(Identity::from_k8s_subject("td", "user:alice"), None);
     }
 }

@@ -19,11 +19,22 @@ pub const DEFAULT_LOG_OUTPUT_LEVEL: &str = "default:info";
 const OWN_CRATES: &[&str] = &["istiod", "pilot_agent", "common", "tests"];
 
 /// Crates whose debug output is noise unless asked for by name.
-const QUIET_CRATES: &[&str] = &["h2", "hyper", "hyper_util", "tower", "rustls", "tonic", "notify", "reqwest"];
+const QUIET_CRATES: &[&str] = &[
+    "h2",
+    "hyper",
+    "hyper_util",
+    "tower",
+    "rustls",
+    "tonic",
+    "notify",
+    "reqwest",
+];
 
 /// A bad `--log_output_level`.
 #[derive(Debug, thiserror::Error)]
-#[error("invalid --log_output_level {input:?}: {reason} (expected scope:level pairs, e.g. default:info,ca:debug; levels are debug, info, warn, error, fatal, none)")]
+#[error(
+    "invalid --log_output_level {input:?}: {reason} (expected scope:level pairs, e.g. default:info,ca:debug; levels are debug, info, warn, error, fatal, none)"
+)]
 pub struct LogLevelError {
     input: String,
     reason: String,

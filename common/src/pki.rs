@@ -28,7 +28,9 @@ pub enum PkiError {
         reason: String,
     },
     /// A private key could not be read.
-    #[error("{what}: not a usable private key: {reason} (expected a PEM PKCS#8 'PRIVATE KEY' or PKCS#1 'RSA PRIVATE KEY')")]
+    #[error(
+        "{what}: not a usable private key: {reason} (expected a PEM PKCS#8 'PRIVATE KEY' or PKCS#1 'RSA PRIVATE KEY')"
+    )]
     BadKey {
         /// Where the key came from.
         what: String,
@@ -261,8 +263,10 @@ pub fn cert_info(der: &[u8]) -> Result<CertInfo, PkiError> {
 
 /// Whether `cert` is signed by `issuer`'s key (signature check only).
 pub fn signed_by(cert: &[u8], issuer: &[u8]) -> bool {
-    let (Ok((_, c)), Ok((_, i))) = (X509Certificate::from_der(cert), X509Certificate::from_der(issuer))
-    else {
+    let (Ok((_, c)), Ok((_, i))) = (
+        X509Certificate::from_der(cert),
+        X509Certificate::from_der(issuer),
+    ) else {
         return false;
     };
     c.verify_signature(Some(i.public_key())).is_ok()
@@ -280,7 +284,9 @@ mod tests {
         let csr = parse_csr(&pem).unwrap();
         assert_eq!(
             csr.params.params.subject_alt_names,
-            vec![SanType::URI("spiffe://cluster.local/ns/ns/sa/sa".try_into().unwrap())]
+            vec![SanType::URI(
+                "spiffe://cluster.local/ns/ns/sa/sa".try_into().unwrap()
+            )]
         );
     }
 
@@ -294,7 +300,9 @@ mod tests {
 
     #[test]
     fn bad_pem_names_its_source() {
-        let err = key_from_pem("ca-key.pem", "garbage").unwrap_err().to_string();
+        let err = key_from_pem("ca-key.pem", "garbage")
+            .unwrap_err()
+            .to_string();
         assert!(err.starts_with("ca-key.pem:"), "{err}");
         let err = pem_certs("root-cert.pem", "").unwrap_err().to_string();
         assert!(err.contains("root-cert.pem"), "{err}");

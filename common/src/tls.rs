@@ -114,9 +114,12 @@ pub fn grpc_channel(
         let target = target.clone();
         async move {
             let config = source().map_err(io::Error::other)?;
-            let tcp = tokio::time::timeout(connect_timeout, tokio::net::TcpStream::connect(&target))
-                .await
-                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, format!("connecting to {target}")))??;
+            let tcp =
+                tokio::time::timeout(connect_timeout, tokio::net::TcpStream::connect(&target))
+                    .await
+                    .map_err(|_| {
+                        io::Error::new(io::ErrorKind::TimedOut, format!("connecting to {target}"))
+                    })??;
             let _ = tcp.set_nodelay(true);
             let tls = tokio_rustls::TlsConnector::from(config)
                 .connect(server_name, tcp)

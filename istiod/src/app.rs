@@ -91,15 +91,13 @@ fn load_ca(config: &Config) -> anyhow::Result<CaBundle> {
 }
 
 async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr} for {what}: is another process using it?"))
+    TcpListener::bind(addr).await.with_context(|| {
+        format!("cannot listen on {addr} for {what}: is another process using it?")
+    })
 }
 
-fn shutdown_signal(mut rx: watch::Receiver<bool>) -> impl std::future::Future<Output = ()> + Send {
-    async move {
-        let _ = rx.wait_for(|v| *v).await;
-    }
+async fn shutdown_signal(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
 }
 
 /// Builds and starts istiod.
@@ -117,7 +115,11 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     .await??;
     let root_pem = bundle.root_pem.clone();
     let roots = bundle.roots.clone();
-    let signer = Arc::new(Signer::new(bundle, config.default_cert_ttl, config.max_cert_ttl)?);
+    let signer = Arc::new(Signer::new(
+        bundle,
+        config.default_cert_ttl,
+        config.max_cert_ttl,
+    )?);
 
     // istiod's own serving certificate for :15012.
     let (serving_chain, serving_key) = match &config.custom_tls {
@@ -127,12 +129,15 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
             let key_pem = std::fs::read_to_string(key)
                 .with_context(|| format!("--tlsKeyFile {}", key.display()))?;
             let chain = common::pki::pem_certs(&cert.display().to_string(), &chain_pem)?;
-            let key = <PrivateKeyDer<'_> as rustls::pki_types::pem::PemObject>::from_pem_slice(key_pem.as_bytes())
-                .with_context(|| format!("--tlsKeyFile {}: no PEM private key", key.display()))?;
+            let key = <PrivateKeyDer<'_> as rustls::pki_types::pem::PemObject>::from_pem_slice(
+                key_pem.as_bytes(),
+            )
+            .with_context(|| format!("--tlsKeyFile {}: no PEM private key", key.display()))?;
             (chain, key)
         }
         None => {
-            let (chain_pem, key) = signer.sign_server_cert(&config.istiod_sans, config.self_signed_ca_ttl)?;
+            let (chain_pem, key) =
+                signer.sign_server_cert(&config.istiod_sans, config.self_signed_ca_ttl)?;
             let chain = common::pki::pem_certs("istiod serving certificate", &chain_pem)?;
             let key = PrivateKeyDer::Pkcs8(key.serialize_der().into());
             (chain, key)
@@ -154,7 +159,8 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         let listener = bind(addr, "the secure gRPC server (--secureGRPCAddr)").await?;
         secure_grpc_addr = Some(listener.local_addr()?);
         let tls = crate::grpc::server_config(serving_chain, serving_key, &roots)?;
-        let incoming = crate::grpc::tls_incoming(listener, tokio_rustls::TlsAcceptor::from(Arc::new(tls)));
+        let incoming =
+            crate::grpc::tls_incoming(listener, tokio_rustls::TlsAcceptor::from(Arc::new(tls)));
         let ca = CaServer::new(signer.clone(), authenticators.clone(), ca_metrics.clone());
         let mut builder = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(config.keepalive_interval))
@@ -170,7 +176,10 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
                 .await
                 .context("secure gRPC server")
         });
-        tracing::info!("starting gRPC discovery service (xDS and CA) over TLS at {}", secure_grpc_addr.unwrap_or(addr));
+        tracing::info!(
+            "starting gRPC discovery service (xDS and CA) over TLS at {}",
+            secure_grpc_addr.unwrap_or(addr)
+        );
     }
 
     let mut http_addr = None;
@@ -210,7 +219,10 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
                 .await
                 .context("monitoring server")
         });
-        tracing::info!("starting monitoring service at {}", monitoring_addr.unwrap_or(addr));
+        tracing::info!(
+            "starting monitoring service at {}",
+            monitoring_addr.unwrap_or(addr)
+        );
     }
 
     Ok(Bound {

@@ -63,16 +63,28 @@ pub struct DiscoveryArgs {
     #[arg(long = "meshConfig", default_value = "./etc/istio/config/mesh")]
     pub mesh_config: PathBuf,
     /// Mesh networks file.
-    #[arg(long = "networksConfig", default_value = "./etc/istio/config/meshNetworks")]
+    #[arg(
+        long = "networksConfig",
+        default_value = "./etc/istio/config/meshNetworks"
+    )]
     pub networks_config: PathBuf,
     /// Directory of Kubernetes-style YAML config (the file source).
     #[arg(long = "configDir", default_value = "")]
     pub config_dir: String,
     /// Service registries.
-    #[arg(long = "registries", value_delimiter = ',', default_value = "Kubernetes")]
+    #[arg(
+        long = "registries",
+        value_delimiter = ',',
+        default_value = "Kubernetes"
+    )]
     pub registries: Vec<String>,
     /// System namespace.
-    #[arg(short = 'n', long = "namespace", env = "POD_NAMESPACE", default_value = "istio-system")]
+    #[arg(
+        short = 'n',
+        long = "namespace",
+        env = "POD_NAMESPACE",
+        default_value = "istio-system"
+    )]
     pub namespace: String,
     /// Cluster ID.
     #[arg(long = "clusterID", env = "CLUSTER_ID", default_value = "Kubernetes")]
@@ -224,13 +236,18 @@ impl Config {
         let xds_auth = r.bool(ENV_XDS_AUTH, true);
         let default_cert_ttl = r.duration(ENV_DEFAULT_WORKLOAD_CERT_TTL, DEFAULT_WORKLOAD_CERT_TTL);
         let max_cert_ttl = r.duration(ENV_MAX_WORKLOAD_CERT_TTL, DEFAULT_MAX_WORKLOAD_CERT_TTL);
-        let self_signed_ca_ttl = r.duration(ENV_SELF_SIGNED_CA_CERT_TTL, DEFAULT_SELF_SIGNED_CA_CERT_TTL);
+        let self_signed_ca_ttl =
+            r.duration(ENV_SELF_SIGNED_CA_CERT_TTL, DEFAULT_SELF_SIGNED_CA_CERT_TTL);
         let self_signed_ca_rsa_key_size = r.parse(ENV_SELF_SIGNED_CA_RSA_KEY_SIZE, 2048usize);
         let root_ca_dir = PathBuf::from(r.string(ENV_ROOT_CA_DIR, "./etc/cacerts"));
-        let self_signed_ca_dir = PathBuf::from(r.string(
-            ENV_SELF_SIGNED_CA_DIR,
-            &crate::ca::material::default_self_signed_dir().display().to_string(),
-        ));
+        let self_signed_ca_dir = PathBuf::from(
+            r.string(
+                ENV_SELF_SIGNED_CA_DIR,
+                &crate::ca::material::default_self_signed_dir()
+                    .display()
+                    .to_string(),
+            ),
+        );
         let ns = &args.namespace;
         let mut istiod_sans = vec![
             format!("istiod.{ns}.svc"),
@@ -241,7 +258,13 @@ impl Config {
             istiod_sans.push(format!("istiod.{ns}.svc.{}", args.domain));
         }
         if let Some(extra) = r.opt_string(ENV_ISTIOD_CUSTOM_HOST) {
-            istiod_sans.extend(extra.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from));
+            istiod_sans.extend(
+                extra
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(String::from),
+            );
         }
         if default_cert_ttl > max_cert_ttl {
             r.error(format!(
@@ -310,16 +333,22 @@ mod tests {
         assert_eq!(c.secure_grpc_addr, Some("0.0.0.0:15012".parse().unwrap()));
         assert_eq!(c.trust_domain, "cluster.local");
         assert_eq!(c.default_cert_ttl, DEFAULT_WORKLOAD_CERT_TTL);
-        assert!(c.istiod_sans.contains(&"istiod.istio-system.svc".to_string()));
+        assert!(
+            c.istiod_sans
+                .contains(&"istiod.istio-system.svc".to_string())
+        );
     }
 
     #[test]
     fn every_bad_value_is_reported() {
-        let t = T::parse_from(["istiod", "--secureGRPCAddr", "nonsense", "--meshConfig", "/nonexistent"]);
-        let env = MapEnv::from_pairs([
-            ("JWT_RULE", "{bad"),
-            ("MAX_WORKLOAD_CERT_TTL", "90x"),
+        let t = T::parse_from([
+            "istiod",
+            "--secureGRPCAddr",
+            "nonsense",
+            "--meshConfig",
+            "/nonexistent",
         ]);
+        let env = MapEnv::from_pairs([("JWT_RULE", "{bad"), ("MAX_WORKLOAD_CERT_TTL", "90x")]);
         let err = Config::from_args(&t.a, &env).unwrap_err();
         assert!(err.contains("secureGRPCAddr"), "{err}");
         assert!(err.contains("JWT_RULE"), "{err}");

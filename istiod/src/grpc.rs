@@ -69,7 +69,9 @@ pub fn tls_incoming(
                     Ok(Ok(tls)) => {
                         let _ = tx.send(Ok(tls)).await;
                     }
-                    Ok(Err(e)) => tracing::debug!(target: "grpc", %peer, "TLS handshake failed: {e}"),
+                    Ok(Err(e)) => {
+                        tracing::debug!(target: "grpc", %peer, "TLS handshake failed: {e}")
+                    }
                     Err(_) => tracing::debug!(target: "grpc", %peer, "TLS handshake timed out"),
                 }
             });

@@ -25,7 +25,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Start the discovery service and CA (Istio's `pilot-discovery discovery`).
-    Discovery(DiscoveryArgs),
+    Discovery(Box<DiscoveryArgs>),
     /// Workload tokens for the local mode (what `kubectl create token` gives in a cluster).
     #[command(subcommand)]
     Token(TokenCommand),
@@ -87,7 +87,8 @@ fn run_token(cmd: TokenCommand) -> Result<(), String> {
             audience,
             duration,
         } => {
-            let ttl: Duration = common::duration::parse(&duration).map_err(|e| format!("--duration: {e}"))?;
+            let ttl: Duration =
+                common::duration::parse(&duration).map_err(|e| format!("--duration: {e}"))?;
             let i = Issuer::load(&dir).map_err(|e| e.to_string())?;
             let token = i
                 .mint(&MintOptions {
@@ -106,8 +107,12 @@ fn run_token(cmd: TokenCommand) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let (args, warnings) = common::cli::strip_unknown_flags(&Cli::command(), std::env::args().collect());
-    let cli = match Cli::command().try_get_matches_from(args).and_then(|m| Cli::from_arg_matches(&m)) {
+    let (args, warnings) =
+        common::cli::strip_unknown_flags(&Cli::command(), std::env::args().collect());
+    let cli = match Cli::command()
+        .try_get_matches_from(args)
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
         Ok(c) => c,
         Err(e) => e.exit(),
     };

@@ -74,7 +74,8 @@ impl Issuer {
             .map_err(|e| TokenError::Key(e.to_string()))?;
         let key_path = dir.join(KEY_FILE);
         fs::write(&key_path, key.serialize_pem()).map_err(io_err(&key_path))?;
-        fs::set_permissions(&key_path, fs::Permissions::from_mode(0o600)).map_err(io_err(&key_path))?;
+        fs::set_permissions(&key_path, fs::Permissions::from_mode(0o600))
+            .map_err(io_err(&key_path))?;
         let issuer_path = dir.join(ISSUER_FILE);
         fs::write(&issuer_path, format!("{name}\n")).map_err(io_err(&issuer_path))?;
         let issuer = Self::load(dir)?;
@@ -82,7 +83,8 @@ impl Issuer {
             keys: vec![issuer.public_jwk()?],
         };
         let jwks_path = dir.join(JWKS_FILE);
-        let json = serde_json::to_string_pretty(&jwks).map_err(|e| TokenError::Key(e.to_string()))?;
+        let json =
+            serde_json::to_string_pretty(&jwks).map_err(|e| TokenError::Key(e.to_string()))?;
         fs::write(&jwks_path, json).map_err(io_err(&jwks_path))?;
         Ok(issuer)
     }
@@ -160,6 +162,7 @@ impl Issuer {
         });
         let mut header = Header::new(Algorithm::ES256);
         header.kid = Some(self.kid.clone());
-        jsonwebtoken::encode(&header, &claims, &self.key).map_err(|e| TokenError::Key(e.to_string()))
+        jsonwebtoken::encode(&header, &claims, &self.key)
+            .map_err(|e| TokenError::Key(e.to_string()))
     }
 }

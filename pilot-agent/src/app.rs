@@ -78,8 +78,12 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
 
     let manager = SecretManager::start(config.clone()).context("starting the secret manager")?;
     let secrets = manager.watch();
-    let listener = bind_uds(&config.sds_socket)
-        .with_context(|| format!("cannot listen on the SDS socket {}", config.sds_socket.display()))?;
+    let listener = bind_uds(&config.sds_socket).with_context(|| {
+        format!(
+            "cannot listen on the SDS socket {}",
+            config.sds_socket.display()
+        )
+    })?;
     let sds = SdsServer::new(secrets.clone()).into_service();
     let mut rx = shutdown_rx.clone();
     tasks.spawn(async move {

@@ -76,8 +76,9 @@ impl CaClient {
                     let store = common::tls::root_store(&root.display().to_string(), &pem)?;
                     Ok(Arc::new(common::tls::grpc_client_config(store, None)?))
                 });
-                let name = ServerName::try_from(config.ca_server_name.clone())
-                    .map_err(|e| CaClientError::Setup(format!("server name {:?}: {e}", config.ca_server_name)))?;
+                let name = ServerName::try_from(config.ca_server_name.clone()).map_err(|e| {
+                    CaClientError::Setup(format!("server name {:?}: {e}", config.ca_server_name))
+                })?;
                 Some((source, name))
             }
         };
@@ -125,13 +126,17 @@ impl CaClient {
         fields.insert(
             "CertSigner".to_string(),
             Value {
-                kind: Some(Kind::StringValue(self.cert_signer.clone().unwrap_or_default())),
+                kind: Some(Kind::StringValue(
+                    self.cert_signer.clone().unwrap_or_default(),
+                )),
             },
         );
         let mut request = tonic::Request::new(IstioCertificateRequest {
             csr: csr_pem.to_string(),
             validity_duration: self.ttl.as_secs() as i64,
-            metadata: Some(Struct { fields: fields.into_iter().collect() }),
+            metadata: Some(Struct {
+                fields: fields.into_iter().collect(),
+            }),
         });
         request.set_timeout(CALL_TIMEOUT);
         for (k, v) in &self.headers {

@@ -219,7 +219,9 @@ impl Config {
         let discovery_address = DEFAULT_DISCOVERY_ADDRESS.to_string();
         let ca_addr_env = r.opt_string(ENV_CA_ADDR);
         let istiod_san = r.opt_string(ENV_ISTIOD_SAN);
-        let ca_addr = ca_addr_env.clone().unwrap_or_else(|| discovery_address.clone());
+        let ca_addr = ca_addr_env
+            .clone()
+            .unwrap_or_else(|| discovery_address.clone());
         // Istio: the host of CA_ADDR when it is set; otherwise ISTIOD_SAN, else
         // the discovery address host.
         let ca_server_name = match (&ca_addr_env, &istiod_san) {
@@ -236,7 +238,9 @@ impl Config {
                 match SYSTEM_ROOTS.iter().find(|p| PathBuf::from(p).is_file()) {
                     Some(p) => Some(PathBuf::from(p)),
                     None => {
-                        r.error(format!("{ENV_CA_ROOT_CA}=SYSTEM but no OS CA bundle was found"));
+                        r.error(format!(
+                            "{ENV_CA_ROOT_CA}=SYSTEM but no OS CA bundle was found"
+                        ));
                         None
                     }
                 }
@@ -279,7 +283,9 @@ impl Config {
                 }
             },
             Some(other) => {
-                r.error(format!("{ENV_ECC_SIGNATURE_ALGORITHM}={other:?}: the only supported value is ECDSA"));
+                r.error(format!(
+                    "{ENV_ECC_SIGNATURE_ALGORITHM}={other:?}: the only supported value is ECDSA"
+                ));
                 KeyType::Rsa(rsa_bits)
             }
         };
@@ -297,8 +303,9 @@ impl Config {
         };
         let file_mounted = r.bool(ENV_FILE_MOUNTED_CERTS, false);
         let cert_files = ["cert-chain.pem", "key.pem", "root-cert.pem"];
-        let cert_source = if file_mounted || (all_exist(FILE_CERTS_DIR, &cert_files)
-            && output_certs.as_deref() != Some(std::path::Path::new(FILE_CERTS_DIR)))
+        let cert_source = if file_mounted
+            || (all_exist(FILE_CERTS_DIR, &cert_files)
+                && output_certs.as_deref() != Some(std::path::Path::new(FILE_CERTS_DIR)))
         {
             let d = PathBuf::from(FILE_CERTS_DIR);
             CertSource::Files {
@@ -324,10 +331,14 @@ impl Config {
         }
         if cert_source == CertSource::Ca {
             if pod_namespace.is_empty() {
-                r.error(format!("{ENV_POD_NAMESPACE} is not set: the workload identity needs it"));
+                r.error(format!(
+                    "{ENV_POD_NAMESPACE} is not set: the workload identity needs it"
+                ));
             }
             if service_account.is_empty() {
-                r.error(format!("{ENV_SERVICE_ACCOUNT} is not set: the workload identity needs it"));
+                r.error(format!(
+                    "{ENV_SERVICE_ACCOUNT} is not set: the workload identity needs it"
+                ));
             }
         }
         let identity = Identity::new(&trust_domain, &pod_namespace, &service_account).to_string();
@@ -361,7 +372,11 @@ impl Config {
 
     /// The workload identity.
     pub fn workload_identity(&self) -> Identity {
-        Identity::new(&self.trust_domain, &self.pod_namespace, &self.service_account)
+        Identity::new(
+            &self.trust_domain,
+            &self.pod_namespace,
+            &self.service_account,
+        )
     }
 }
 
@@ -383,11 +398,17 @@ mod tests {
         let c = Config::from_env(&args(), &env).unwrap();
         assert_eq!(c.ca_addr, "istiod.istio-system.svc:15012");
         assert_eq!(c.ca_server_name, "istiod.istio-system.svc");
-        assert_eq!(c.ca_root_path, Some(PathBuf::from("./var/run/secrets/istio/root-cert.pem")));
+        assert_eq!(
+            c.ca_root_path,
+            Some(PathBuf::from("./var/run/secrets/istio/root-cert.pem"))
+        );
         assert_eq!(c.key_type, KeyType::Rsa(2048));
         assert_eq!(c.secret_ttl, Duration::from_secs(86400));
         assert_eq!(c.identity, "spiffe://cluster.local/ns/ns/sa/sa");
-        assert_eq!(c.sds_socket, PathBuf::from("./var/run/secrets/workload-spiffe-uds/socket"));
+        assert_eq!(
+            c.sds_socket,
+            PathBuf::from("./var/run/secrets/workload-spiffe-uds/socket")
+        );
     }
 
     #[test]
@@ -404,7 +425,11 @@ mod tests {
         assert_eq!(c.ca_server_name, "localhost");
         assert_eq!(c.key_type, KeyType::EcdsaP256);
         assert_eq!(c.ca_headers, vec![("x_foo".to_string(), "bar".to_string())]);
-        let env = MapEnv::from_pairs([("POD_NAMESPACE", "ns"), ("SERVICE_ACCOUNT", "sa"), ("CA_ADDR", "istiod:15010")]);
+        let env = MapEnv::from_pairs([
+            ("POD_NAMESPACE", "ns"),
+            ("SERVICE_ACCOUNT", "sa"),
+            ("CA_ADDR", "istiod:15010"),
+        ]);
         assert_eq!(Config::from_env(&args(), &env).unwrap().ca_root_path, None);
     }
 
@@ -417,7 +442,13 @@ mod tests {
             ("WORKLOAD_IDENTITY_SOCKET_FILE", "a/b"),
         ]);
         let err = Config::from_env(&args(), &env).unwrap_err();
-        for want in ["SECRET_TTL", "ECC_CURVE", "WORKLOAD_IDENTITY_SOCKET_FILE", "POD_NAMESPACE", "SERVICE_ACCOUNT"] {
+        for want in [
+            "SECRET_TTL",
+            "ECC_CURVE",
+            "WORKLOAD_IDENTITY_SOCKET_FILE",
+            "POD_NAMESPACE",
+            "SERVICE_ACCOUNT",
+        ] {
             assert!(err.contains(want), "{want} missing from {err}");
         }
     }

@@ -22,14 +22,18 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the sidecar or gateway agent.
-    Proxy(ProxyArgs),
+    Proxy(Box<ProxyArgs>),
     /// Print the version.
     Version,
 }
 
 fn main() -> ExitCode {
-    let (args, warnings) = common::cli::strip_unknown_flags(&Cli::command(), std::env::args().collect());
-    let cli = match Cli::command().try_get_matches_from(args).and_then(|m| Cli::from_arg_matches(&m)) {
+    let (args, warnings) =
+        common::cli::strip_unknown_flags(&Cli::command(), std::env::args().collect());
+    let cli = match Cli::command()
+        .try_get_matches_from(args)
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
         Ok(c) => c,
         Err(e) => e.exit(),
     };

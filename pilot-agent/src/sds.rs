@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::Stream;
+use prost::Message;
 use proto::pb::envoy::config::core::v3::{DataSource, data_source};
 use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
     CertificateValidationContext, Secret, TlsCertificate, secret,
@@ -23,7 +24,6 @@ use proto::pb::envoy::service::secret::v3::secret_discovery_service_server::{
     SecretDiscoveryService, SecretDiscoveryServiceServer,
 };
 use proto::pb::google::protobuf::Any;
-use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -35,7 +35,8 @@ pub const WORKLOAD_SECRET: &str = "default";
 /// The workload trust bundle.
 pub const ROOT_SECRET: &str = "ROOTCA";
 /// The SDS type URL.
-pub const SECRET_TYPE: &str = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
+pub const SECRET_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
 
 /// The SDS service.
 #[derive(Clone)]
@@ -233,7 +234,11 @@ impl SdsServer {
                 state.sent.insert(name.clone(), fingerprint(name, &current));
             }
             let nonce = uuid::Uuid::new_v4().to_string();
-            let version = format!("{}/{}", now_rfc3339(), self.version.fetch_add(1, Ordering::Relaxed) + 1);
+            let version = format!(
+                "{}/{}",
+                now_rfc3339(),
+                self.version.fetch_add(1, Ordering::Relaxed) + 1
+            );
             tracing::info!(target: "sds", "SDS: PUSH resources={:?} version={version} serial={}", names, current.serial);
             state.last_nonce = Some(nonce.clone());
             let response = DiscoveryResponse {
@@ -261,7 +266,9 @@ impl SecretDiscoveryService for SdsServer {
         &self,
         _request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaSecretsStream>, Status> {
-        Err(Status::unimplemented("DeltaSecrets is not implemented; use StreamSecrets"))
+        Err(Status::unimplemented(
+            "DeltaSecrets is not implemented; use StreamSecrets",
+        ))
     }
 
     async fn stream_secrets(
@@ -277,7 +284,9 @@ impl SecretDiscoveryService for SdsServer {
         &self,
         _request: Request<DiscoveryRequest>,
     ) -> Result<Response<DiscoveryResponse>, Status> {
-        Err(Status::unimplemented("FetchSecrets is not implemented; use StreamSecrets"))
+        Err(Status::unimplemented(
+            "FetchSecrets is not implemented; use StreamSecrets",
+        ))
     }
 }
 
@@ -383,7 +392,9 @@ mod tests {
 
     async fn nothing(s: &mut Streaming<DiscoveryResponse>) {
         assert!(
-            tokio::time::timeout(Duration::from_millis(300), s.message()).await.is_err(),
+            tokio::time::timeout(Duration::from_millis(300), s.message())
+                .await
+                .is_err(),
             "no response expected"
         );
     }
@@ -402,19 +413,29 @@ mod tests {
         let r1 = next(&mut stream).await;
         assert_eq!(names(&r1), ["default"]);
         // Adding ROOTCA with the nonce: only the new name comes back.
-        req_tx.send(req(&["default", "ROOTCA"], &r1.nonce)).await.unwrap();
+        req_tx
+            .send(req(&["default", "ROOTCA"], &r1.nonce))
+            .await
+            .unwrap();
         let r2 = next(&mut stream).await;
         assert_eq!(names(&r2), ["ROOTCA"]);
         // A pure ACK gets nothing.
-        req_tx.send(req(&["default", "ROOTCA"], &r2.nonce)).await.unwrap();
+        req_tx
+            .send(req(&["default", "ROOTCA"], &r2.nonce))
+            .await
+            .unwrap();
         nothing(&mut stream).await;
         // Rotation with the same root pushes only `default`.
         h.tx.send_replace(Some(Arc::new(secret("02", "root1"))));
         let r3 = next(&mut stream).await;
         assert_eq!(names(&r3), ["default"]);
         let s = Secret::decode(r3.resources[0].value.as_slice()).unwrap();
-        let Some(secret::Type::TlsCertificate(tls)) = s.r#type else { panic!("not a certificate") };
-        let Some(data_source::Specifier::InlineBytes(chain)) = tls.certificate_chain.unwrap().specifier else {
+        let Some(secret::Type::TlsCertificate(tls)) = s.r#type else {
+            panic!("not a certificate")
+        };
+        let Some(data_source::Specifier::InlineBytes(chain)) =
+            tls.certificate_chain.unwrap().specifier
+        else {
             panic!("not inline")
         };
         assert_eq!(chain, b"chain-02");
@@ -428,13 +449,25 @@ mod tests {
     async fn stale_nonce_nack_and_unsubscribe_get_nothing() {
         let mut h = harness(Some(secret("01", "root"))).await;
         let (req_tx, req_rx) = mpsc::channel(8);
-        let mut stream = h.client.stream_secrets(ReceiverStream::new(req_rx)).await.unwrap().into_inner();
+        let mut stream = h
+            .client
+            .stream_secrets(ReceiverStream::new(req_rx))
+            .await
+            .unwrap()
+            .into_inner();
         req_tx.send(req(&["ROOTCA"], "")).await.unwrap();
         let r1 = next(&mut stream).await;
-        req_tx.send(req(&["ROOTCA", "default"], "stale-nonce")).await.unwrap();
+        req_tx
+            .send(req(&["ROOTCA", "default"], "stale-nonce"))
+            .await
+            .unwrap();
         nothing(&mut stream).await;
         let mut nack = req(&["ROOTCA"], &r1.nonce);
-        nack.error_detail = Some(proto::pb::google::rpc::Status { code: 13, message: "bad".into(), details: vec![] });
+        nack.error_detail = Some(proto::pb::google::rpc::Status {
+            code: 13,
+            message: "bad".into(),
+            details: vec![],
+        });
         req_tx.send(nack).await.unwrap();
         nothing(&mut stream).await;
         req_tx.send(req(&[], &r1.nonce)).await.unwrap();
@@ -448,7 +481,12 @@ mod tests {
     async fn waits_for_first_certificate() {
         let mut h = harness(None).await;
         let (req_tx, req_rx) = mpsc::channel(8);
-        let mut stream = h.client.stream_secrets(ReceiverStream::new(req_rx)).await.unwrap().into_inner();
+        let mut stream = h
+            .client
+            .stream_secrets(ReceiverStream::new(req_rx))
+            .await
+            .unwrap()
+            .into_inner();
         req_tx.send(req(&["default"], "")).await.unwrap();
         nothing(&mut stream).await;
         h.tx.send_replace(Some(Arc::new(secret("01", "root"))));
@@ -459,21 +497,45 @@ mod tests {
     async fn unknown_name_and_missing_node_are_errors() {
         let mut h = harness(Some(secret("01", "root"))).await;
         let (req_tx, req_rx) = mpsc::channel(8);
-        let mut stream = h.client.stream_secrets(ReceiverStream::new(req_rx)).await.unwrap().into_inner();
-        req_tx.send(req(&["file-cert:/nope~/nope"], "")).await.unwrap();
-        let err = tokio::time::timeout(Duration::from_secs(5), stream.message()).await.unwrap().unwrap_err();
+        let mut stream = h
+            .client
+            .stream_secrets(ReceiverStream::new(req_rx))
+            .await
+            .unwrap()
+            .into_inner();
+        req_tx
+            .send(req(&["file-cert:/nope~/nope"], ""))
+            .await
+            .unwrap();
+        let err = tokio::time::timeout(Duration::from_secs(5), stream.message())
+            .await
+            .unwrap()
+            .unwrap_err();
         assert!(err.message().contains("failed to generate secret"), "{err}");
 
         let (req_tx, req_rx) = mpsc::channel(8);
-        let mut stream = h.client.stream_secrets(ReceiverStream::new(req_rx)).await.unwrap().into_inner();
+        let mut stream = h
+            .client
+            .stream_secrets(ReceiverStream::new(req_rx))
+            .await
+            .unwrap()
+            .into_inner();
         let mut r = req(&["default"], "");
         r.node = None;
         req_tx.send(r).await.unwrap();
-        let err = tokio::time::timeout(Duration::from_secs(5), stream.message()).await.unwrap().unwrap_err();
+        let err = tokio::time::timeout(Duration::from_secs(5), stream.message())
+            .await
+            .unwrap()
+            .unwrap_err();
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         // The server keeps serving other streams.
         let (req_tx, req_rx) = mpsc::channel(8);
-        let mut stream = h.client.stream_secrets(ReceiverStream::new(req_rx)).await.unwrap().into_inner();
+        let mut stream = h
+            .client
+            .stream_secrets(ReceiverStream::new(req_rx))
+            .await
+            .unwrap()
+            .into_inner();
         req_tx.send(req(&["default"], "")).await.unwrap();
         assert_eq!(names(&next(&mut stream).await), ["default"]);
     }

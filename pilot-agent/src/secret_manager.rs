@@ -65,7 +65,10 @@ pub fn rotation_delay(
     jitter: f64,
     now: SystemTime,
 ) -> Duration {
-    let lifetime = expires.duration_since(created).unwrap_or_default().as_secs_f64();
+    let lifetime = expires
+        .duration_since(created)
+        .unwrap_or_default()
+        .as_secs_f64();
     let spread = if jitter > 0.0 {
         (rand::random::<f64>() * 2.0 - 1.0) * jitter
     } else {
@@ -96,7 +99,11 @@ pub fn split_chain(chain: &[String]) -> (String, String) {
     }
 }
 
-fn secret_from_pems(cert_chain_pem: String, key_pem: String, root_pem: String) -> Result<WorkloadSecret, SecretError> {
+fn secret_from_pems(
+    cert_chain_pem: String,
+    key_pem: String,
+    root_pem: String,
+) -> Result<WorkloadSecret, SecretError> {
     let certs = pki::pem_certs("workload certificate chain", &cert_chain_pem)?;
     let info = pki::cert_info(&certs[0])?;
     pki::pem_certs("root certificate", &root_pem)?;
@@ -186,7 +193,11 @@ impl SecretManager {
                 let client = CaClient::new(&config)?;
                 tokio::spawn(run_ca(client, config, tx));
             }
-            CertSource::Files { cert_chain, key, root } => {
+            CertSource::Files {
+                cert_chain,
+                key,
+                root,
+            } => {
                 tokio::spawn(run_files(cert_chain, key, root, config, tx));
             }
         }
@@ -204,7 +215,11 @@ impl SecretManager {
     }
 }
 
-fn publish(tx: &watch::Sender<Option<Arc<WorkloadSecret>>>, secret: WorkloadSecret, config: &Config) {
+fn publish(
+    tx: &watch::Sender<Option<Arc<WorkloadSecret>>>,
+    secret: WorkloadSecret,
+    config: &Config,
+) {
     if let Some(dir) = &config.output_certs
         && let Err(e) = write_output(dir, &secret, config.output_mode)
     {
@@ -220,7 +235,11 @@ fn publish(tx: &watch::Sender<Option<Arc<WorkloadSecret>>>, secret: WorkloadSecr
     tx.send_replace(Some(Arc::new(secret)));
 }
 
-async fn run_ca(client: CaClient, config: Arc<Config>, tx: watch::Sender<Option<Arc<WorkloadSecret>>>) {
+async fn run_ca(
+    client: CaClient,
+    config: Arc<Config>,
+    tx: watch::Sender<Option<Arc<WorkloadSecret>>>,
+) {
     let mut backoff = Backoff::default();
     loop {
         match fetch_from_ca(&client, &config).await {
@@ -331,12 +350,28 @@ mod tests {
     fn rotation_time_matches_istio_without_jitter() {
         // A one-hour certificate (TestRotateTimeNoJitter).
         let (c, e) = (at(0), at(3600));
-        assert_eq!(rotation_delay(c, e, 0.5, 0.0, at(0)), Duration::from_secs(1800));
-        assert_eq!(rotation_delay(c, e, 0.25, 0.0, at(0)), Duration::from_secs(2700));
-        assert_eq!(rotation_delay(c, e, 0.75, 0.0, at(0)), Duration::from_secs(900));
+        assert_eq!(
+            rotation_delay(c, e, 0.5, 0.0, at(0)),
+            Duration::from_secs(1800)
+        );
+        assert_eq!(
+            rotation_delay(c, e, 0.25, 0.0, at(0)),
+            Duration::from_secs(2700)
+        );
+        assert_eq!(
+            rotation_delay(c, e, 0.75, 0.0, at(0)),
+            Duration::from_secs(900)
+        );
         assert_eq!(rotation_delay(c, e, 1.0, 0.0, at(0)), Duration::ZERO);
-        assert_eq!(rotation_delay(c, e, 0.0, 0.0, at(0)), Duration::from_secs(3600));
-        assert_eq!(rotation_delay(c, e, 0.5, 0.0, at(4000)), Duration::ZERO, "expired");
+        assert_eq!(
+            rotation_delay(c, e, 0.0, 0.0, at(0)),
+            Duration::from_secs(3600)
+        );
+        assert_eq!(
+            rotation_delay(c, e, 0.5, 0.0, at(4000)),
+            Duration::ZERO,
+            "expired"
+        );
     }
 
     #[test]
@@ -352,7 +387,13 @@ mod tests {
     fn concat_like_istio() {
         let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
         assert_eq!(split_chain(&s(&["a", "r"])), ("a".into(), "r".into()));
-        assert_eq!(split_chain(&s(&["a", "b", "r"])), ("a\nb".into(), "r".into()));
-        assert_eq!(split_chain(&s(&["a\n", "b", "r"])), ("a\nb".into(), "r".into()));
+        assert_eq!(
+            split_chain(&s(&["a", "b", "r"])),
+            ("a\nb".into(), "r".into())
+        );
+        assert_eq!(
+            split_chain(&s(&["a\n", "b", "r"])),
+            ("a\nb".into(), "r".into())
+        );
     }
 }

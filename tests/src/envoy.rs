@@ -28,13 +28,25 @@ impl Envoy {
             .arg(&path)
             .args(["--admin-address-path"])
             .arg(&admin_path)
-            .args(["--disable-hot-restart", "--concurrency", "1", "-l", "warning"]);
+            .args([
+                "--disable-hot-restart",
+                "--concurrency",
+                "1",
+                "-l",
+                "warning",
+            ]);
         let mut proc = Proc::spawn("envoy", cmd, &dir.join("envoy.log"));
         let admin: SocketAddr = wait_for("Envoy admin address", Duration::from_secs(30), || {
             assert!(proc.alive(), "Envoy exited:\n{}", proc.log());
-            std::fs::read_to_string(&admin_path).ok()?.trim().parse().ok()
+            std::fs::read_to_string(&admin_path)
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
         });
-        wait_for("Envoy admin", Duration::from_secs(30), || http_get(admin, "/ready").ok());
+        wait_for("Envoy admin", Duration::from_secs(30), || {
+            http_get(admin, "/ready").ok()
+        });
         Envoy { proc, admin }
     }
 

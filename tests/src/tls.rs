@@ -11,15 +11,26 @@ use common::pki::{self, CertInfo};
 /// Connects to `addr`, verifies the served chain against `root_pem` and an
 /// optional expected identity, sends one HTTP request and returns the leaf's
 /// details and the response body.
-pub fn probe(addr: SocketAddr, root_pem: &str, expect_identity: Option<&str>) -> Result<(CertInfo, String), String> {
+pub fn probe(
+    addr: SocketAddr,
+    root_pem: &str,
+    expect_identity: Option<&str>,
+) -> Result<(CertInfo, String), String> {
     common::tls::install_crypto_provider();
     let roots = common::tls::root_store("root", root_pem).map_err(|e| e.to_string())?;
-    let allowed = expect_identity.map(|s| vec![s.to_string()]).unwrap_or_default();
-    let config = common::tls::spiffe_client_config(roots, allowed, None).map_err(|e| e.to_string())?;
-    let name = rustls::pki_types::ServerName::try_from("workload.mesh.invalid").map_err(|e| e.to_string())?;
-    let mut conn = rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
-    let mut sock = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|e| format!("connect: {e}"))?;
-    sock.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+    let allowed = expect_identity
+        .map(|s| vec![s.to_string()])
+        .unwrap_or_default();
+    let config =
+        common::tls::spiffe_client_config(roots, allowed, None).map_err(|e| e.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from("workload.mesh.invalid")
+        .map_err(|e| e.to_string())?;
+    let mut conn =
+        rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
+    let mut sock = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+        .map_err(|e| format!("connect: {e}"))?;
+    sock.set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
     let mut tls = rustls::Stream::new(&mut conn, &mut sock);
     tls.write_all(b"GET / HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
         .map_err(|e| format!("TLS handshake or write: {e}"))?;
@@ -37,7 +48,11 @@ pub fn probe(addr: SocketAddr, root_pem: &str, expect_identity: Option<&str>) ->
         if let Some((head, body)) = text.split_once("\r\n\r\n") {
             let len = head
                 .lines()
-                .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().to_string())
+                })
                 .and_then(|v| v.parse::<usize>().ok());
             if len.is_some_and(|len| body.len() >= len) {
                 break text;

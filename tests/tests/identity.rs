@@ -32,7 +32,9 @@ const SLEEP_ID: &str = "spiffe://cluster.local/ns/default/sa/sleep";
 /// The Pod's TLS listener presents the agent's certificate once Envoy has it.
 fn wait_served(addr: SocketAddr, root: &str, limit: Duration) -> pki::CertInfo {
     wait_for("Envoy to serve the workload certificate", limit, || {
-        tls::probe(addr, root, Some(SLEEP_ID)).ok().map(|(info, _)| info)
+        tls::probe(addr, root, Some(SLEEP_ID))
+            .ok()
+            .map(|(info, _)| info)
     })
 }
 
@@ -41,27 +43,59 @@ fn envoy_serves_the_workload_certificate_istiod_signed() {
     let tmp = tempfile::tempdir().unwrap();
     let istiod = Istiod::start(&tmp.path().join("istiod"), ISTIOD_ENV);
     let root = istiod.root_pem();
-    let pod = PodDir::new(&tmp.path().join("pod"), &istiod.token("default", "sleep"), Some(&root));
+    let pod = PodDir::new(
+        &tmp.path().join("pod"),
+        &istiod.token("default", "sleep"),
+        Some(&root),
+    );
     let ca = istiod.grpc.to_string();
-    let _agent = pod.start_agent(&agent_env(&ca, &[]));
+    let _agent = pod.start_agent(&agent_env(&ca, &[("OUTPUT_CERTS", "./out")]));
     let port = listener_port();
     let _envoy = Envoy::start(&pod.dir, &sds_tls_bootstrap(port, &pod.sds_socket()));
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
 
-    let (info, body) = wait_for("a TLS answer", Duration::from_secs(30), || tls::probe(addr, &root, None).ok());
+    let (info, body) = wait_for("a TLS answer", Duration::from_secs(30), || {
+        tls::probe(addr, &root, None).ok()
+    });
     // The probe verified the chain against istiod's root; check the identity.
-    assert_eq!(info.uri_sans, vec![SLEEP_ID.to_string()], "the leaf's only URI SAN");
+    assert_eq!(
+        info.uri_sans,
+        vec![SLEEP_ID.to_string()],
+        "the leaf's only URI SAN"
+    );
     assert!(info.dns_sans.is_empty());
     assert!(!info.is_ca);
     assert!(body.ends_with("hello"), "{body}");
     // Istio's default lifetime (24h), back-dated two minutes.
     let lifetime = info.lifetime().as_secs();
-    assert!((86400..=86400 + 130).contains(&lifetime), "lifetime {lifetime}s");
+    assert!(
+        (86400..=86400 + 130).contains(&lifetime),
+        "lifetime {lifetime}s"
+    );
+    // OUTPUT_CERTS holds the same certificate, the key private to the agent's user.
+    let out = pod.dir.join("out");
+    let chain = std::fs::read_to_string(out.join("cert-chain.pem")).unwrap();
+    let leaf = pki::pem_certs("cert-chain.pem", &chain).unwrap().remove(0);
+    assert_eq!(pki::cert_info(&leaf).unwrap().serial, info.serial);
+    assert_eq!(
+        std::fs::read_to_string(out.join("root-cert.pem")).unwrap(),
+        root
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(out.join("key.pem"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600);
     // A different root does not accept it.
     let other = tempfile::tempdir().unwrap();
     let other_istiod = Istiod::start(other.path(), ISTIOD_ENV);
     let err = tls::probe(addr, &other_istiod.root_pem(), None).unwrap_err();
-    assert!(err.contains("UnknownIssuer") || err.contains("invalid peer certificate"), "{err}");
+    assert!(
+        err.contains("UnknownIssuer") || err.contains("invalid peer certificate"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -69,9 +103,16 @@ fn short_lived_certificates_rotate_while_envoy_keeps_running() {
     let tmp = tempfile::tempdir().unwrap();
     let istiod = Istiod::start(&tmp.path().join("istiod"), ISTIOD_ENV);
     let root = istiod.root_pem();
-    let pod = PodDir::new(&tmp.path().join("pod"), &istiod.token("default", "sleep"), Some(&root));
+    let pod = PodDir::new(
+        &tmp.path().join("pod"),
+        &istiod.token("default", "sleep"),
+        Some(&root),
+    );
     let ca = istiod.grpc.to_string();
-    let _agent = pod.start_agent(&agent_env(&ca, &[("SECRET_TTL", "4s"), ("ECC_SIGNATURE_ALGORITHM", "ECDSA")]));
+    let _agent = pod.start_agent(&agent_env(
+        &ca,
+        &[("SECRET_TTL", "4s"), ("ECC_SIGNATURE_ALGORITHM", "ECDSA")],
+    ));
     let port = listener_port();
     let mut envoy = Envoy::start(&pod.dir, &sds_tls_bootstrap(port, &pod.sds_socket()));
     let envoy_pid = envoy.proc.pid();
@@ -93,8 +134,17 @@ fn short_lived_certificates_rotate_while_envoy_keeps_running() {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(failed.is_empty(), "{} of {} requests failed: {:?}", failed.len(), ok + failed.len(), &failed[..failed.len().min(5)]);
-    assert!(serials.len() >= 3, "expected several rotations, saw serials {serials:?}");
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed: {:?}",
+        failed.len(),
+        ok + failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    assert!(
+        serials.len() >= 3,
+        "expected several rotations, saw serials {serials:?}"
+    );
     assert!(envoy.proc.alive(), "Envoy must keep running");
     assert_eq!(envoy.proc.pid(), envoy_pid);
     assert_eq!(envoy.stat("server.hot_restart_epoch"), Some(0));
@@ -113,24 +163,38 @@ fn request(csr: String, ttl: i64, token: Option<&str>) -> tonic::Request<IstioCe
         metadata: None,
     });
     if let Some(t) = token {
-        r.metadata_mut().insert("authorization", format!("Bearer {t}").parse().unwrap());
+        r.metadata_mut()
+            .insert("authorization", format!("Bearer {t}").parse().unwrap());
     }
     r
 }
 
 /// Sends one bad request and checks its gRPC code and message, then checks
 /// that istiod still signs a good request.
-fn rejected(make: impl FnOnce(&Istiod) -> tonic::Request<IstioCertificateRequest>, code: Code, message: &str) {
+fn rejected(
+    make: impl FnOnce(&Istiod) -> tonic::Request<IstioCertificateRequest>,
+    code: Code,
+    message: &str,
+) {
     let tmp = tempfile::tempdir().unwrap();
     let istiod = Istiod::start(tmp.path(), ISTIOD_ENV);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let mut client = istiod.ca_client();
         let err = client.create_certificate(make(&istiod)).await.unwrap_err();
         assert_eq!(err.code(), code, "{err:?}");
-        assert!(err.message().contains(message), "{message:?} not in {:?}", err.message());
+        assert!(
+            err.message().contains(message),
+            "{message:?} not in {:?}",
+            err.message()
+        );
         let token = istiod.token("default", "sleep");
-        let ok = client.create_certificate(request(csr("default", "sleep"), 0, Some(&token))).await;
+        let ok = client
+            .create_certificate(request(csr("default", "sleep"), 0, Some(&token)))
+            .await;
         assert!(ok.is_ok(), "istiod must keep serving others: {ok:?}");
     });
 }
@@ -147,7 +211,9 @@ fn token_with(istiod: &Istiod, f: impl FnOnce(&mut serde_json::Value)) -> String
 
 fn b64(s: &str) -> Vec<u8> {
     use base64::Engine;
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(s).unwrap()
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(s)
+        .unwrap()
 }
 
 fn b64e(b: &[u8]) -> String {
@@ -157,7 +223,10 @@ fn b64e(b: &[u8]) -> String {
 
 /// Mints a token with the issuer's own key through the library, with options.
 fn mint(istiod: &Istiod, o: istiod::token::MintOptions) -> String {
-    istiod::token::Issuer::load(&istiod.issuer_dir).unwrap().mint(&o).unwrap()
+    istiod::token::Issuer::load(&istiod.issuer_dir)
+        .unwrap()
+        .mint(&o)
+        .unwrap()
 }
 
 fn opts() -> istiod::token::MintOptions {
@@ -173,13 +242,29 @@ fn opts() -> istiod::token::MintOptions {
 
 #[test]
 fn ca_rejects_a_request_without_token() {
-    rejected(|_| request(csr("default", "sleep"), 0, None), Code::Unauthenticated, "no HTTP authorization header");
+    rejected(
+        |_| request(csr("default", "sleep"), 0, None),
+        Code::Unauthenticated,
+        "no HTTP authorization header",
+    );
 }
 
 #[test]
 fn ca_rejects_an_expired_token() {
     rejected(
-        |i| request(csr("default", "sleep"), 0, Some(&mint(i, istiod::token::MintOptions { expired: true, ..opts() }))),
+        |i| {
+            request(
+                csr("default", "sleep"),
+                0,
+                Some(&mint(
+                    i,
+                    istiod::token::MintOptions {
+                        expired: true,
+                        ..opts()
+                    },
+                )),
+            )
+        },
         Code::Unauthenticated,
         "token has expired",
     );
@@ -189,7 +274,13 @@ fn ca_rejects_an_expired_token() {
 fn ca_rejects_a_token_for_another_audience() {
     rejected(
         |i| {
-            let t = mint(i, istiod::token::MintOptions { audience: "vault".into(), ..opts() });
+            let t = mint(
+                i,
+                istiod::token::MintOptions {
+                    audience: "vault".into(),
+                    ..opts()
+                },
+            );
             request(csr("default", "sleep"), 0, Some(&t))
         },
         Code::Unauthenticated,
@@ -201,7 +292,13 @@ fn ca_rejects_a_token_for_another_audience() {
 fn ca_rejects_a_token_from_another_issuer() {
     rejected(
         |i| {
-            let t = mint(i, istiod::token::MintOptions { issuer_override: Some("https://evil.example".into()), ..opts() });
+            let t = mint(
+                i,
+                istiod::token::MintOptions {
+                    issuer_override: Some("https://evil.example".into()),
+                    ..opts()
+                },
+            );
             request(csr("default", "sleep"), 0, Some(&t))
         },
         Code::Unauthenticated,
@@ -214,7 +311,9 @@ fn ca_rejects_a_token_with_a_bad_signature() {
     rejected(
         |i| {
             // Claims edited after signing: namespace escalated to istio-system.
-            let t = token_with(i, |c| c["sub"] = "system:serviceaccount:istio-system:istiod".into());
+            let t = token_with(i, |c| {
+                c["sub"] = "system:serviceaccount:istio-system:istiod".into()
+            });
             request(csr("default", "sleep"), 0, Some(&t))
         },
         Code::Unauthenticated,
@@ -225,7 +324,9 @@ fn ca_rejects_a_token_with_a_bad_signature() {
 #[test]
 fn ca_rejects_a_malformed_csr() {
     rejected(
-        |i| request("-----BEGIN CERTIFICATE REQUEST-----\nnonsense\n-----END CERTIFICATE REQUEST-----\n".into(), 0, Some(&i.token("default", "sleep"))),
+        |i| {
+            request("-----BEGIN CERTIFICATE REQUEST-----\nnonsense\n-----END CERTIFICATE REQUEST-----\n".into(), 0, Some(&i.token("default", "sleep")))
+        },
         Code::InvalidArgument,
         "CSR",
     );
@@ -250,7 +351,13 @@ fn ca_rejects_a_csr_with_a_bad_signature() {
 #[test]
 fn ca_rejects_a_validity_over_the_maximum() {
     rejected(
-        |i| request(csr("default", "sleep"), 91 * 86400, Some(&i.token("default", "sleep"))),
+        |i| {
+            request(
+                csr("default", "sleep"),
+                91 * 86400,
+                Some(&i.token("default", "sleep")),
+            )
+        },
         Code::InvalidArgument,
         "max allowed TTL",
     );
@@ -259,21 +366,33 @@ fn ca_rejects_a_validity_over_the_maximum() {
 fn pki_types_csr_der(pem: &str) -> Vec<u8> {
     let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
     use base64::Engine;
-    base64::engine::general_purpose::STANDARD.decode(body).unwrap()
+    base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .unwrap()
 }
 
 fn to_csr_pem(der: &[u8]) -> String {
     use base64::Engine;
     let b = base64::engine::general_purpose::STANDARD.encode(der);
-    let lines: Vec<&str> = b.as_bytes().chunks(64).map(|c| std::str::from_utf8(c).unwrap()).collect();
-    format!("-----BEGIN CERTIFICATE REQUEST-----\n{}\n-----END CERTIFICATE REQUEST-----\n", lines.join("\n"))
+    let lines: Vec<&str> = b
+        .as_bytes()
+        .chunks(64)
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect();
+    format!(
+        "-----BEGIN CERTIFICATE REQUEST-----\n{}\n-----END CERTIFICATE REQUEST-----\n",
+        lines.join("\n")
+    )
 }
 
 #[test]
 fn csr_for_another_identity_gets_the_callers_own() {
     let tmp = tempfile::tempdir().unwrap();
     let istiod = Istiod::start(tmp.path(), ISTIOD_ENV);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let chain = rt.block_on(async {
         let token = istiod.token("default", "sleep");
         istiod
@@ -297,7 +416,10 @@ fn istiod_restart_keeps_its_root() {
     let tmp = tempfile::tempdir().unwrap();
     let mut istiod = Istiod::start(tmp.path(), ISTIOD_ENV);
     let root_before = istiod.root_pem();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let sign = |istiod: &Istiod| {
         rt.block_on(async {
             let token = istiod.token("default", "sleep");
@@ -318,7 +440,9 @@ fn istiod_restart_keeps_its_root() {
     assert_eq!(after.last(), before.last(), "the same root is served");
     // A certificate issued before the restart verifies against the root served after.
     let old_leaf = pki::pem_certs("leaf", &before[0]).unwrap().remove(0);
-    let new_root = pki::pem_certs("root", after.last().unwrap()).unwrap().remove(0);
+    let new_root = pki::pem_certs("root", after.last().unwrap())
+        .unwrap()
+        .remove(0);
     assert!(pki::signed_by(&old_leaf, &new_root));
     common::tls::install_crypto_provider();
     let mut store = rustls::RootCertStore::empty();
@@ -329,7 +453,9 @@ fn istiod_restart_keeps_its_root() {
         &store,
         &[],
         rustls::pki_types::UnixTime::now(),
-        rustls::crypto::ring::default_provider().signature_verification_algorithms.all,
+        rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .all,
     )
     .unwrap();
 }
@@ -351,10 +477,114 @@ fn agent_waits_for_the_ca_and_envoy_gets_its_certificate() {
 
     std::thread::sleep(Duration::from_secs(3));
     assert!(agent.alive(), "the agent keeps retrying:\n{}", agent.log());
-    assert!(tls::probe(addr, &root, None).is_err(), "no certificate yet, so no TLS");
-    assert!(agent.log().contains("no workload certificate yet, retrying"), "{}", agent.log());
+    assert!(
+        tls::probe(addr, &root, None).is_err(),
+        "no certificate yet, so no TLS"
+    );
+    assert!(
+        agent
+            .log()
+            .contains("no workload certificate yet, retrying"),
+        "{}",
+        agent.log()
+    );
 
     istiod.restart();
     let info = wait_served(addr, &root, Duration::from_secs(60));
     assert_eq!(info.uri_sans, vec![SLEEP_ID.to_string()]);
+}
+
+#[test]
+fn incomplete_plugin_ca_stops_istiod_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cacerts = tmp.path().join("etc/cacerts");
+    std::fs::create_dir_all(&cacerts).unwrap();
+    std::fs::write(cacerts.join("ca-cert.pem"), "not yet complete").unwrap();
+    let out = std::process::Command::new(tests::bin("istiod"))
+        .current_dir(tmp.path())
+        .args([
+            "discovery",
+            "--secureGRPCAddr=127.0.0.1:0",
+            "--httpAddr=",
+            "--monitoringAddr=",
+            "--grpcAddr=",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "istiod must refuse to start");
+    let log = String::from_utf8_lossy(&out.stdout);
+    assert!(log.contains("ca-key.pem is missing"), "{log}");
+}
+
+/// Signs a certificate for default/sleep through the CA and returns (chain, key, root).
+fn issue(istiod: &Istiod) -> (String, String, String) {
+    let key = pki::generate_key(pki::KeyType::EcdsaP256).unwrap();
+    let csr = pki::csr_pem(
+        &common::Identity::new("cluster.local", "default", "sleep"),
+        &key,
+    )
+    .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let token = istiod.token("default", "sleep");
+    let chain = rt.block_on(async {
+        istiod
+            .ca_client()
+            .create_certificate(request(csr, 0, Some(&token)))
+            .await
+            .unwrap()
+            .into_inner()
+            .cert_chain
+    });
+    (chain[0].clone(), key.serialize_pem(), chain[1].clone())
+}
+
+#[test]
+fn file_mounted_certificates_are_served_and_reloaded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let istiod = Istiod::start(&tmp.path().join("istiod"), ISTIOD_ENV);
+    let root = istiod.root_pem();
+    let pod = PodDir::new(&tmp.path().join("pod"), "", None);
+    let certs = pod.dir.join("etc/certs");
+    std::fs::create_dir_all(&certs).unwrap();
+    let write = |(chain, key, root): &(String, String, String)| {
+        // Replace atomically, as a Secret volume update does.
+        for (name, content) in [
+            ("key.pem", key),
+            ("cert-chain.pem", chain),
+            ("root-cert.pem", root),
+        ] {
+            let tmp = certs.join(format!(".{name}.new"));
+            std::fs::write(&tmp, content).unwrap();
+            std::fs::rename(&tmp, certs.join(name)).unwrap();
+        }
+    };
+    let first = issue(&istiod);
+    write(&first);
+    // No CA is reachable: file mode must not need one.
+    let _agent = pod.start_agent(&agent_env("127.0.0.1:1", &[("FILE_MOUNTED_CERTS", "true")]));
+    let port = listener_port();
+    let _envoy = Envoy::start(&pod.dir, &sds_tls_bootstrap(port, &pod.sds_socket()));
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let served = wait_served(addr, &root, Duration::from_secs(30));
+    let first_serial = pki::cert_info(&pki::pem_certs("c", &first.0).unwrap()[0])
+        .unwrap()
+        .serial;
+    assert_eq!(served.serial, first_serial);
+
+    let second = issue(&istiod);
+    write(&second);
+    let second_serial = pki::cert_info(&pki::pem_certs("c", &second.0).unwrap()[0])
+        .unwrap()
+        .serial;
+    wait_for(
+        "Envoy to serve the replaced certificate",
+        Duration::from_secs(15),
+        || {
+            let (info, _) = tls::probe(addr, &root, Some(SLEEP_ID)).ok()?;
+            (info.serial == second_serial).then_some(())
+        },
+    );
 }

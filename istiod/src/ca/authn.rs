@@ -92,7 +92,9 @@ pub struct JwtAuthenticator {
 
 impl std::fmt::Debug for JwtAuthenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JwtAuthenticator").field("rule", &self.rule).finish()
+        f.debug_struct("JwtAuthenticator")
+            .field("rule", &self.rule)
+            .finish()
     }
 }
 
@@ -146,7 +148,8 @@ impl JwtAuthenticator {
                 .await
                 .map_err(|e| format!("fetching JWKS {uri}: {e}"))?
         };
-        serde_json::from_str(&body).map_err(|e| format!("JWKS {uri} is not a JSON Web Key Set: {e}"))
+        serde_json::from_str(&body)
+            .map_err(|e| format!("JWKS {uri} is not a JSON Web Key Set: {e}"))
     }
 
     /// The keys, fetched when stale or when `kid` is unknown (rate limited).
@@ -168,12 +171,16 @@ impl JwtAuthenticator {
                 Err(e) => tracing::warn!(target: "authn", "keeping the previous JWKS: {e}"),
             }
         }
-        cache.keys.clone().ok_or_else(|| "no JWKS loaded".to_string())
+        cache
+            .keys
+            .clone()
+            .ok_or_else(|| "no JWKS loaded".to_string())
     }
 
     /// Verifies `token` and returns the caller's identity.
     pub async fn authenticate(&self, token: &str) -> Result<Identity, String> {
-        let header = jsonwebtoken::decode_header(token).map_err(|e| format!("malformed JWT: {e}"))?;
+        let header =
+            jsonwebtoken::decode_header(token).map_err(|e| format!("malformed JWT: {e}"))?;
         let set = self.keys(header.kid.as_deref()).await?;
         let candidates: Vec<_> = match &header.kid {
             Some(kid) => set.find(kid).into_iter().collect(),
@@ -190,7 +197,10 @@ impl JwtAuthenticator {
         validation.set_audience(&self.audiences);
         validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
         validation.leeway = 60;
-        if matches!(header.alg, Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512) {
+        if matches!(
+            header.alg,
+            Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512
+        ) {
             return Err("HMAC-signed tokens are not accepted".into());
         }
         let mut last = String::new();
@@ -219,7 +229,11 @@ impl JwtAuthenticator {
     }
 }
 
-fn describe_jwt_error(e: &jsonwebtoken::errors::Error, issuer: &str, audiences: &[String]) -> String {
+fn describe_jwt_error(
+    e: &jsonwebtoken::errors::Error,
+    issuer: &str,
+    audiences: &[String],
+) -> String {
     use jsonwebtoken::errors::ErrorKind;
     match e.kind() {
         ErrorKind::ExpiredSignature => "token has expired".into(),
@@ -286,7 +300,11 @@ impl Authenticators {
 
 fn cert_identities(leaf: &CertificateDer<'_>) -> Result<Vec<Identity>, String> {
     let info = pki::cert_info(leaf).map_err(|e| e.to_string())?;
-    let ids: Vec<Identity> = info.uri_sans.iter().filter_map(|u| u.parse().ok()).collect();
+    let ids: Vec<Identity> = info
+        .uri_sans
+        .iter()
+        .filter_map(|u| u.parse().ok())
+        .collect();
     if ids.is_empty() {
         Err("certificate has no SPIFFE URI SAN".into())
     } else {
@@ -354,10 +372,27 @@ mod tests {
         let other_dir = tempfile::tempdir().unwrap();
         let other = Issuer::create(other_dir.path(), "https://issuer.test").unwrap();
         let cases = [
-            (MintOptions { expired: true, ..opts() }, "expired", &issuer),
-            (MintOptions { audience: "other".into(), ..opts() }, "audience", &issuer),
             (
-                MintOptions { issuer_override: Some("https://evil.test".into()), ..opts() },
+                MintOptions {
+                    expired: true,
+                    ..opts()
+                },
+                "expired",
+                &issuer,
+            ),
+            (
+                MintOptions {
+                    audience: "other".into(),
+                    ..opts()
+                },
+                "audience",
+                &issuer,
+            ),
+            (
+                MintOptions {
+                    issuer_override: Some("https://evil.test".into()),
+                    ..opts()
+                },
                 "issuer",
                 &issuer,
             ),
@@ -391,9 +426,14 @@ mod tests {
 
     #[test]
     fn jwt_rule_parses_and_names_mistakes() {
-        let r = JwtRule::parse(r#"{"issuer":"i","jwks_uri":"file:///x","audiences":["a"]}"#).unwrap();
+        let r =
+            JwtRule::parse(r#"{"issuer":"i","jwks_uri":"file:///x","audiences":["a"]}"#).unwrap();
         assert_eq!(r.audiences, vec!["a"]);
         assert!(JwtRule::parse("{").unwrap_err().contains("JWT_RULE"));
-        assert!(JwtRule::parse(r#"{"issuer":"i","jwks_uri":"ftp://x"}"#).unwrap_err().contains("jwks_uri"));
+        assert!(
+            JwtRule::parse(r#"{"issuer":"i","jwks_uri":"ftp://x"}"#)
+                .unwrap_err()
+                .contains("jwks_uri")
+        );
     }
 }

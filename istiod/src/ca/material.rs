@@ -26,7 +26,9 @@ pub const ROOT_CERT_FILE: &str = "root-cert.pem";
 #[derive(Debug, thiserror::Error)]
 pub enum MaterialError {
     /// A plug-in bundle lacks a file.
-    #[error("plug-in CA in {dir} is incomplete: {missing} is missing (a plug-in CA needs {CA_CERT_FILE}, {CA_KEY_FILE}, {CERT_CHAIN_FILE} and {ROOT_CERT_FILE}; remove the directory's files to use a self-signed root)")]
+    #[error(
+        "plug-in CA in {dir} is incomplete: {missing} is missing (a plug-in CA needs {CA_CERT_FILE}, {CA_KEY_FILE}, {CERT_CHAIN_FILE} and {ROOT_CERT_FILE}; remove the directory's files to use a self-signed root)"
+    )]
     Incomplete {
         /// The directory.
         dir: String,
@@ -185,7 +187,10 @@ fn load_files(dir: &Path, chain_required: bool, source: &str) -> Result<CaBundle
     if !pki::signed_by(probe_cert.der(), &signing_cert) {
         return Err(MaterialError::Mismatch {
             path: path_str(CA_KEY_FILE),
-            reason: format!("does not match the public key of {}", path_str(CA_CERT_FILE)),
+            reason: format!(
+                "does not match the public key of {}",
+                path_str(CA_CERT_FILE)
+            ),
         });
     }
     // The signing certificate must lead to one of the roots, through the chain.
@@ -240,7 +245,11 @@ pub fn load_or_create_self_signed(
     opts: &SelfSignedOptions,
 ) -> Result<CaBundle, MaterialError> {
     if dir.join(CA_CERT_FILE).exists() {
-        return load_files(dir, false, &format!("self-signed root in {}", dir.display()));
+        return load_files(
+            dir,
+            false,
+            &format!("self-signed root in {}", dir.display()),
+        );
     }
     fs::create_dir_all(dir).map_err(|source| MaterialError::Io {
         path: dir.display().to_string(),
@@ -268,7 +277,11 @@ pub fn load_or_create_self_signed(
     write(&dir.join(ROOT_CERT_FILE), &cert_pem, 0o644)?;
     write(&dir.join(CERT_CHAIN_FILE), "", 0o644)?;
     tracing::info!(target: "ca", dir = %dir.display(), "created a self-signed root CA");
-    load_files(dir, false, &format!("self-signed root in {}", dir.display()))
+    load_files(
+        dir,
+        false,
+        &format!("self-signed root in {}", dir.display()),
+    )
 }
 
 /// A random positive 128-bit serial number, as Istio's CA uses.
@@ -282,4 +295,115 @@ pub fn random_serial() -> SerialNumber {
 /// The default directory for the self-signed root.
 pub fn default_self_signed_dir() -> PathBuf {
     PathBuf::from("./etc/istio-ca-secret")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ca::Signer;
+    use common::Identity;
+    use rcgen::Issuer;
+
+    fn ca_params(name: &str) -> CertificateParams {
+        let mut p = CertificateParams::default();
+        p.distinguished_name.push(DnType::OrganizationName, name);
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        p
+    }
+
+    /// Writes a plug-in bundle: root, and an intermediate signed by it.
+    fn write_bundle(dir: &Path) -> (String, String) {
+        fs::create_dir_all(dir).unwrap();
+        let root_key = pki::generate_key(KeyType::EcdsaP256).unwrap();
+        let root = ca_params("root").self_signed(&root_key).unwrap();
+        let int_key = pki::generate_key(KeyType::Rsa(2048)).unwrap();
+        let issuer = Issuer::from_ca_cert_der(root.der(), &root_key).unwrap();
+        let int = ca_params("intermediate")
+            .signed_by(&int_key, &issuer)
+            .unwrap();
+        fs::write(dir.join(CA_CERT_FILE), int.pem()).unwrap();
+        fs::write(dir.join(CA_KEY_FILE), int_key.serialize_pem()).unwrap();
+        fs::write(
+            dir.join(CERT_CHAIN_FILE),
+            format!("{}{}", int.pem(), root.pem()),
+        )
+        .unwrap();
+        fs::write(dir.join(ROOT_CERT_FILE), root.pem()).unwrap();
+        (int.pem(), root.pem())
+    }
+
+    #[test]
+    fn plugin_intermediate_signs_and_sends_the_chain() {
+        let dir = tempfile::tempdir().unwrap();
+        let (int_pem, root_pem) = write_bundle(dir.path());
+        assert!(has_plugin_ca(dir.path()));
+        let bundle = load_plugin(dir.path()).unwrap();
+        let signer =
+            Signer::new(bundle, Duration::from_secs(3600), Duration::from_secs(7200)).unwrap();
+        let key = pki::generate_key(KeyType::EcdsaP256).unwrap();
+        let id = Identity::new("cluster.local", "a", "b");
+        let chain = signer
+            .sign_workload(&pki::csr_pem(&id, &key).unwrap(), &[id], Duration::ZERO)
+            .unwrap();
+        // [leaf, intermediate, root]: the root repeated in cert-chain.pem is sent once.
+        assert_eq!(chain.len(), 3);
+        assert_eq!(chain[1], int_pem);
+        assert_eq!(chain[2], root_pem);
+    }
+
+    #[test]
+    fn incomplete_plugin_names_the_missing_file() {
+        let dir = tempfile::tempdir().unwrap();
+        write_bundle(dir.path());
+        fs::remove_file(dir.path().join(CERT_CHAIN_FILE)).unwrap();
+        let err = load_plugin(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("incomplete") && err.contains("cert-chain.pem is missing"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn mismatched_key_names_the_key_file() {
+        let dir = tempfile::tempdir().unwrap();
+        write_bundle(dir.path());
+        let other = pki::generate_key(KeyType::Rsa(2048)).unwrap();
+        fs::write(dir.path().join(CA_KEY_FILE), other.serialize_pem()).unwrap();
+        let err = load_plugin(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("ca-key.pem") && err.contains("does not match"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn foreign_root_names_the_certificate() {
+        let dir = tempfile::tempdir().unwrap();
+        write_bundle(dir.path());
+        let other_key = pki::generate_key(KeyType::EcdsaP256).unwrap();
+        let other_root = ca_params("other").self_signed(&other_key).unwrap();
+        fs::write(dir.path().join(ROOT_CERT_FILE), other_root.pem()).unwrap();
+        fs::write(dir.path().join(CERT_CHAIN_FILE), "").unwrap();
+        let err = load_plugin(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("ca-cert.pem") && err.contains("does not chain"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn pkcs1_rsa_keys_are_accepted() {
+        // Istio's sample plug-in keys are PKCS#1 ("RSA PRIVATE KEY").
+        use rsa::pkcs1::EncodeRsaPrivateKey;
+        use rsa::pkcs8::DecodePrivateKey;
+        let dir = tempfile::tempdir().unwrap();
+        write_bundle(dir.path());
+        let pem = fs::read_to_string(dir.path().join(CA_KEY_FILE)).unwrap();
+        let key = rsa::PrivateKey::from_pkcs8_pem(&pem).unwrap();
+        let pkcs1 = key.to_pkcs1_pem(rsa::pkcs1::LineEnding::LF).unwrap();
+        assert!(pkcs1.starts_with("-----BEGIN RSA PRIVATE KEY-----"));
+        fs::write(dir.path().join(CA_KEY_FILE), pkcs1.as_bytes()).unwrap();
+        load_plugin(dir.path()).unwrap();
+    }
 }

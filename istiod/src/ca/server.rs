@@ -60,9 +60,10 @@ impl IstioCertificateService for CaServer {
         let identities = caller.identities.clone();
         let csr = req.csr;
         // Signing is CPU work (RSA especially): keep it off the async workers.
-        let signed = tokio::task::spawn_blocking(move || signer.sign_workload(&csr, &identities, ttl))
-            .await
-            .map_err(|e| Status::internal(format!("signing task failed: {e}")))?;
+        let signed =
+            tokio::task::spawn_blocking(move || signer.sign_workload(&csr, &identities, ttl))
+                .await
+                .map_err(|e| Status::internal(format!("signing task failed: {e}")))?;
         match signed {
             Ok(chain) => {
                 self.metrics.success_cert_issuance_count.inc();
@@ -78,7 +79,9 @@ impl IstioCertificateService for CaServer {
                     caller.authenticator,
                     req.validity_duration
                 );
-                Ok(Response::new(IstioCertificateResponse { cert_chain: chain }))
+                Ok(Response::new(IstioCertificateResponse {
+                    cert_chain: chain,
+                }))
             }
             Err(e) => {
                 self.metrics

@@ -74,8 +74,13 @@ impl std::fmt::Debug for Signer {
 
 impl Signer {
     /// A signer with Istio's TTL rules (`DEFAULT_WORKLOAD_CERT_TTL`, `MAX_WORKLOAD_CERT_TTL`).
-    pub fn new(bundle: CaBundle, default_ttl: Duration, max_ttl: Duration) -> Result<Self, SignError> {
-        let info = pki::cert_info(&bundle.signing_cert).map_err(|e| SignError::CertGen(e.to_string()))?;
+    pub fn new(
+        bundle: CaBundle,
+        default_ttl: Duration,
+        max_ttl: Duration,
+    ) -> Result<Self, SignError> {
+        let info =
+            pki::cert_info(&bundle.signing_cert).map_err(|e| SignError::CertGen(e.to_string()))?;
         let secs = info
             .not_after
             .duration_since(std::time::UNIX_EPOCH)
@@ -83,7 +88,11 @@ impl Signer {
             .as_secs() as i64;
         let signing_not_after = time::OffsetDateTime::from_unix_timestamp(secs)
             .map_err(|e| SignError::CertGen(e.to_string()))?;
-        let chain_pem = bundle.chain.iter().map(|c| pki::to_pem(std::slice::from_ref(c))).collect();
+        let chain_pem = bundle
+            .chain
+            .iter()
+            .map(|c| pki::to_pem(std::slice::from_ref(c)))
+            .collect();
         Ok(Self {
             bundle,
             default_ttl,
@@ -129,7 +138,12 @@ impl Signer {
     }
 
     /// Signs a CSR for the given SANs; returns the leaf PEM.
-    pub fn sign(&self, csr_pem: &str, sans: Vec<SanType>, ttl: Duration) -> Result<String, SignError> {
+    pub fn sign(
+        &self,
+        csr_pem: &str,
+        sans: Vec<SanType>,
+        ttl: Duration,
+    ) -> Result<String, SignError> {
         let csr = pki::parse_csr(csr_pem).map_err(|e| SignError::Csr(e.to_string()))?;
         let ttl = if ttl.is_zero() { self.default_ttl } else { ttl };
         if ttl > self.max_ttl {
@@ -183,7 +197,8 @@ impl Signer {
         names: &[String],
         ttl: Duration,
     ) -> Result<(String, rcgen::KeyPair), SignError> {
-        let key = pki::generate_key(pki::KeyType::EcdsaP256).map_err(|e| SignError::CertGen(e.to_string()))?;
+        let key = pki::generate_key(pki::KeyType::EcdsaP256)
+            .map_err(|e| SignError::CertGen(e.to_string()))?;
         let sans = names
             .iter()
             .map(|n| match n.parse::<std::net::IpAddr>() {
@@ -220,7 +235,12 @@ mod tests {
             },
         )
         .unwrap();
-        Signer::new(bundle, Duration::from_secs(86400), Duration::from_secs(90 * 86400)).unwrap()
+        Signer::new(
+            bundle,
+            Duration::from_secs(86400),
+            Duration::from_secs(90 * 86400),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -241,7 +261,10 @@ mod tests {
         assert_eq!(info.uri_sans, vec![caller.to_string()]);
         assert!(!info.is_ca);
         let lifetime = info.lifetime().as_secs();
-        assert!((86400 + 120 - 5..=86400 + 120 + 5).contains(&lifetime), "{lifetime}");
+        assert!(
+            (86400 + 120 - 5..=86400 + 120 + 5).contains(&lifetime),
+            "{lifetime}"
+        );
         let root = pki::pem_certs("root", signer.root_pem()).unwrap().remove(0);
         assert!(pki::signed_by(&leaf, &root));
     }
@@ -254,7 +277,11 @@ mod tests {
         let id = Identity::new("cluster.local", "a", "b");
         let csr = pki::csr_pem(&id, &key).unwrap();
         let err = signer
-            .sign_workload(&csr, std::slice::from_ref(&id), Duration::from_secs(91 * 86400))
+            .sign_workload(
+                &csr,
+                std::slice::from_ref(&id),
+                Duration::from_secs(91 * 86400),
+            )
             .unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument);
         assert_eq!(err.label(), "TTL_ERROR");
