@@ -4,6 +4,7 @@
 pub mod app;
 pub mod ca_client;
 pub mod config;
+pub mod envoy;
 pub mod proxy_config;
 pub mod sds;
 pub mod secret_manager;

@@ -23,8 +23,120 @@ struct Cli {
 enum Command {
     /// Run the sidecar or gateway agent.
     Proxy(Box<ProxyArgs>),
+    /// Wait until a URL answers 200 (the proxy's readiness), for `postStart` hooks.
+    Wait(WaitArgs),
+    /// Send an HTTP request to a local proxy or agent port and print the answer.
+    Request(RequestArgs),
     /// Print the version.
     Version,
+}
+
+#[derive(clap::Args)]
+struct WaitArgs {
+    /// The URL to poll.
+    #[arg(long = "url", default_value = "http://localhost:15021/healthz/ready")]
+    url: String,
+    /// How long to wait in total.
+    #[arg(long = "timeoutSeconds", default_value = "60")]
+    timeout_seconds: u64,
+    /// Time between polls.
+    #[arg(long = "periodMillis", default_value = "500")]
+    period_millis: u64,
+    /// Timeout of each poll.
+    #[arg(long = "requestTimeoutMillis", default_value = "500")]
+    request_timeout_millis: u64,
+}
+
+#[derive(clap::Args)]
+struct RequestArgs {
+    /// HTTP method.
+    method: String,
+    /// Path on the debug port.
+    path: String,
+    /// Request body.
+    body: Option<String>,
+    /// The local port: 15000 (Envoy admin), 15020, 15021 or 15004.
+    #[arg(long = "debug-port", default_value = "15000")]
+    debug_port: u16,
+}
+
+/// Splits `http://host:port/path` into (`host:port`, `/path`).
+fn split_url(url: &str) -> Result<(String, String), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("--url {url:?}: only http:// URLs are supported"))?;
+    let (host, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let host = if host.contains(':') { host.to_string() } else { format!("{host}:80") };
+    let host = host.replacen("localhost:", "127.0.0.1:", 1);
+    Ok((host, path.to_string()))
+}
+
+async fn run_wait(a: WaitArgs) -> Result<(), String> {
+    let (host, path) = split_url(&a.url)?;
+    let period = std::time::Duration::from_millis(a.period_millis);
+    let per_request = std::time::Duration::from_millis(a.request_timeout_millis);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(a.timeout_seconds);
+    println!("Waiting for Envoy proxy to be ready (timeout: {} seconds)...", a.timeout_seconds);
+    loop {
+        // Istio probes after one period, not at once.
+        tokio::time::sleep(period).await;
+        let last = match pilot_agent::envoy::http_request(&host, "GET", &path, "", per_request).await {
+            Ok((200, _)) => {
+                println!("Envoy is ready!");
+                return Ok(());
+            }
+            Ok((code, body)) => format!("HTTP status code {code}: {}", body.trim()),
+            Err(e) => e.to_string(),
+        };
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!("timeout waiting for Envoy proxy to become ready. Last error: {last}"));
+        }
+    }
+}
+
+async fn run_request(a: RequestArgs) -> Result<(), String> {
+    if ![15000, 15020, 15021, 15004].contains(&a.debug_port) {
+        return Err(format!(
+            "debug port {} is not allowed: use 15000, 15020, 15021 or 15004",
+            a.debug_port
+        ));
+    }
+    let path = format!("/{}", a.path.trim_start_matches('/'));
+    let (code, body) = pilot_agent::envoy::http_request(
+        &format!("127.0.0.1:{}", a.debug_port),
+        &a.method.to_uppercase(),
+        &path,
+        a.body.as_deref().unwrap_or(""),
+        std::time::Duration::from_secs(60),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    if code > 399 && code != 404 {
+        return Err(format!("received unsuccessful status code {code}: {body}"));
+    }
+    print!("{body}");
+    Ok(())
+}
+
+fn run_small(fut: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            return ExitCode::from(255);
+        }
+    };
+    match rt.block_on(fut) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            // Istio's agent exits with os.Exit(-1).
+            ExitCode::from(255)
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -45,6 +157,8 @@ fn main() -> ExitCode {
         tracing::warn!("{w}");
     }
     match cli.command {
+        Command::Wait(a) => run_small(run_wait(a)),
+        Command::Request(a) => run_small(run_request(a)),
         Command::Version => {
             println!("pilot-agent version {}", pilot_agent::VERSION);
             ExitCode::SUCCESS
