@@ -54,6 +54,39 @@ pub const ENV_WORKLOAD_IDENTITY_SOCKET_FILE: &str = "WORKLOAD_IDENTITY_SOCKET_FI
 /// `KUBERNETES_SERVICE_HOST`: set in a cluster; output files are then 0644.
 pub const ENV_KUBERNETES_SERVICE_HOST: &str = "KUBERNETES_SERVICE_HOST";
 
+/// `INSTANCE_IP`: the Pod IP (node id, app probes).
+pub const ENV_INSTANCE_IP: &str = "INSTANCE_IP";
+/// `HOST_IP`: the node IP, substituted for `$(HOST_IP)`.
+pub const ENV_HOST_IP: &str = "HOST_IP";
+/// `PROXY_CONFIG`: ProxyConfig YAML/JSON merged over the mesh default.
+pub const ENV_PROXY_CONFIG: &str = "PROXY_CONFIG";
+/// `ISTIO_BOOTSTRAP_OVERRIDE`: a YAML/JSON file passed to Envoy as `--config-yaml`.
+pub const ENV_BOOTSTRAP_OVERRIDE: &str = "ISTIO_BOOTSTRAP_OVERRIDE";
+/// `ENVOY_STATUS_PORT`: Envoy's readiness listener (15021).
+pub const ENV_ENVOY_STATUS_PORT: &str = "ENVOY_STATUS_PORT";
+/// `ENVOY_PROMETHEUS_PORT`: Envoy's Prometheus listener (15090).
+pub const ENV_ENVOY_PROMETHEUS_PORT: &str = "ENVOY_PROMETHEUS_PORT";
+/// `ENVOY_SECURE_METRICS_PORT`: mTLS Envoy-only stats listener (0 = off).
+pub const ENV_ENVOY_SECURE_METRICS_PORT: &str = "ENVOY_SECURE_METRICS_PORT";
+/// `ENVOY_SECURE_MERGED_METRICS_PORT`: mTLS merged stats listener (0 = off).
+pub const ENV_ENVOY_SECURE_MERGED_METRICS_PORT: &str = "ENVOY_SECURE_MERGED_METRICS_PORT";
+/// `MINIMUM_DRAIN_DURATION`: wait before polling connections (5s).
+pub const ENV_MINIMUM_DRAIN_DURATION: &str = "MINIMUM_DRAIN_DURATION";
+/// `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`: drain until no connection is open.
+pub const ENV_EXIT_ON_ZERO_ACTIVE_CONNECTIONS: &str = "EXIT_ON_ZERO_ACTIVE_CONNECTIONS";
+/// `ENVOY_SKIP_DEPRECATED_LOGS`: `--skip-deprecated-logs` (true).
+pub const ENV_ENVOY_SKIP_DEPRECATED_LOGS: &str = "ENVOY_SKIP_DEPRECATED_LOGS";
+/// `ISTIO_ENVOY_ENABLE_CORE_DUMP`: `--enable-core-dump`.
+pub const ENV_ENVOY_ENABLE_CORE_DUMP: &str = "ISTIO_ENVOY_ENABLE_CORE_DUMP";
+/// `ISTIO_DELTA_XDS`: Delta ADS in the bootstrap (true).
+pub const ENV_DELTA_XDS: &str = "ISTIO_DELTA_XDS";
+/// `ISTIO_CPU_LIMIT`: concurrency when ProxyConfig sets none.
+pub const ENV_CPU_LIMIT: &str = "ISTIO_CPU_LIMIT";
+/// `ISTIO_KUBE_APP_PROBERS`: rewritten application probes (JSON).
+pub const ENV_KUBE_APP_PROBERS: &str = "ISTIO_KUBE_APP_PROBERS";
+/// `ISTIO_PROMETHEUS_ANNOTATIONS`: the application's scrape target (JSON).
+pub const ENV_PROMETHEUS_ANNOTATIONS: &str = "ISTIO_PROMETHEUS_ANNOTATIONS";
+
 /// Istio's discovery address default.
 pub const DEFAULT_DISCOVERY_ADDRESS: &str = "istiod.istio-system.svc:15012";
 /// Istio's projected token path.
@@ -183,6 +216,52 @@ pub struct Config {
     pub sds_socket: PathBuf,
     /// Whether the SDS socket name is Istio's default.
     pub sds_socket_default_name: bool,
+    /// `WORKLOAD_IDENTITY_SOCKET_FILE`.
+    pub sds_socket_file: String,
+    /// The effective ProxyConfig.
+    pub proxy: crate::proxy_config::ProxyConfig,
+    /// The Pod's IPs, `INSTANCE_IP` first.
+    pub ips: Vec<String>,
+    /// `HOST_IP`.
+    pub host_ip: String,
+    /// DNS domain (`<ns>.svc.cluster.local` by default).
+    pub domain: String,
+    /// Envoy node id, `TYPE~IP~POD.NS~DOMAIN`.
+    pub node_id: String,
+    /// Pod labels (downward API).
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Pod annotations (downward API).
+    pub annotations: std::collections::BTreeMap<String, String>,
+    /// The environment the node metadata is built from (`ISTIO_META_*`, `ISTIO_METAJSON_*`, `POD_*`, ...).
+    #[serde(skip)]
+    pub metadata_env: Vec<(String, String)>,
+    /// `ENVOY_STATUS_PORT`.
+    pub envoy_status_port: u16,
+    /// `ENVOY_PROMETHEUS_PORT`.
+    pub envoy_prometheus_port: u16,
+    /// `ENVOY_SECURE_METRICS_PORT`.
+    pub envoy_secure_metrics_port: u16,
+    /// `ENVOY_SECURE_MERGED_METRICS_PORT`.
+    pub envoy_secure_merged_metrics_port: u16,
+    /// `MINIMUM_DRAIN_DURATION`.
+    pub minimum_drain_duration: Duration,
+    /// `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`.
+    pub exit_on_zero_active_connections: bool,
+    /// Envoy's command-line options.
+    #[serde(skip)]
+    pub envoy: crate::envoy::EnvoyOptions,
+    /// `ISTIO_DELTA_XDS`.
+    pub delta_xds: bool,
+    /// `ISTIO_KUBE_APP_PROBERS`.
+    pub app_probers: Option<String>,
+    /// `ISTIO_PROMETHEUS_ANNOTATIONS`.
+    pub prometheus_annotations: Option<String>,
+    /// `--outlierLogPath`.
+    pub outlier_log_path: String,
+    /// `--stsPort`.
+    pub sts_port: u16,
+    /// `--serviceCluster`.
+    pub service_cluster_flag: String,
 }
 
 fn host_of(addr: &str) -> String {
@@ -201,6 +280,37 @@ fn all_exist(dir: &str, files: &[&str]) -> bool {
     files.iter().all(|f| PathBuf::from(dir).join(f).is_file())
 }
 
+/// Non-loopback, non-link-local addresses of this host's interfaces, as
+/// Istio's agent discovers the Pod IPs when `INSTANCE_IP` is unset.
+fn interface_ips() -> Vec<String> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for a in addrs {
+        let Some(addr) = a.address else { continue };
+        let ip: std::net::IpAddr = if let Some(v4) = addr.as_sockaddr_in() {
+            std::net::IpAddr::V4(v4.ip())
+        } else if let Some(v6) = addr.as_sockaddr_in6() {
+            std::net::IpAddr::V6(v6.ip())
+        } else {
+            continue;
+        };
+        let link_local = match ip {
+            std::net::IpAddr::V4(v4) => v4.is_link_local(),
+            std::net::IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+        };
+        if ip.is_loopback() || ip.is_unspecified() || link_local {
+            continue;
+        }
+        let s = ip.to_string();
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out
+}
+
 impl Config {
     /// Builds the configuration from the command line and environment.
     pub fn from_env(args: &ProxyArgs, env: &dyn Env) -> Result<Self, String> {
@@ -216,7 +326,25 @@ impl Config {
         let service_account = r.string(ENV_SERVICE_ACCOUNT, "");
         let trust_domain = r.string(ENV_TRUST_DOMAIN, common::identity::DEFAULT_TRUST_DOMAIN);
         let cluster_id = r.string(ENV_CLUSTER_ID, "");
-        let discovery_address = DEFAULT_DISCOVERY_ADDRESS.to_string();
+        let read_map = |path: &str| {
+            std::fs::read_to_string(path)
+                .map(|t| crate::proxy_config::parse_downward_api(&t))
+                .unwrap_or_default()
+        };
+        let labels = read_map(crate::proxy_config::LABELS_FILE);
+        let annotations = read_map(crate::proxy_config::ANNOTATIONS_FILE);
+        let proxy_config_env = r.opt_string(ENV_PROXY_CONFIG);
+        let proxy = match crate::proxy_config::construct(&args.mesh_config, proxy_config_env.as_deref(), &annotations) {
+            Ok(p) => p,
+            Err(e) => {
+                r.error(e.to_string());
+                crate::proxy_config::ProxyConfig::defaults()
+            }
+        };
+        let discovery_address = proxy
+            .discovery_address
+            .clone()
+            .unwrap_or_else(|| DEFAULT_DISCOVERY_ADDRESS.to_string());
         let ca_addr_env = r.opt_string(ENV_CA_ADDR);
         let istiod_san = r.opt_string(ENV_ISTIOD_SAN);
         let ca_addr = ca_addr_env
@@ -342,6 +470,86 @@ impl Config {
             }
         }
         let identity = Identity::new(&trust_domain, &pod_namespace, &service_account).to_string();
+
+        // Node identity (Istio's ServiceNode).
+        let instance_ip = r.string(ENV_INSTANCE_IP, "");
+        let mut ips = Vec::new();
+        if !instance_ip.is_empty() {
+            ips.push(instance_ip.clone());
+        }
+        for ip in interface_ips() {
+            if !ips.contains(&ip) {
+                ips.push(ip);
+            }
+        }
+        if ips.is_empty() {
+            ips = vec!["127.0.0.1".to_string(), "::1".to_string()];
+        }
+        let host_ip = r.string(ENV_HOST_IP, "");
+        let domain = if args.domain.is_empty() {
+            format!("{pod_namespace}.svc.cluster.local")
+        } else {
+            args.domain.clone()
+        };
+        let node_id = format!(
+            "{}~{}~{}.{}~{}",
+            args.proxy_type, ips[0], pod_name, pod_namespace, domain
+        );
+        let ipv6 = ips.iter().all(|ip| ip.contains(':'));
+
+        let envoy_status_port = r.parse(ENV_ENVOY_STATUS_PORT, 15021u16);
+        let envoy_prometheus_port = r.parse(ENV_ENVOY_PROMETHEUS_PORT, 15090u16);
+        let envoy_secure_metrics_port = r.parse(ENV_ENVOY_SECURE_METRICS_PORT, 0u16);
+        let envoy_secure_merged_metrics_port = r.parse(ENV_ENVOY_SECURE_MERGED_METRICS_PORT, 0u16);
+        let minimum_drain_duration = r.duration(ENV_MINIMUM_DRAIN_DURATION, Duration::from_secs(5));
+        let exit_on_zero_active_connections = r.bool(ENV_EXIT_ON_ZERO_ACTIVE_CONNECTIONS, false);
+        let delta_xds = r.bool(ENV_DELTA_XDS, true);
+        let cpu_limit: u32 = r.parse(ENV_CPU_LIMIT, 0);
+        let concurrency = if args.concurrency > 0 {
+            args.concurrency
+        } else {
+            proxy.concurrency.filter(|c| *c > 0).unwrap_or(cpu_limit)
+        };
+        let config_yaml = match r.opt_string(ENV_BOOTSTRAP_OVERRIDE) {
+            None => None,
+            Some(path) => match crate::envoy::read_bootstrap_override(std::path::Path::new(&path), &host_ip) {
+                Ok(json) => Some(json),
+                Err(e) => {
+                    r.error(e.to_string());
+                    None
+                }
+            },
+        };
+        let envoy = crate::envoy::EnvoyOptions {
+            binary: proxy.binary_path().to_string(),
+            config_file: PathBuf::from(proxy.config_path()).join("envoy-rev.json"),
+            drain_duration: proxy.drain_duration(),
+            ipv6,
+            file_flush_interval: proxy
+                .file_flush_interval
+                .map(|d| d.0)
+                .unwrap_or(Duration::from_secs(1)),
+            file_flush_min_size_kb: proxy.file_flush_min_size_kb.unwrap_or(0),
+            log_level: args.proxy_log_level.clone(),
+            component_log_level: args.proxy_component_log_level.clone(),
+            skip_deprecated_logs: r.bool(ENV_ENVOY_SKIP_DEPRECATED_LOGS, true),
+            enable_core_dump: r.bool(ENV_ENVOY_ENABLE_CORE_DUMP, false),
+            config_yaml,
+            concurrency,
+        };
+        let mut metadata_env: Vec<(String, String)> = Vec::new();
+        for prefix in ["ISTIO_META_", "ISTIO_METAJSON_"] {
+            for (k, v) in r.prefixed(prefix) {
+                metadata_env.push((format!("{prefix}{k}"), v));
+            }
+        }
+        for key in [ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_SERVICE_ACCOUNT, "DNS_PROXY_ADDR", ENV_INSTANCE_IP] {
+            if let Some(v) = env.get(key) {
+                metadata_env.push((key.to_string(), v));
+            }
+        }
+        let app_probers = r.opt_string(ENV_KUBE_APP_PROBERS);
+        let prometheus_annotations = r.opt_string(ENV_PROMETHEUS_ANNOTATIONS);
         r.finish()?;
         Ok(Self {
             proxy_type: args.proxy_type.clone(),
@@ -367,6 +575,28 @@ impl Config {
             cert_source,
             sds_socket: PathBuf::from(SDS_SOCKET_DIR).join(&socket_file),
             sds_socket_default_name: socket_file == "socket",
+            sds_socket_file: socket_file,
+            proxy,
+            ips,
+            host_ip,
+            domain,
+            node_id,
+            labels,
+            annotations,
+            metadata_env,
+            envoy_status_port,
+            envoy_prometheus_port,
+            envoy_secure_metrics_port,
+            envoy_secure_merged_metrics_port,
+            minimum_drain_duration,
+            exit_on_zero_active_connections,
+            envoy,
+            delta_xds,
+            app_probers,
+            prometheus_annotations,
+            outlier_log_path: args.outlier_log_path.clone(),
+            sts_port: args.sts_port,
+            service_cluster_flag: args.service_cluster.clone(),
         })
     }
 
