@@ -176,9 +176,17 @@ pub fn spawn(o: &EnvoyOptions) -> Result<Child, EnvoyError> {
 pub fn describe_exit(status: &ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     if let Some(sig) = status.signal() {
-        let name = nix::sys::signal::Signal::try_from(sig)
-            .map(|s| s.as_str().to_string())
-            .unwrap_or_else(|_| sig.to_string());
+        // Go's spelling of the signal, as Istio's agent prints it.
+        let name = match nix::sys::signal::Signal::try_from(sig) {
+            Ok(nix::sys::signal::Signal::SIGKILL) => "killed".to_string(),
+            Ok(nix::sys::signal::Signal::SIGTERM) => "terminated".to_string(),
+            Ok(nix::sys::signal::Signal::SIGINT) => "interrupt".to_string(),
+            Ok(nix::sys::signal::Signal::SIGSEGV) => "segmentation fault".to_string(),
+            Ok(nix::sys::signal::Signal::SIGABRT) => "aborted".to_string(),
+            Ok(nix::sys::signal::Signal::SIGBUS) => "bus error".to_string(),
+            Ok(s) => s.as_str().to_string(),
+            Err(_) => sig.to_string(),
+        };
         let mut msg = format!("Envoy exited with error: signal: {name}");
         if sig == libc_sigkill() {
             msg.push_str("; Envoy may have been out of memory killed. Check memory usage and limits.");
@@ -385,5 +393,135 @@ mod tests {
         let e = spawn(&o).unwrap_err().to_string();
         assert_eq!(e.lines().count(), 1);
         assert!(e.contains("/nonexistent/envoy") && e.contains("binaryPath"), "{e}");
+    }
+}
+
+/// Why the agent stops Envoy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// SIGTERM/SIGINT: drain, wait, then stop Envoy.
+    Terminate(String),
+    /// `POST /quitquitquit`: stop Envoy at once.
+    Quit,
+}
+
+/// How Envoy is drained on termination (Istio's `terminate`).
+#[derive(Debug, Clone)]
+pub struct DrainSettings {
+    /// Envoy's admin port.
+    pub admin_port: u16,
+    /// Sidecars drain inbound listeners only.
+    pub inbound_only: bool,
+    /// ProxyConfig `terminationDrainDuration` (5s).
+    pub termination_drain_duration: Duration,
+    /// `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`.
+    pub exit_on_zero_active_connections: bool,
+    /// `MINIMUM_DRAIN_DURATION` (5s).
+    pub minimum_drain_duration: Duration,
+    /// Istio's own listener ports, left out of the connection count (15021, 15090, ...).
+    pub excluded_ports: Vec<u16>,
+}
+
+/// How the supervised Envoy ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// Envoy exited by itself (crash, kill, its own /quitquitquit).
+    Exited(ExitStatus),
+    /// The agent stopped it after a drain or a quit.
+    Stopped,
+}
+
+async fn kill_and_wait(child: &mut Child) {
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+}
+
+/// Waits for Envoy to exit or for a stop request, then drains and stops it
+/// as Istio's agent does. `drained` is set by `POST /drain` (the native
+/// sidecar preStop): a later SIGTERM then stops Envoy without waiting again.
+pub async fn supervise(
+    mut child: Child,
+    settings: DrainSettings,
+    mut stops: tokio::sync::mpsc::Receiver<Stop>,
+    drained: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Ended {
+    let stop = tokio::select! {
+        status = child.wait() => {
+            return match status {
+                Ok(s) => {
+                    let msg = describe_exit(&s);
+                    if s.success() { tracing::info!(target: "envoy", "{msg}") } else { tracing::warn!(target: "envoy", "{msg}") }
+                    Ended::Exited(s)
+                }
+                Err(e) => {
+                    tracing::error!(target: "envoy", "waiting for Envoy failed: {e}");
+                    Ended::Stopped
+                }
+            };
+        }
+        stop = stops.recv() => stop.unwrap_or(Stop::Quit),
+    };
+    match stop {
+        Stop::Quit => {
+            tracing::info!(target: "envoy", "quit requested: stopping Envoy now");
+            kill_and_wait(&mut child).await;
+        }
+        Stop::Terminate(cause) if drained.load(std::sync::atomic::Ordering::SeqCst) => {
+            tracing::info!(target: "envoy", "{cause}; Envoy was already drained, stopping it now");
+            kill_and_wait(&mut child).await;
+        }
+        Stop::Terminate(cause) => {
+            tracing::info!(target: "envoy", "{cause}; draining Envoy's listeners");
+            if let Err(e) = drain_listeners(settings.admin_port, settings.inbound_only, false).await {
+                tracing::warn!(target: "envoy", "draining failed, stopping Envoy anyway: {e}");
+            } else if settings.exit_on_zero_active_connections {
+                wait_for_zero_connections(&mut child, &settings).await;
+            } else {
+                tracing::info!(
+                    target: "envoy",
+                    "graceful termination period is {}, starting...",
+                    common::duration::format(settings.termination_drain_duration)
+                );
+                tokio::select! {
+                    _ = tokio::time::sleep(settings.termination_drain_duration) => {}
+                    _ = child.wait() => {}
+                }
+                tracing::info!(target: "envoy", "graceful termination period complete, terminating remaining proxies.");
+            }
+            kill_and_wait(&mut child).await;
+            tracing::info!(target: "envoy", "Envoy aborted normally");
+        }
+    }
+    Ended::Stopped
+}
+
+async fn wait_for_zero_connections(child: &mut Child, settings: &DrainSettings) {
+    tokio::select! {
+        _ = tokio::time::sleep(settings.minimum_drain_duration) => {}
+        _ = child.wait() => return,
+    }
+    let mut errors = 0;
+    loop {
+        match active_connections(settings.admin_port, &settings.excluded_ports).await {
+            Ok(n) if n <= 0 => {
+                tracing::info!(target: "envoy", "there are no more active connections. terminating proxy...");
+                return;
+            }
+            Ok(n) => {
+                errors = 0;
+                tracing::info!(target: "envoy", "there are still {n} active connections");
+            }
+            Err(e) => {
+                errors += 1;
+                tracing::warn!(target: "envoy", "cannot count active connections: {e}");
+                if errors >= 5 {
+                    return;
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = child.wait() => return,
+        }
     }
 }

@@ -12,7 +12,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub mod ads;
 pub mod envoy;
+pub mod netns;
 pub mod tls;
 
 pub use envoy::Envoy;

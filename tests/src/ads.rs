@@ -1,0 +1,232 @@
+//! A small ADS server of the tests' own (state of the world and delta) that
+//! hands Envoy a fixed set of clusters and listeners, for testing the agent's
+//! Envoy lifecycle before istiod's generators are involved.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use prost::Message;
+use proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use proto::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
+};
+use proto::pb::google::protobuf::Any;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+/// Cluster type URL.
+pub const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+/// Listener type URL.
+pub const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+
+/// A fixed set of resources: (type URL, name, encoded resource).
+#[derive(Clone, Default)]
+pub struct Resources(pub Vec<(String, String, Any)>);
+
+impl Resources {
+    fn of(&self, type_url: &str) -> Vec<(String, Any)> {
+        self.0
+            .iter()
+            .filter(|(t, _, _)| t == type_url)
+            .map(|(_, n, a)| (n.clone(), a.clone()))
+            .collect()
+    }
+}
+
+#[derive(Clone)]
+struct Ads(Arc<Resources>);
+
+type Out<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Ads {
+    type StreamAggregatedResourcesStream = Out<DiscoveryResponse>;
+    type DeltaAggregatedResourcesStream = Out<DeltaDiscoveryResponse>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        req: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        let mut inbound = req.into_inner();
+        let (tx, rx) = mpsc::channel(8);
+        let res = self.0.clone();
+        tokio::spawn(async move {
+            let mut answered = HashSet::new();
+            while let Ok(Some(r)) = inbound.message().await {
+                if r.response_nonce.is_empty() || answered.insert(r.type_url.clone()) {
+                    let resources = res.of(&r.type_url).into_iter().map(|(_, a)| a).collect();
+                    let resp = DiscoveryResponse {
+                        version_info: "1".into(),
+                        resources,
+                        type_url: r.type_url.clone(),
+                        nonce: format!("n-{}", r.type_url.len()),
+                        ..Default::default()
+                    };
+                    answered.insert(r.type_url.clone());
+                    if tx.send(Ok(resp)).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        req: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        let mut inbound = req.into_inner();
+        let (tx, rx) = mpsc::channel(8);
+        let res = self.0.clone();
+        tokio::spawn(async move {
+            let mut answered = HashSet::new();
+            while let Ok(Some(r)) = inbound.message().await {
+                // ACKs and NACKs carry the nonce; only first requests get resources.
+                if !r.response_nonce.is_empty() || !answered.insert(r.type_url.clone()) {
+                    continue;
+                }
+                let resources = res
+                    .of(&r.type_url)
+                    .into_iter()
+                    .map(|(name, any)| Resource {
+                        name,
+                        version: "1".into(),
+                        resource: Some(any),
+                        ..Default::default()
+                    })
+                    .collect();
+                let resp = DeltaDiscoveryResponse {
+                    system_version_info: "1".into(),
+                    resources,
+                    type_url: r.type_url.clone(),
+                    nonce: format!("n-{}", r.type_url.len()),
+                    ..Default::default()
+                };
+                if tx.send(Ok(resp)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// Serves `resources` on the Unix socket `path` until the runtime ends.
+pub fn serve_uds(path: &Path, resources: Resources) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let _ = std::fs::remove_file(path);
+    let listener = tokio::net::UnixListener::bind(path)?;
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(AggregatedDiscoveryServiceServer::new(Ads(Arc::new(resources))))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    Ok(())
+}
+
+/// Packs a message as `Any`.
+pub fn any<M: Message + prost::Name>(m: &M) -> Any {
+    Any {
+        type_url: M::type_url(),
+        value: m.encode_to_vec(),
+    }
+}
+
+/// An inbound HTTP listener on `port` routing everything to `cluster`, marked
+/// INBOUND so that Istio's `drain_listeners?inboundonly` drains it, and a
+/// STATIC cluster to `127.0.0.1:app_port`.
+pub fn inbound_http(port: u16, app_port: u16) -> Resources {
+    use proto::pb::envoy::config::cluster::v3::{Cluster, cluster};
+    use proto::pb::envoy::config::core::v3::{Address, SocketAddress, TrafficDirection, address, socket_address};
+    use proto::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint};
+    use proto::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
+    use proto::pb::envoy::config::route::v3::{Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route, route_action, route_match};
+    use proto::pb::envoy::extensions::filters::http::router::v3::Router;
+    use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+        HttpConnectionManager, HttpFilter, http_connection_manager, http_filter,
+    };
+    let addr = |ip: &str, port: u16| Address {
+        address: Some(address::Address::SocketAddress(SocketAddress {
+            address: ip.into(),
+            port_specifier: Some(socket_address::PortSpecifier::PortValue(port.into())),
+            ..Default::default()
+        })),
+    };
+    let cluster_name = format!("inbound|{app_port}||");
+    let cluster = Cluster {
+        name: cluster_name.clone(),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(cluster::DiscoveryType::Static.into())),
+        connect_timeout: Some(proto::pb::google::protobuf::Duration { seconds: 1, nanos: 0 }),
+        load_assignment: Some(ClusterLoadAssignment {
+            cluster_name: cluster_name.clone(),
+            endpoints: vec![LocalityLbEndpoints {
+                lb_endpoints: vec![LbEndpoint {
+                    host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+                        address: Some(addr("127.0.0.1", app_port)),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let hcm = HttpConnectionManager {
+        stat_prefix: format!("inbound_{port}"),
+        route_specifier: Some(http_connection_manager::RouteSpecifier::RouteConfig(RouteConfiguration {
+            name: format!("inbound|{port}"),
+            virtual_hosts: vec![VirtualHost {
+                name: "inbound".into(),
+                domains: vec!["*".into()],
+                routes: vec![Route {
+                    r#match: Some(RouteMatch {
+                        path_specifier: Some(route_match::PathSpecifier::Prefix("/".into())),
+                        ..Default::default()
+                    }),
+                    action: Some(route::Action::Route(RouteAction {
+                        cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(cluster_name.clone())),
+                        timeout: Some(proto::pb::google::protobuf::Duration { seconds: 30, nanos: 0 }),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        })),
+        http_filters: vec![HttpFilter {
+            name: "envoy.filters.http.router".into(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(any(&Router::default()))),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let listener = Listener {
+        name: format!("0.0.0.0_{port}"),
+        address: Some(addr("0.0.0.0", port)),
+        traffic_direction: TrafficDirection::Inbound.into(),
+        filter_chains: vec![FilterChain {
+            filters: vec![Filter {
+                name: "envoy.filters.network.http_connection_manager".into(),
+                config_type: Some(filter::ConfigType::TypedConfig(any(&hcm))),
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    Resources(vec![
+        (CLUSTER.into(), cluster_name, any(&cluster)),
+        (LISTENER.into(), listener.name.clone(), any(&listener)),
+    ])
+}
