@@ -166,6 +166,16 @@ pub fn spawn(o: &EnvoyOptions) -> Result<Child, EnvoyError> {
         .stdout(Stdio::inherit())
         .stderr(Stdio::inherit())
         .kill_on_drop(true);
+    // Envoy must not outlive the agent. In a container the agent is PID 1 and
+    // its death takes Envoy along; outside one (tests, the local demo) the
+    // kernel's parent-death signal does the same.
+    #[allow(unsafe_code)]
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(std::io::Error::from)
+        });
+    }
     cmd.spawn().map_err(|source| EnvoyError::Spawn {
         binary: o.binary.clone(),
         source,
@@ -524,4 +534,37 @@ async fn wait_for_zero_connections(child: &mut Child, settings: &DrainSettings) 
             _ = child.wait() => return,
         }
     }
+}
+
+/// When the agent is PID 1 (the container's entrypoint), orphaned processes
+/// are re-parented to it and must be reaped. Peeks at exited children without
+/// reaping (`WNOWAIT`), so Envoy's own exit status stays for its waiter.
+pub fn spawn_zombie_reaper(envoy_pid: Option<u32>) {
+    if std::process::id() != 1 {
+        return;
+    }
+    tokio::spawn(async move {
+        use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
+        let Ok(mut sigchld) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()) else {
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = sigchld.recv() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            loop {
+                let peek = waitid(Id::All, WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT);
+                let pid = match peek {
+                    Ok(WaitStatus::Exited(pid, _)) | Ok(WaitStatus::Signaled(pid, _, _)) => pid,
+                    _ => break,
+                };
+                if Some(pid.as_raw() as u32) == envoy_pid {
+                    break;
+                }
+                let _ = waitpid(pid, Some(WaitPidFlag::WNOHANG));
+                tracing::debug!(target: "envoy", "reaped orphaned process {pid}");
+            }
+        }
+    });
 }
