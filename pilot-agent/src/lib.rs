@@ -2,6 +2,7 @@
 //! module is named for the Istio capability it implements.
 
 pub mod app;
+pub mod bootstrap;
 pub mod ca_client;
 pub mod config;
 pub mod envoy;
