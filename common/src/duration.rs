@@ -92,6 +92,11 @@ pub fn format(d: Duration) -> String {
     }
 }
 
+/// Serializes a duration as Go prints it (for logged configurations).
+pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format(*d))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,3 +131,4 @@ mod tests {
         assert_eq!(format(Duration::from_secs(90)), "1m30s");
     }
 }
+

@@ -1,16 +1,36 @@
 //! The composition root of `pilot-agent proxy`: builds each part from the
-//! `Config`, in Istio's start-up order, and returns what is bound.
+//! `Config` in Istio's start-up order (status server, SDS and certificates,
+//! bootstrap, Envoy), then supervises until Envoy exits or the Pod stops.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
-use tokio::sync::watch;
-use tokio::task::JoinSet;
+use tokio::sync::{mpsc, watch};
+use tokio::task::{JoinHandle, JoinSet};
 
 use crate::config::Config;
+use crate::envoy::{DrainSettings, Ended, Stop};
 use crate::sds::{SdsServer, bind_uds};
 use crate::secret_manager::{SecretManager, SecretWatch};
+use crate::status::{StatusOptions, StatusState};
+
+/// How the agent runs, beyond its `Config`.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// `--log_as_json` (also Envoy's log format).
+    pub log_as_json: bool,
+}
+
+struct EnvoyRun {
+    stops: mpsc::Sender<Stop>,
+    done: JoinHandle<Ended>,
+    bootstrap: Option<PathBuf>,
+    drained: Arc<AtomicBool>,
+    admin_port: u16,
+}
 
 /// The running agent.
 pub struct Bound {
@@ -18,43 +38,126 @@ pub struct Bound {
     pub sds_socket: PathBuf,
     /// The workload secret as it is published.
     pub secrets: SecretWatch,
+    /// The status server's address.
+    pub status_addr: SocketAddr,
+    /// Shared status (readiness, termination).
+    pub status: Arc<StatusState>,
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<anyhow::Result<()>>,
+    envoy: EnvoyRun,
 }
 
 impl Bound {
-    /// Stops the servers.
-    pub async fn shutdown(mut self) {
+    /// Stops the agent's own servers.
+    async fn stop_servers(mut self) {
         let _ = self.shutdown.send(true);
         while self.tasks.join_next().await.is_some() {}
     }
 
-    /// Runs until SIGTERM/SIGINT or a server failure.
+    /// Runs until Envoy exits or the Pod is stopped (SIGTERM/SIGINT, or
+    /// `/quitquitquit`), draining Envoy as Istio does. Exits cleanly in every
+    /// case Istio's agent exits 0.
     pub async fn wait_termination(mut self) -> anyhow::Result<()> {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        let result = tokio::select! {
-            _ = term.recv() => { tracing::info!("received signal: terminated"); Ok(()) }
-            _ = tokio::signal::ctrl_c() => { tracing::info!("received signal: interrupt"); Ok(()) }
-            Some(res) = self.tasks.join_next() => match res {
-                Ok(Ok(())) => Err(anyhow::anyhow!("a server stopped unexpectedly")),
-                Ok(Err(e)) => Err(e),
-                Err(e) => Err(anyhow::anyhow!("a server task failed: {e}")),
-            },
+        let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+        let status = self.status.clone();
+        let mut drain_handled = false;
+        let mut quit_handled = false;
+        let ended = loop {
+            tokio::select! {
+                ended = &mut self.envoy.done => break ended.unwrap_or(Ended::Stopped),
+                _ = term.recv() => self.stop_envoy(Stop::Terminate("received signal: terminated".into())).await,
+                _ = int.recv() => self.stop_envoy(Stop::Terminate("received signal: interrupt".into())).await,
+                _ = status.quit_requested(), if !quit_handled => {
+                    quit_handled = true;
+                    self.stop_envoy(Stop::Quit).await;
+                }
+                _ = status.drain_requested(), if !drain_handled => {
+                    drain_handled = true;
+                    // The native sidecar's preStop: drain now, keep running, and
+                    // stop Envoy at once on the SIGTERM that follows.
+                    self.envoy.drained.store(true, Ordering::SeqCst);
+                    if let Err(e) = crate::envoy::drain_listeners(self.envoy.admin_port, true, true).await {
+                        tracing::warn!(target: "envoy", "drain requested, but draining failed: {e}");
+                    }
+                }
+                Some(res) = self.tasks.join_next() => {
+                    let err = match res {
+                        Ok(Ok(())) => anyhow::anyhow!("a server stopped unexpectedly"),
+                        Ok(Err(e)) => e,
+                        Err(e) => anyhow::anyhow!("a server task failed: {e}"),
+                    };
+                    tracing::error!("{err:#}; stopping");
+                    self.stop_envoy(Stop::Terminate(format!("{err:#}"))).await;
+                }
+            }
         };
-        self.shutdown().await;
-        result
+        if let Ended::Exited(_) = ended {
+            status.terminate("Envoy exited");
+        }
+        if let Some(path) = self.envoy.bootstrap.take() {
+            let _ = std::fs::remove_file(&path);
+        }
+        self.stop_servers().await;
+        tracing::info!("agent has successfully terminated");
+        Ok(())
+    }
+
+    async fn stop_envoy(&mut self, stop: Stop) {
+        if let Stop::Terminate(cause) = &stop {
+            self.status.terminate(cause.clone());
+        }
+        let _ = self.envoy.stops.send(stop).await;
     }
 }
 
-/// Starts the agent's parts.
-pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
+/// Starts the agent's parts and Envoy.
+pub async fn build(config: Arc<Config>, run: RunOptions) -> anyhow::Result<Bound> {
     common::tls::install_crypto_provider();
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
+    let shutdown_signal = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+    };
 
-    // Istio: a live socket at the well-known path belongs to an external SDS
-    // server (e.g. SPIRE); a dead one is stale and removed. A non-default
-    // socket name means an external server is required.
+    // 1. The status server first, so /healthz/ready answers 503 meanwhile.
+    let status = Arc::new(
+        StatusState::new(StatusOptions {
+            status_port: config.proxy.status_port(),
+            admin_port: config.proxy.admin_port(),
+            envoy_prometheus_port: config.envoy_prometheus_port,
+            instance_ip: config.ips.first().cloned().unwrap_or_default(),
+            ipv6: crate::bootstrap::all_ipv6(&config.ips),
+            kube_app_probers: config.app_probers.clone().unwrap_or_default(),
+            prometheus_annotations: config.prometheus_annotations.clone(),
+            sidecar: config.proxy_type == "sidecar",
+            started_at: Some(std::time::Instant::now()),
+            ..Default::default()
+        })
+        .context("status server configuration")?,
+    );
+    let status_listener =
+        tokio::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], config.proxy.status_port())))
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot listen on the status port {}",
+                    config.proxy.status_port()
+                )
+            })?;
+    let status_addr = status_listener.local_addr()?;
+    {
+        let status = status.clone();
+        let rx = shutdown_rx.clone();
+        tasks.spawn(async move {
+            crate::status::serve(status_listener, status, shutdown_signal(rx))
+                .await
+                .context("status server")
+        });
+    }
+
+    // 2. SDS: an external SDS server on the well-known socket is not supported;
+    // a dead socket is stale and removed.
     if config.sds_socket.exists() {
         let live = tokio::time::timeout(
             std::time::Duration::from_secs(1),
@@ -75,7 +178,6 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
             config.sds_socket.display()
         );
     }
-
     let manager = SecretManager::start(config.clone()).context("starting the secret manager")?;
     let secrets = manager.watch();
     let listener = bind_uds(&config.sds_socket).with_context(|| {
@@ -85,25 +187,65 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         )
     })?;
     let sds = SdsServer::new(secrets.clone()).into_service();
-    let mut rx = shutdown_rx.clone();
+    let rx = shutdown_rx.clone();
     tasks.spawn(async move {
         tonic::transport::Server::builder()
             .add_service(sds)
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::UnixListenerStream::new(listener),
-                async move {
-                    let _ = rx.wait_for(|v| *v).await;
-                },
+                shutdown_signal(rx),
             )
             .await
             .context("SDS server")
     });
     tracing::info!(target: "sds", "SDS server for workload certificates started, listening on {:?}", config.sds_socket);
 
+    // 3. The bootstrap, then Envoy.
+    let bootstrap = crate::agent_bootstrap::write(&config, run.log_as_json)?;
+    let generated = config
+        .proxy
+        .custom_config_file
+        .as_deref()
+        .is_none_or(str::is_empty);
+    let mut envoy_options = config.envoy.clone();
+    envoy_options.config_file = bootstrap.clone();
+    let child = crate::envoy::spawn(&envoy_options)?;
+    crate::envoy::spawn_zombie_reaper(child.id());
+    let (stops, stop_rx) = mpsc::channel(4);
+    let drained = Arc::new(AtomicBool::new(false));
+    let settings = DrainSettings {
+        admin_port: config.proxy.admin_port(),
+        inbound_only: config.proxy_type == "sidecar",
+        termination_drain_duration: config.proxy.termination_drain_duration(),
+        exit_on_zero_active_connections: config.exit_on_zero_active_connections,
+        minimum_drain_duration: config.minimum_drain_duration,
+        excluded_ports: vec![
+            config.envoy_status_port,
+            config.envoy_prometheus_port,
+            config.envoy_secure_metrics_port,
+            config.envoy_secure_merged_metrics_port,
+        ],
+    };
+    let done = tokio::spawn(crate::envoy::supervise(
+        child,
+        settings,
+        stop_rx,
+        drained.clone(),
+    ));
+
     Ok(Bound {
         sds_socket: config.sds_socket.clone(),
         secrets,
+        status_addr,
+        status,
         shutdown,
         tasks,
+        envoy: EnvoyRun {
+            stops,
+            done,
+            bootstrap: generated.then_some(bootstrap),
+            drained,
+            admin_port: config.proxy.admin_port(),
+        },
     })
 }

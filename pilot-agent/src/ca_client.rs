@@ -22,7 +22,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, thiserror::Error)]
 pub enum CaClientError {
     /// The CA could not be reached or refused the call.
-    #[error("CSR to {addr} failed: {status}")]
+    #[error("CSR to {addr} failed: {:?}: {}", status.code(), status.message())]
     Rpc {
         /// The CA address.
         addr: String,

@@ -199,6 +199,7 @@ pub struct Config {
     /// Projected token path.
     pub token_path: PathBuf,
     /// `SECRET_TTL`.
+    #[serde(serialize_with = "common::duration::serialize")]
     pub secret_ttl: Duration,
     /// `SECRET_GRACE_PERIOD_RATIO`.
     pub grace_period_ratio: f64,
@@ -244,6 +245,7 @@ pub struct Config {
     /// `ENVOY_SECURE_MERGED_METRICS_PORT`.
     pub envoy_secure_merged_metrics_port: u16,
     /// `MINIMUM_DRAIN_DURATION`.
+    #[serde(serialize_with = "common::duration::serialize")]
     pub minimum_drain_duration: Duration,
     /// `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`.
     pub exit_on_zero_active_connections: bool,
@@ -334,7 +336,11 @@ impl Config {
         let labels = read_map(crate::proxy_config::LABELS_FILE);
         let annotations = read_map(crate::proxy_config::ANNOTATIONS_FILE);
         let proxy_config_env = r.opt_string(ENV_PROXY_CONFIG);
-        let proxy = match crate::proxy_config::construct(&args.mesh_config, proxy_config_env.as_deref(), &annotations) {
+        let proxy = match crate::proxy_config::construct(
+            &args.mesh_config,
+            proxy_config_env.as_deref(),
+            &annotations,
+        ) {
             Ok(p) => p,
             Err(e) => {
                 r.error(e.to_string());
@@ -512,13 +518,15 @@ impl Config {
         };
         let config_yaml = match r.opt_string(ENV_BOOTSTRAP_OVERRIDE) {
             None => None,
-            Some(path) => match crate::envoy::read_bootstrap_override(std::path::Path::new(&path), &host_ip) {
-                Ok(json) => Some(json),
-                Err(e) => {
-                    r.error(e.to_string());
-                    None
+            Some(path) => {
+                match crate::envoy::read_bootstrap_override(std::path::Path::new(&path), &host_ip) {
+                    Ok(json) => Some(json),
+                    Err(e) => {
+                        r.error(e.to_string());
+                        None
+                    }
                 }
-            },
+            }
         };
         let envoy = crate::envoy::EnvoyOptions {
             binary: proxy.binary_path().to_string(),
@@ -543,7 +551,13 @@ impl Config {
                 metadata_env.push((format!("{prefix}{k}"), v));
             }
         }
-        for key in [ENV_POD_NAME, ENV_POD_NAMESPACE, ENV_SERVICE_ACCOUNT, "DNS_PROXY_ADDR", ENV_INSTANCE_IP] {
+        for key in [
+            ENV_POD_NAME,
+            ENV_POD_NAMESPACE,
+            ENV_SERVICE_ACCOUNT,
+            "DNS_PROXY_ADDR",
+            ENV_INSTANCE_IP,
+        ] {
             if let Some(v) = env.get(key) {
                 metadata_env.push((key.to_string(), v));
             }

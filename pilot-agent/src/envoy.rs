@@ -148,8 +148,11 @@ pub fn read_bootstrap_override(path: &Path, host_ip: &str) -> Result<String, Env
     } else {
         host_ip.to_string()
     };
-    let text = text.replace("[$(HOST_IP)]", "$(HOST_IP)").replace("$(HOST_IP)", &ip);
-    let value: serde_json::Value = serde_yaml_ng::from_str(&text).map_err(|e| err(format!("not valid YAML or JSON: {e}")))?;
+    let text = text
+        .replace("[$(HOST_IP)]", "$(HOST_IP)")
+        .replace("$(HOST_IP)", &ip);
+    let value: serde_json::Value =
+        serde_yaml_ng::from_str(&text).map_err(|e| err(format!("not valid YAML or JSON: {e}")))?;
     serde_json::to_string(&value).map_err(|e| err(e.to_string()))
 }
 
@@ -173,7 +176,8 @@ pub fn spawn(o: &EnvoyOptions) -> Result<Child, EnvoyError> {
     // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
     unsafe {
         cmd.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).map_err(std::io::Error::from)
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)
         });
     }
     cmd.spawn().map_err(|source| EnvoyError::Spawn {
@@ -199,13 +203,18 @@ pub fn describe_exit(status: &ExitStatus) -> String {
         };
         let mut msg = format!("Envoy exited with error: signal: {name}");
         if sig == libc_sigkill() {
-            msg.push_str("; Envoy may have been out of memory killed. Check memory usage and limits.");
+            msg.push_str(
+                "; Envoy may have been out of memory killed. Check memory usage and limits.",
+            );
         }
         msg
     } else if status.success() {
         "Envoy exited normally".to_string()
     } else {
-        format!("Envoy exited with error: exit status {}", status.code().unwrap_or(-1))
+        format!(
+            "Envoy exited with error: exit status {}",
+            status.code().unwrap_or(-1)
+        )
     }
 }
 
@@ -214,8 +223,20 @@ fn libc_sigkill() -> i32 {
 }
 
 /// A plain HTTP/1.1 request to Envoy's admin API on localhost.
-pub async fn admin_request(port: u16, method: &str, path: &str, timeout: Duration) -> Result<(u16, String), EnvoyError> {
-    http_request(&SocketAddr::from(([127, 0, 0, 1], port)).to_string(), method, path, "", timeout).await
+pub async fn admin_request(
+    port: u16,
+    method: &str,
+    path: &str,
+    timeout: Duration,
+) -> Result<(u16, String), EnvoyError> {
+    http_request(
+        &SocketAddr::from(([127, 0, 0, 1], port)).to_string(),
+        method,
+        path,
+        "",
+        timeout,
+    )
+    .await
 }
 
 /// A plain HTTP/1.1 request to `host_port` (the agent only talks HTTP to
@@ -232,14 +253,20 @@ pub async fn http_request(
         reason,
     };
     let fut = async {
-        let mut s = tokio::net::TcpStream::connect(host_port).await.map_err(|e| err(e.to_string()))?;
+        let mut s = tokio::net::TcpStream::connect(host_port)
+            .await
+            .map_err(|e| err(e.to_string()))?;
         let req = format!(
             "{method} {path} HTTP/1.1\r\nHost: {host_port}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         );
-        s.write_all(req.as_bytes()).await.map_err(|e| err(e.to_string()))?;
+        s.write_all(req.as_bytes())
+            .await
+            .map_err(|e| err(e.to_string()))?;
         let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await.map_err(|e| err(e.to_string()))?;
+        s.read_to_end(&mut buf)
+            .await
+            .map_err(|e| err(e.to_string()))?;
         let text = String::from_utf8_lossy(&buf).into_owned();
         let status = text
             .split_whitespace()
@@ -247,21 +274,28 @@ pub async fn http_request(
             .and_then(|c| c.parse().ok())
             .ok_or_else(|| err("malformed HTTP response".into()))?;
         let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-        let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        let body = if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
             dechunk(body)
         } else {
             body.to_string()
         };
         Ok((status, body))
     };
-    tokio::time::timeout(timeout, fut).await.map_err(|_| err(format!("no answer within {timeout:?}")))?
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| err(format!("no answer within {timeout:?}")))?
 }
 
 fn dechunk(body: &str) -> String {
     let mut out = String::new();
     let mut rest = body;
     while let Some((size, after)) = rest.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
         if n == 0 || after.len() < n {
             break;
         }
@@ -273,7 +307,11 @@ fn dechunk(body: &str) -> String {
 
 /// Starts draining listeners gracefully (`/drain_listeners`). Sidecars drain
 /// inbound listeners only; `skip_exit` keeps Envoy running afterwards (`/drain`).
-pub async fn drain_listeners(port: u16, inbound_only: bool, skip_exit: bool) -> Result<(), EnvoyError> {
+pub async fn drain_listeners(
+    port: u16,
+    inbound_only: bool,
+    skip_exit: bool,
+) -> Result<(), EnvoyError> {
     let mut path = "/drain_listeners?".to_string();
     if inbound_only {
         path.push_str("inboundonly&");
@@ -304,7 +342,9 @@ pub fn sum_active_connections(stats: &str, excluded_ports: &[u16]) -> i64 {
         .collect();
     let mut total = 0;
     for line in stats.lines() {
-        let Some((name, value)) = line.split_once(':') else { continue };
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
         let name = name.trim();
         if !name.starts_with("listener.")
             || name.contains("worker_")
@@ -362,12 +402,21 @@ mod tests {
     #[test]
     fn component_log_split_like_istio() {
         assert_eq!(split_component_log("info"), (Some("info".into()), vec![]));
-        assert_eq!(split_component_log("info,warn"), (Some("warn".into()), vec![]));
+        assert_eq!(
+            split_component_log("info,warn"),
+            (Some("warn".into()), vec![])
+        );
         assert_eq!(
             split_component_log("misc:warn,info,upstream:debug"),
-            (Some("info".into()), vec!["misc:warn".to_string(), "upstream:debug".to_string()])
+            (
+                Some("info".into()),
+                vec!["misc:warn".to_string(), "upstream:debug".to_string()]
+            )
         );
-        assert_eq!(split_component_log("a:b:c,info"), (Some("info".into()), vec![]));
+        assert_eq!(
+            split_component_log("a:b:c,info"),
+            (Some("info".into()), vec![])
+        );
     }
 
     #[test]
@@ -389,9 +438,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("o.yaml");
         std::fs::write(&p, "tracing:\n  address: $(HOST_IP):9411\n").unwrap();
-        assert_eq!(read_bootstrap_override(&p, "10.0.0.1").unwrap(), r#"{"tracing":{"address":"10.0.0.1:9411"}}"#);
+        assert_eq!(
+            read_bootstrap_override(&p, "10.0.0.1").unwrap(),
+            r#"{"tracing":{"address":"10.0.0.1:9411"}}"#
+        );
         std::fs::write(&p, "a: \"[$(HOST_IP)]:1\"\nb: \"$(HOST_IP)\"\n").unwrap();
-        assert_eq!(read_bootstrap_override(&p, "fd00::1").unwrap(), r#"{"a":"[fd00::1]:1","b":"[fd00::1]"}"#);
+        assert_eq!(
+            read_bootstrap_override(&p, "fd00::1").unwrap(),
+            r#"{"a":"[fd00::1]:1","b":"[fd00::1]"}"#
+        );
     }
 
     #[test]
@@ -402,7 +457,10 @@ mod tests {
         };
         let e = spawn(&o).unwrap_err().to_string();
         assert_eq!(e.lines().count(), 1);
-        assert!(e.contains("/nonexistent/envoy") && e.contains("binaryPath"), "{e}");
+        assert!(
+            e.contains("/nonexistent/envoy") && e.contains("binaryPath"),
+            "{e}"
+        );
     }
 }
 
@@ -482,7 +540,8 @@ pub async fn supervise(
         }
         Stop::Terminate(cause) => {
             tracing::info!(target: "envoy", "{cause}; draining Envoy's listeners");
-            if let Err(e) = drain_listeners(settings.admin_port, settings.inbound_only, false).await {
+            if let Err(e) = drain_listeners(settings.admin_port, settings.inbound_only, false).await
+            {
                 tracing::warn!(target: "envoy", "draining failed, stopping Envoy anyway: {e}");
             } else if settings.exit_on_zero_active_connections {
                 wait_for_zero_connections(&mut child, &settings).await;
@@ -545,7 +604,8 @@ pub fn spawn_zombie_reaper(envoy_pid: Option<u32>) {
     }
     tokio::spawn(async move {
         use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
-        let Ok(mut sigchld) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()) else {
+        let Ok(mut sigchld) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
+        else {
             return;
         };
         loop {
@@ -554,7 +614,10 @@ pub fn spawn_zombie_reaper(envoy_pid: Option<u32>) {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
             loop {
-                let peek = waitid(Id::All, WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT);
+                let peek = waitid(
+                    Id::All,
+                    WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT,
+                );
                 let pid = match peek {
                     Ok(WaitStatus::Exited(pid, _)) | Ok(WaitStatus::Signaled(pid, _, _)) => pid,
                     _ => break,

@@ -1,6 +1,7 @@
 //! pilot-agent: the agent in every injected Pod. `app` wires the parts; each
 //! module is named for the Istio capability it implements.
 
+pub mod agent_bootstrap;
 pub mod app;
 pub mod bootstrap;
 pub mod ca_client;
@@ -9,6 +10,7 @@ pub mod envoy;
 pub mod proxy_config;
 pub mod sds;
 pub mod secret_manager;
+pub mod status;
 
 /// The agent's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -69,7 +69,11 @@ fn split_url(url: &str) -> Result<(String, String), String> {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    let host = if host.contains(':') { host.to_string() } else { format!("{host}:80") };
+    let host = if host.contains(':') {
+        host.to_string()
+    } else {
+        format!("{host}:80")
+    };
     let host = host.replacen("localhost:", "127.0.0.1:", 1);
     Ok((host, path.to_string()))
 }
@@ -79,20 +83,26 @@ async fn run_wait(a: WaitArgs) -> Result<(), String> {
     let period = std::time::Duration::from_millis(a.period_millis);
     let per_request = std::time::Duration::from_millis(a.request_timeout_millis);
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(a.timeout_seconds);
-    println!("Waiting for Envoy proxy to be ready (timeout: {} seconds)...", a.timeout_seconds);
+    println!(
+        "Waiting for Envoy proxy to be ready (timeout: {} seconds)...",
+        a.timeout_seconds
+    );
     loop {
         // Istio probes after one period, not at once.
         tokio::time::sleep(period).await;
-        let last = match pilot_agent::envoy::http_request(&host, "GET", &path, "", per_request).await {
-            Ok((200, _)) => {
-                println!("Envoy is ready!");
-                return Ok(());
-            }
-            Ok((code, body)) => format!("HTTP status code {code}: {}", body.trim()),
-            Err(e) => e.to_string(),
-        };
+        let last =
+            match pilot_agent::envoy::http_request(&host, "GET", &path, "", per_request).await {
+                Ok((200, _)) => {
+                    println!("Envoy is ready!");
+                    return Ok(());
+                }
+                Ok((code, body)) => format!("HTTP status code {code}: {}", body.trim()),
+                Err(e) => e.to_string(),
+            };
         if tokio::time::Instant::now() >= deadline {
-            return Err(format!("timeout waiting for Envoy proxy to become ready. Last error: {last}"));
+            return Err(format!(
+                "timeout waiting for Envoy proxy to become ready. Last error: {last}"
+            ));
         }
     }
 }
@@ -122,7 +132,10 @@ async fn run_request(a: RequestArgs) -> Result<(), String> {
 }
 
 fn run_small(fut: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("Error: {e}");
@@ -164,6 +177,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Proxy(args) => {
+            let log_as_json = cli.log_as_json;
             let config = match Config::from_env(&args, &common::env::ProcessEnv) {
                 Ok(c) => Arc::new(c),
                 Err(e) => {
@@ -184,7 +198,9 @@ fn main() -> ExitCode {
                 }
             };
             let result = runtime.block_on(async move {
-                let bound = pilot_agent::app::build(config).await?;
+                let bound =
+                    pilot_agent::app::build(config, pilot_agent::app::RunOptions { log_as_json })
+                        .await?;
                 bound.wait_termination().await
             });
             match result {

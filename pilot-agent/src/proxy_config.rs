@@ -258,8 +258,11 @@ impl ProxyConfig {
             return Err(err("must be a mapping of ProxyConfig fields".into()));
         }
         // Type-check the layer on its own so the error points at this layer.
-        serde_json::from_value::<ProxyConfig>(value.clone())
-            .map_err(|e| err(format!("{e} (see Istio's ProxyConfig reference for valid fields)")))?;
+        serde_json::from_value::<ProxyConfig>(value.clone()).map_err(|e| {
+            err(format!(
+                "{e} (see Istio's ProxyConfig reference for valid fields)"
+            ))
+        })?;
         Ok(value)
     }
 
@@ -295,10 +298,15 @@ impl ProxyConfig {
             errs.push("drainDuration must be longer than 0s".to_string());
         }
         match self.discovery_address.as_deref() {
-            Some(a) if a.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) => {}
+            Some(a)
+                if a.rsplit_once(':')
+                    .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) => {}
             other => errs.push(format!("discoveryAddress {other:?} must be host:port")),
         }
-        for (name, port) in [("proxyAdminPort", self.proxy_admin_port), ("statusPort", self.status_port)] {
+        for (name, port) in [
+            ("proxyAdminPort", self.proxy_admin_port),
+            ("statusPort", self.status_port),
+        ] {
             if let Some(p) = port
                 && (p == 0 || p > 65535)
             {
@@ -312,12 +320,16 @@ impl ProxyConfig {
             && p != "MUTUAL_TLS"
             && p != "NONE"
         {
-            errs.push(format!("controlPlaneAuthPolicy {p:?} must be MUTUAL_TLS or NONE"));
+            errs.push(format!(
+                "controlPlaneAuthPolicy {p:?} must be MUTUAL_TLS or NONE"
+            ));
         }
         if let Some(m) = &self.interception_mode
             && !matches!(m.as_str(), "REDIRECT" | "TPROXY" | "NONE")
         {
-            errs.push(format!("interceptionMode {m:?} must be REDIRECT, TPROXY or NONE"));
+            errs.push(format!(
+                "interceptionMode {m:?} must be REDIRECT, TPROXY or NONE"
+            ));
         }
         if errs.is_empty() {
             Ok(())
@@ -336,7 +348,9 @@ impl ProxyConfig {
 
     /// The Envoy binary.
     pub fn binary_path(&self) -> &str {
-        self.binary_path.as_deref().unwrap_or("/usr/local/bin/envoy")
+        self.binary_path
+            .as_deref()
+            .unwrap_or("/usr/local/bin/envoy")
     }
 
     /// Envoy's admin port.
@@ -351,7 +365,9 @@ impl ProxyConfig {
 
     /// `drainDuration`.
     pub fn drain_duration(&self) -> Duration {
-        self.drain_duration.map(|d| d.0).unwrap_or(Duration::from_secs(45))
+        self.drain_duration
+            .map(|d| d.0)
+            .unwrap_or(Duration::from_secs(45))
     }
 
     /// `terminationDrainDuration`.
@@ -394,7 +410,9 @@ pub fn mesh_config_layer(path: &Path) -> Result<Option<Value>, ProxyConfigError>
 pub fn parse_downward_api(text: &str) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for line in text.lines() {
-        let Some((k, v)) = line.split_once('=') else { continue };
+        let Some((k, v)) = line.split_once('=') else {
+            continue;
+        };
         let v = v.trim();
         let value = unquote(v).unwrap_or_else(|| v.to_string());
         out.insert(k.trim().to_string(), value);
@@ -443,7 +461,10 @@ pub fn construct(
         layers.push(("mesh config defaultConfig".to_string(), layer));
     }
     if let Some(text) = proxy_config_env {
-        layers.push(("PROXY_CONFIG".to_string(), ProxyConfig::parse_layer("PROXY_CONFIG", text)?));
+        layers.push((
+            "PROXY_CONFIG".to_string(),
+            ProxyConfig::parse_layer("PROXY_CONFIG", text)?,
+        ));
     }
     if let Some(text) = annotations.get(PROXY_CONFIG_ANNOTATION) {
         let name = format!("annotation {PROXY_CONFIG_ANNOTATION}");
@@ -470,7 +491,10 @@ mod tests {
     #[test]
     fn defaults_are_istios() {
         let pc = construct(Path::new("/nonexistent"), None, &BTreeMap::new()).unwrap();
-        assert_eq!(pc.discovery_address.as_deref(), Some("istiod.istio-system.svc:15012"));
+        assert_eq!(
+            pc.discovery_address.as_deref(),
+            Some("istiod.istio-system.svc:15012")
+        );
         assert_eq!(pc.drain_duration(), Duration::from_secs(45));
         assert_eq!(pc.termination_drain_duration(), Duration::from_secs(5));
         assert_eq!(pc.admin_port(), 15000);
@@ -489,11 +513,18 @@ mod tests {
         .unwrap();
         let env = r#"{"concurrency": 3, "proxyMetadata": {"B": "env"}}"#;
         let mut ann = BTreeMap::new();
-        ann.insert(PROXY_CONFIG_ANNOTATION.to_string(), "proxyMetadata:\n  C: pod\ndrainDuration: 10s\n".to_string());
+        ann.insert(
+            PROXY_CONFIG_ANNOTATION.to_string(),
+            "proxyMetadata:\n  C: pod\ndrainDuration: 10s\n".to_string(),
+        );
         let pc = construct(&mesh, Some(env), &ann).unwrap();
         assert_eq!(pc.concurrency, Some(3));
         assert_eq!(pc.drain_duration(), Duration::from_secs(10));
-        let md: Vec<(&str, &str)> = pc.proxy_metadata.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let md: Vec<(&str, &str)> = pc
+            .proxy_metadata
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
         assert_eq!(md, [("A", "mesh"), ("B", "env"), ("C", "pod")]);
     }
 
@@ -501,13 +532,21 @@ mod tests {
     fn bad_layers_name_the_field() {
         let none = BTreeMap::new();
         let no = Path::new("/nonexistent");
-        let e = construct(no, Some("{not: [valid"), &none).unwrap_err().to_string();
+        let e = construct(no, Some("{not: [valid"), &none)
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("PROXY_CONFIG: not valid YAML"), "{e}");
-        let e = construct(no, Some("drainDurationX: 5s"), &none).unwrap_err().to_string();
+        let e = construct(no, Some("drainDurationX: 5s"), &none)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown field `drainDurationX`"), "{e}");
-        let e = construct(no, Some("drainDuration: soon"), &none).unwrap_err().to_string();
+        let e = construct(no, Some("drainDuration: soon"), &none)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("invalid duration \"soon\""), "{e}");
-        let e = construct(no, Some("statusPort: 15000"), &none).unwrap_err().to_string();
+        let e = construct(no, Some("statusPort: 15000"), &none)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("statusPort must differ"), "{e}");
     }
 
@@ -517,7 +556,10 @@ mod tests {
             "app=\"x\"\nproxy.istio.io/config=\"holdApplicationUntilProxyStarts: true\\nconcurrency: 2\\n\"\nk=\"a=b\"\n",
         );
         assert_eq!(m["app"], "x");
-        assert_eq!(m["proxy.istio.io/config"], "holdApplicationUntilProxyStarts: true\nconcurrency: 2\n");
+        assert_eq!(
+            m["proxy.istio.io/config"],
+            "holdApplicationUntilProxyStarts: true\nconcurrency: 2\n"
+        );
         assert_eq!(m["k"], "a=b");
     }
 

@@ -127,7 +127,9 @@ pub fn serve_uds(path: &Path, resources: Resources) -> std::io::Result<()> {
     let listener = tokio::net::UnixListener::bind(path)?;
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(AggregatedDiscoveryServiceServer::new(Ads(Arc::new(resources))))
+            .add_service(AggregatedDiscoveryServiceServer::new(Ads(Arc::new(
+                resources,
+            ))))
             .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
     );
     Ok(())
@@ -146,10 +148,17 @@ pub fn any<M: Message + prost::Name>(m: &M) -> Any {
 /// STATIC cluster to `127.0.0.1:app_port`.
 pub fn inbound_http(port: u16, app_port: u16) -> Resources {
     use proto::pb::envoy::config::cluster::v3::{Cluster, cluster};
-    use proto::pb::envoy::config::core::v3::{Address, SocketAddress, TrafficDirection, address, socket_address};
-    use proto::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint};
+    use proto::pb::envoy::config::core::v3::{
+        Address, SocketAddress, TrafficDirection, address, socket_address,
+    };
+    use proto::pb::envoy::config::endpoint::v3::{
+        ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
+    };
     use proto::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
-    use proto::pb::envoy::config::route::v3::{Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route, route_action, route_match};
+    use proto::pb::envoy::config::route::v3::{
+        Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route, route_action,
+        route_match,
+    };
     use proto::pb::envoy::extensions::filters::http::router::v3::Router;
     use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
         HttpConnectionManager, HttpFilter, http_connection_manager, http_filter,
@@ -164,8 +173,13 @@ pub fn inbound_http(port: u16, app_port: u16) -> Resources {
     let cluster_name = format!("inbound|{app_port}||");
     let cluster = Cluster {
         name: cluster_name.clone(),
-        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(cluster::DiscoveryType::Static.into())),
-        connect_timeout: Some(proto::pb::google::protobuf::Duration { seconds: 1, nanos: 0 }),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::Static.into(),
+        )),
+        connect_timeout: Some(proto::pb::google::protobuf::Duration {
+            seconds: 1,
+            nanos: 0,
+        }),
         load_assignment: Some(ClusterLoadAssignment {
             cluster_name: cluster_name.clone(),
             endpoints: vec![LocalityLbEndpoints {
@@ -184,30 +198,39 @@ pub fn inbound_http(port: u16, app_port: u16) -> Resources {
     };
     let hcm = HttpConnectionManager {
         stat_prefix: format!("inbound_{port}"),
-        route_specifier: Some(http_connection_manager::RouteSpecifier::RouteConfig(RouteConfiguration {
-            name: format!("inbound|{port}"),
-            virtual_hosts: vec![VirtualHost {
-                name: "inbound".into(),
-                domains: vec!["*".into()],
-                routes: vec![Route {
-                    r#match: Some(RouteMatch {
-                        path_specifier: Some(route_match::PathSpecifier::Prefix("/".into())),
+        route_specifier: Some(http_connection_manager::RouteSpecifier::RouteConfig(
+            RouteConfiguration {
+                name: format!("inbound|{port}"),
+                virtual_hosts: vec![VirtualHost {
+                    name: "inbound".into(),
+                    domains: vec!["*".into()],
+                    routes: vec![Route {
+                        r#match: Some(RouteMatch {
+                            path_specifier: Some(route_match::PathSpecifier::Prefix("/".into())),
+                            ..Default::default()
+                        }),
+                        action: Some(route::Action::Route(RouteAction {
+                            cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(
+                                cluster_name.clone(),
+                            )),
+                            timeout: Some(proto::pb::google::protobuf::Duration {
+                                seconds: 30,
+                                nanos: 0,
+                            }),
+                            ..Default::default()
+                        })),
                         ..Default::default()
-                    }),
-                    action: Some(route::Action::Route(RouteAction {
-                        cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(cluster_name.clone())),
-                        timeout: Some(proto::pb::google::protobuf::Duration { seconds: 30, nanos: 0 }),
-                        ..Default::default()
-                    })),
+                    }],
                     ..Default::default()
                 }],
                 ..Default::default()
-            }],
-            ..Default::default()
-        })),
+            },
+        )),
         http_filters: vec![HttpFilter {
             name: "envoy.filters.http.router".into(),
-            config_type: Some(http_filter::ConfigType::TypedConfig(any(&Router::default()))),
+            config_type: Some(http_filter::ConfigType::TypedConfig(
+                any(&Router::default()),
+            )),
             ..Default::default()
         }],
         ..Default::default()
@@ -229,4 +252,123 @@ pub fn inbound_http(port: u16, app_port: u16) -> Resources {
         (CLUSTER.into(), cluster_name, any(&cluster)),
         (LISTENER.into(), listener.name.clone(), any(&listener)),
     ])
+}
+
+/// A TLS listener on `port` whose certificate and trust bundle come from the
+/// agent's SDS (`default`, `ROOTCA` over Istio's `sds-grpc` bootstrap
+/// cluster), answering every request with `hello`.
+pub fn sds_tls_listener(port: u16) -> Resources {
+    use proto::pb::envoy::config::core::v3::{
+        Address, ApiConfigSource, ConfigSource, GrpcService, SocketAddress, TransportSocket,
+        address, api_config_source, config_source, grpc_service, socket_address, transport_socket,
+    };
+    use proto::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
+    use proto::pb::envoy::config::route::v3::{
+        DirectResponseAction, Route, RouteConfiguration, RouteMatch, VirtualHost, route,
+        route_match,
+    };
+    use proto::pb::envoy::extensions::filters::http::router::v3::Router;
+    use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+        HttpConnectionManager, HttpFilter, http_connection_manager, http_filter,
+    };
+    use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
+        CommonTlsContext, DownstreamTlsContext, SdsSecretConfig, common_tls_context,
+    };
+    let sds = |name: &str| SdsSecretConfig {
+        name: name.into(),
+        sds_config: Some(ConfigSource {
+            resource_api_version: 2, // V3
+            config_source_specifier: Some(config_source::ConfigSourceSpecifier::ApiConfigSource(
+                ApiConfigSource {
+                    api_type: api_config_source::ApiType::Grpc.into(),
+                    transport_api_version: 2, // V3
+                    grpc_services: vec![GrpcService {
+                        target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(
+                            grpc_service::EnvoyGrpc {
+                                cluster_name: "sds-grpc".into(),
+                                ..Default::default()
+                            },
+                        )),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+            )),
+            ..Default::default()
+        }),
+    };
+    let tls = DownstreamTlsContext {
+        common_tls_context: Some(CommonTlsContext {
+            tls_certificate_sds_secret_configs: vec![sds("default")],
+            validation_context_type: Some(
+                common_tls_context::ValidationContextType::ValidationContextSdsSecretConfig(sds(
+                    "ROOTCA",
+                )),
+            ),
+            ..Default::default()
+        }),
+        require_client_certificate: Some(proto::pb::google::protobuf::BoolValue { value: false }),
+        ..Default::default()
+    };
+    let hcm = HttpConnectionManager {
+        stat_prefix: "tls".into(),
+        route_specifier: Some(http_connection_manager::RouteSpecifier::RouteConfig(RouteConfiguration {
+            virtual_hosts: vec![VirtualHost {
+                name: "all".into(),
+                domains: vec!["*".into()],
+                routes: vec![Route {
+                    r#match: Some(RouteMatch {
+                        path_specifier: Some(route_match::PathSpecifier::Prefix("/".into())),
+                        ..Default::default()
+                    }),
+                    action: Some(route::Action::DirectResponse(DirectResponseAction {
+                        status: 200,
+                        body: Some(proto::pb::envoy::config::core::v3::DataSource {
+                            specifier: Some(proto::pb::envoy::config::core::v3::data_source::Specifier::InlineString(
+                                "hello".into(),
+                            )),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        })),
+        http_filters: vec![HttpFilter {
+            name: "envoy.filters.http.router".into(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(any(&Router::default()))),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let listener = Listener {
+        name: format!("0.0.0.0_{port}"),
+        address: Some(Address {
+            address: Some(address::Address::SocketAddress(SocketAddress {
+                address: "0.0.0.0".into(),
+                port_specifier: Some(socket_address::PortSpecifier::PortValue(port.into())),
+                ..Default::default()
+            })),
+        }),
+        filter_chains: vec![FilterChain {
+            filters: vec![Filter {
+                name: "envoy.filters.network.http_connection_manager".into(),
+                config_type: Some(filter::ConfigType::TypedConfig(any(&hcm))),
+            }],
+            transport_socket: Some(TransportSocket {
+                name: "envoy.transport_sockets.tls".into(),
+                config_type: Some(transport_socket::ConfigType::TypedConfig(any(&tls))),
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    Resources(vec![(
+        LISTENER.into(),
+        listener.name.clone(),
+        any(&listener),
+    )])
 }

@@ -214,6 +214,7 @@ pub struct Istiod {
     /// The monitoring address (:15014).
     pub monitoring: SocketAddr,
     env: Vec<(String, String)>,
+    netns: Option<String>,
 }
 
 /// Names istiod's serving certificate carries for tests that dial 127.0.0.1.
@@ -228,6 +229,21 @@ impl Istiod {
 
     /// Starts istiod with its gRPC server on `grpc`.
     pub fn start_at(dir: &Path, grpc: SocketAddr, env: &[(&str, &str)]) -> Istiod {
+        Self::start_full(dir, grpc, env, None)
+    }
+
+    /// Starts istiod inside the network namespace `ns` (on its loopback).
+    pub fn start_in(ns: &netns::Netns, dir: &Path, env: &[(&str, &str)]) -> Istiod {
+        let grpc: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        Self::start_full(dir, grpc, env, Some(ns.name.clone()))
+    }
+
+    fn start_full(
+        dir: &Path,
+        grpc: SocketAddr,
+        env: &[(&str, &str)],
+        netns: Option<String>,
+    ) -> Istiod {
         fs::create_dir_all(dir).unwrap();
         let issuer_dir = dir.join("issuer");
         if !issuer_dir.join("key.pem").exists() {
@@ -256,13 +272,14 @@ impl Istiod {
         let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let monitoring: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let mut istiod = Istiod {
-            proc: Self::spawn(dir, grpc, http, monitoring, &env),
+            proc: Self::spawn(dir, grpc, http, monitoring, &env, netns.as_deref()),
             dir: dir.to_path_buf(),
             issuer_dir,
             grpc,
             http,
             monitoring,
             env,
+            netns,
         };
         istiod.wait_ready();
         istiod
@@ -274,8 +291,16 @@ impl Istiod {
         http: SocketAddr,
         monitoring: SocketAddr,
         env: &[(String, String)],
+        netns: Option<&str>,
     ) -> Proc {
-        let mut cmd = Command::new(bin("istiod"));
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(bin("istiod"));
+                c
+            }
+            None => Command::new(bin("istiod")),
+        };
         cmd.current_dir(dir)
             .arg("discovery")
             .arg(format!("--secureGRPCAddr={grpc}"))
@@ -291,10 +316,12 @@ impl Istiod {
     /// Waits for `/ready` to say 200.
     pub fn wait_ready(&mut self) {
         let http = self.http;
+        let ns = self.netns.clone();
         let proc = &mut self.proc;
         wait_for("istiod /ready", Duration::from_secs(30), || {
             assert!(proc.alive(), "istiod exited:\n{}", proc.log());
-            matches!(http_get(http, "/ready"), Ok((200, _))).then_some(())
+            let ready = netns::run_in(ns.as_deref(), move || http_get(http, "/ready"));
+            matches!(ready, Ok((200, _))).then_some(())
         });
     }
 
@@ -306,7 +333,14 @@ impl Istiod {
 
     /// Starts istiod again in the same directory on the same ports.
     pub fn restart(&mut self) {
-        self.proc = Self::spawn(&self.dir, self.grpc, self.http, self.monitoring, &self.env);
+        self.proc = Self::spawn(
+            &self.dir,
+            self.grpc,
+            self.http,
+            self.monitoring,
+            &self.env,
+            self.netns.as_deref(),
+        );
         self.wait_ready();
     }
 
@@ -387,6 +421,25 @@ impl PodDir {
         self.dir.join("var/run/secrets/workload-spiffe-uds/socket")
     }
 
+    /// Starts `pilot-agent proxy sidecar` in the Pod's network namespace with
+    /// `env`; the agent launches the real Envoy with Istio's bootstrap.
+    pub fn start_agent_in(&self, ns: &netns::Netns, env: &[(&str, &str)]) -> Proc {
+        let proxy_config = format!(r#"{{"binaryPath": "{}"}}"#, envoy_bin().display());
+        let mut cmd = ns.command(bin("pilot-agent"));
+        cmd.current_dir(&self.dir)
+            .args(["proxy", "sidecar", "--concurrency", "1"])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("PROXY_CONFIG", proxy_config)
+            .envs(env.iter().copied());
+        Proc::spawn("pilot-agent", cmd, &self.dir.join("agent.log"))
+    }
+
+    /// The agent's xDS socket, where Envoy asks for configuration.
+    pub fn xds_socket(&self) -> PathBuf {
+        self.dir.join("etc/istio/proxy/XDS")
+    }
+
     /// Starts `pilot-agent proxy sidecar` in this Pod with `env`.
     pub fn start_agent(&self, env: &[(&str, &str)]) -> Proc {
         let mut cmd = Command::new(bin("pilot-agent"));
@@ -396,5 +449,83 @@ impl PodDir {
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .envs(env.iter().copied());
         Proc::spawn("pilot-agent", cmd, &self.dir.join("agent.log"))
+    }
+}
+
+/// The port of the Pod's TLS listener (served to Envoy by the test's ADS).
+pub const TLS_PORT: u16 = 8443;
+
+/// A Pod: its own network namespace, the agent and the Envoy it launched with
+/// Istio's bootstrap; a TLS listener whose certificate comes over SDS.
+pub struct Pod {
+    /// The Pod's network namespace.
+    pub ns: netns::Netns,
+    /// The Pod's filesystem.
+    pub dir: PodDir,
+    /// The agent (which runs Envoy).
+    pub agent: Proc,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl Pod {
+    /// Starts the agent (and so Envoy) in `ns`; a test ADS server hands Envoy the TLS listener.
+    pub fn start(ns: netns::Netns, dir: PodDir, env: &[(&str, &str)]) -> Pod {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let xds = dir.xds_socket();
+        rt.block_on(async { ads::serve_uds(&xds, ads::sds_tls_listener(TLS_PORT)).unwrap() });
+        let agent = dir.start_agent_in(&ns, env);
+        Pod {
+            ns,
+            dir,
+            agent,
+            _rt: rt,
+        }
+    }
+
+    /// A TLS request to the Pod's listener, verified against `root`.
+    pub fn probe(
+        &self,
+        root: &str,
+        identity: Option<&str>,
+    ) -> Result<(common::pki::CertInfo, String), String> {
+        let root = root.to_string();
+        let identity = identity.map(String::from);
+        self.ns.run(move || {
+            tls::probe(
+                SocketAddr::from(([127, 0, 0, 1], TLS_PORT)),
+                &root,
+                identity.as_deref(),
+            )
+        })
+    }
+
+    /// Waits until Envoy presents the workload certificate.
+    pub fn wait_served(
+        &self,
+        root: &str,
+        identity: &str,
+        limit: Duration,
+    ) -> common::pki::CertInfo {
+        wait_for("Envoy to serve the workload certificate", limit, || {
+            self.probe(root, Some(identity)).ok().map(|(info, _)| info)
+        })
+    }
+
+    /// The pid of the Envoy the agent started.
+    pub fn envoy_pid(&self) -> Option<u32> {
+        let out = std::process::Command::new("pgrep")
+            .args(["-P", &self.agent.pid().to_string()])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()?
+            .trim()
+            .parse()
+            .ok()
     }
 }

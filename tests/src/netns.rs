@@ -29,7 +29,11 @@ impl Netns {
         let lo = Command::new("ip")
             .args(["netns", "exec", &ns.name, "ip", "link", "set", "lo", "up"])
             .status();
-        assert!(lo.is_ok_and(|s| s.success()), "cannot bring up loopback in {}", ns.name);
+        assert!(
+            lo.is_ok_and(|s| s.success()),
+            "cannot bring up loopback in {}",
+            ns.name
+        );
         ns
     }
 
@@ -43,11 +47,16 @@ impl Netns {
     /// Runs `f` on a thread that has entered the namespace: sockets it opens
     /// (and servers it runs) live in the Pod's network.
     pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
-        self.spawn(f).join().expect("thread inside the namespace panicked")
+        self.spawn(f)
+            .join()
+            .expect("thread inside the namespace panicked")
     }
 
     /// Like [`Netns::run`] but returns the thread's handle.
-    pub fn spawn<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
+    pub fn spawn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::thread::JoinHandle<T> {
         let path = format!("/var/run/netns/{}", self.name);
         std::thread::spawn(move || {
             let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
@@ -60,6 +69,26 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// Runs `f` in the named namespace, or right here when `name` is `None`.
+pub fn run_in<T: Send + 'static>(name: Option<&str>, f: impl FnOnce() -> T + Send + 'static) -> T {
+    match name {
+        None => f(),
+        Some(name) => {
+            let path = format!("/var/run/netns/{name}");
+            std::thread::spawn(move || {
+                let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+                nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .unwrap_or_else(|e| panic!("entering {path}: {e}"));
+                f()
+            })
+            .join()
+            .expect("thread inside the namespace panicked")
+        }
     }
 }

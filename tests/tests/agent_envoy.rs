@@ -34,17 +34,27 @@ fn start_pod(extra_env: &[(&str, &str)], ads: Option<tests::ads::Resources>) -> 
     start_pod_with(extra_env, ads, &[])
 }
 
-fn start_pod_with(extra_env: &[(&str, &str)], ads: Option<tests::ads::Resources>, args: &[&str]) -> Pod {
+fn start_pod_with(
+    extra_env: &[(&str, &str)],
+    ads: Option<tests::ads::Resources>,
+    args: &[&str],
+) -> Pod {
     let tmp = tempfile::tempdir().unwrap();
     let ns = Netns::new("pod");
     let dir = PodDir::new(tmp.path(), "", None);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
     if let Some(res) = ads {
         let path = dir.dir.join("etc/istio/proxy/XDS");
         rt.block_on(async { tests::ads::serve_uds(&path, res).unwrap() });
     }
     let envoy = envoy_bin().display().to_string();
-    let proxy_config = format!(r#"{{"binaryPath": "{envoy}", "drainDuration": "1s", "terminationDrainDuration": "4s"}}"#);
+    let proxy_config = format!(
+        r#"{{"binaryPath": "{envoy}", "drainDuration": "1s", "terminationDrainDuration": "4s"}}"#
+    );
     let mut env: Vec<(&str, &str)> = vec![
         ("POD_NAME", "app-1"),
         ("POD_NAMESPACE", "default"),
@@ -55,13 +65,26 @@ fn start_pod_with(extra_env: &[(&str, &str)], ads: Option<tests::ads::Resources>
     ];
     env.extend_from_slice(extra_env);
     let agent = spawn_agent(&ns, &dir, &env, args);
-    Pod { ns, dir, agent, _tmp: tmp, _rt: rt }
+    Pod {
+        ns,
+        dir,
+        agent,
+        _tmp: tmp,
+        _rt: rt,
+    }
 }
 
 fn spawn_agent(ns: &Netns, dir: &PodDir, env: &[(&str, &str)], args: &[&str]) -> Proc {
     let mut cmd = ns.command(tests::bin("pilot-agent"));
     cmd.current_dir(&dir.dir)
-        .args(["proxy", "sidecar", "--concurrency", "1", "--proxyLogLevel", "warning"])
+        .args([
+            "proxy",
+            "sidecar",
+            "--concurrency",
+            "1",
+            "--proxyLogLevel",
+            "warning",
+        ])
         .args(args)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -77,29 +100,51 @@ fn ready(ns: &Netns, port: u16) -> Option<(u16, String)> {
 fn readiness_turns_200_only_after_cds_and_lds() {
     // No ADS server yet: Envoy starts but gets no configuration.
     let mut pod = start_pod(&[], None);
-    let (code, body) = wait_for("the status server", Duration::from_secs(30), || ready(&pod.ns, 15020));
-    assert_eq!(code, 503, "{body}");
-    // Envoy's 15021 forwards to the agent once Envoy is up.
-    let (code, body) = wait_for("Envoy's readiness listener", Duration::from_secs(30), || {
-        ready(&pod.ns, 15021).filter(|(c, _)| *c != 0)
+    let (code, body) = wait_for("the status server", Duration::from_secs(30), || {
+        ready(&pod.ns, 15020)
     });
     assert_eq!(code, 503, "{body}");
-    let (_, body) = ready(&pod.ns, 15020).unwrap();
-    assert!(body.contains("config not received from XDS server"), "{body}");
+    // Envoy's static listeners (15021) open only once its first CDS is in:
+    // kubelet's probe is refused until then.
+    assert!(ready(&pod.ns, 15021).is_none_or(|(c, _)| c != 200));
+    // Once Envoy's admin answers, the reason is Istio's.
+    let (code, body) = wait_for("Istio's not-ready reason", Duration::from_secs(30), || {
+        ready(&pod.ns, 15020).filter(|(_, b)| b.contains("config not received from XDS server"))
+    });
+    assert_eq!(code, 503, "{body}");
     std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(ready(&pod.ns, 15020).unwrap().0, 503, "still not ready without CDS/LDS");
+    assert_eq!(
+        ready(&pod.ns, 15020).unwrap().0,
+        503,
+        "still not ready without CDS/LDS"
+    );
+    assert!(ready(&pod.ns, 15021).is_none_or(|(c, _)| c != 200));
 
     // The bootstrap is Istio's, where Istio puts it.
-    let bootstrap: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(pod.dir.dir.join("etc/istio/proxy/envoy-rev.json")).unwrap()).unwrap();
-    assert_eq!(bootstrap["node"]["id"], "sidecar~127.0.0.1~app-1.default~default.svc.cluster.local");
-    assert_eq!(bootstrap["dynamic_resources"]["ads_config"]["api_type"], "DELTA_GRPC");
+    let bootstrap: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(pod.dir.dir.join("etc/istio/proxy/envoy-rev.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        bootstrap["node"]["id"],
+        "sidecar~127.0.0.1~app-1.default~default.svc.cluster.local"
+    );
+    assert_eq!(
+        bootstrap["dynamic_resources"]["ads_config"]["api_type"],
+        "DELTA_GRPC"
+    );
 
     // Now serve CDS and LDS on the agent's XDS socket: both ports turn 200.
     let path = pod.dir.dir.join("etc/istio/proxy/XDS");
-    pod._rt.block_on(async { tests::ads::serve_uds(&path, tests::ads::inbound_http(8000, 8080)).unwrap() });
-    wait_for("15020 ready", Duration::from_secs(30), || ready(&pod.ns, 15020).filter(|(c, _)| *c == 200));
-    wait_for("15021 ready", Duration::from_secs(10), || ready(&pod.ns, 15021).filter(|(c, _)| *c == 200));
+    pod._rt.block_on(async {
+        tests::ads::serve_uds(&path, tests::ads::inbound_http(8000, 8080)).unwrap()
+    });
+    wait_for("15020 ready", Duration::from_secs(30), || {
+        ready(&pod.ns, 15020).filter(|(c, _)| *c == 200)
+    });
+    wait_for("15021 ready", Duration::from_secs(10), || {
+        ready(&pod.ns, 15021).filter(|(c, _)| *c == 200)
+    });
     assert!(pod.agent.alive());
 }
 
@@ -113,7 +158,9 @@ fn slow_app(ns: &Netns, port: u16, delay: Duration) {
                 let mut buf = [0u8; 4096];
                 let _ = c.read(&mut buf);
                 std::thread::sleep(delay);
-                let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nConnection: close\r\n\r\nslow");
+                let _ = c.write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nConnection: close\r\n\r\nslow",
+                );
             });
         }
     });
@@ -123,58 +170,125 @@ fn slow_app(ns: &Netns, port: u16, delay: Duration) {
 fn sigterm_drains_in_flight_requests_and_exits_zero() {
     let mut pod = start_pod(&[], Some(tests::ads::inbound_http(8000, 8080)));
     slow_app(&pod.ns, 8080, Duration::from_millis(2500));
-    wait_for("ready", Duration::from_secs(30), || ready(&pod.ns, 15020).filter(|(c, _)| *c == 200));
+    wait_for("ready", Duration::from_secs(30), || {
+        ready(&pod.ns, 15020).filter(|(c, _)| *c == 200)
+    });
 
     let slow = pod.ns.spawn(|| http_get(addr(8000), "/slow"));
     std::thread::sleep(Duration::from_millis(300));
     let sent = Instant::now();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pod.agent.pid() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pod.agent.pid() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
 
     // Istio's Envoy keeps accepting during the graceful drain period
     // (drainDuration, 1s here) and closes its inbound listeners after it.
     std::thread::sleep(Duration::from_millis(1600));
-    let refused = pod.ns.run(|| TcpStream::connect_timeout(&addr(8000), Duration::from_secs(1)));
-    assert!(refused.is_err(), "new connections must be refused once the drain period is over");
-    let (code, body) = slow.join().unwrap().expect("the in-flight request completes");
+    let refused = pod
+        .ns
+        .run(|| TcpStream::connect_timeout(&addr(8000), Duration::from_secs(1)));
+    assert!(
+        refused.is_err(),
+        "new connections must be refused once the drain period is over"
+    );
+    let (code, body) = slow
+        .join()
+        .unwrap()
+        .expect("the in-flight request completes");
     assert_eq!((code, body.as_str()), (200, "slow"));
 
-    let status = pod.agent.terminate(Duration::from_secs(10)).expect("agent exits");
-    assert!(status.success(), "exit status {status:?}\n{}", pod.agent.log());
+    let status = pod
+        .agent
+        .terminate(Duration::from_secs(10))
+        .expect("agent exits");
+    assert!(
+        status.success(),
+        "exit status {status:?}\n{}",
+        pod.agent.log()
+    );
     // terminationDrainDuration (4s) plus a second.
-    assert!(sent.elapsed() <= Duration::from_secs(5), "took {:?}", sent.elapsed());
-    assert!(pod.agent.log().contains("Envoy aborted normally"), "{}", pod.agent.log());
+    assert!(
+        sent.elapsed() <= Duration::from_secs(5),
+        "took {:?}",
+        sent.elapsed()
+    );
+    assert!(
+        pod.agent.log().contains("Envoy aborted normally"),
+        "{}",
+        pod.agent.log()
+    );
 }
 
 #[test]
 fn envoy_killed_makes_the_agent_exit_as_istio_does() {
     let mut pod = start_pod(&[], Some(tests::ads::inbound_http(8000, 8080)));
-    wait_for("ready", Duration::from_secs(30), || ready(&pod.ns, 15020).filter(|(c, _)| *c == 200));
-    let envoy_pid = wait_for("Envoy's pid", Duration::from_secs(5), || {
-        let out = std::process::Command::new("pgrep").args(["-P", &pod.agent.pid().to_string()]).output().ok()?;
-        String::from_utf8_lossy(&out.stdout).lines().next()?.trim().parse::<i32>().ok()
+    wait_for("ready", Duration::from_secs(30), || {
+        ready(&pod.ns, 15020).filter(|(c, _)| *c == 200)
     });
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(envoy_pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let envoy_pid = wait_for("Envoy's pid", Duration::from_secs(5), || {
+        let out = std::process::Command::new("pgrep")
+            .args(["-P", &pod.agent.pid().to_string()])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()?
+            .trim()
+            .parse::<i32>()
+            .ok()
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(envoy_pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
     let status = wait_for("the agent to exit", Duration::from_secs(10), || {
-        if pod.agent.alive() { None } else { pod.agent.terminate(Duration::from_secs(1)) }
+        if pod.agent.alive() {
+            None
+        } else {
+            pod.agent.terminate(Duration::from_secs(1))
+        }
     });
     let log = pod.agent.log();
-    assert!(status.success(), "Istio's agent exits 0 after Envoy exits: {status:?}\n{log}");
-    assert!(log.contains("Envoy exited with error: signal: killed"), "{log}");
-    assert!(!pod.dir.dir.join("etc/istio/proxy/envoy-rev.json").exists(), "the bootstrap is removed");
-    assert!(get(&pod.ns, 15020, "/healthz/ready").is_err(), "the status server is down");
+    assert!(
+        status.success(),
+        "Istio's agent exits 0 after Envoy exits: {status:?}\n{log}"
+    );
+    assert!(
+        log.contains("Envoy exited with error: signal: killed"),
+        "{log}"
+    );
+    assert!(
+        !pod.dir.dir.join("etc/istio/proxy/envoy-rev.json").exists(),
+        "the bootstrap is removed"
+    );
+    assert!(
+        get(&pod.ns, 15020, "/healthz/ready").is_err(),
+        "the status server is down"
+    );
 }
 
 #[test]
 fn merged_metrics_hold_agent_envoy_and_app_lines() {
     let annotations = r#"{"scrape":"true","path":"/metrics","port":"9090"}"#;
-    let pod = start_pod(&[("ISTIO_PROMETHEUS_ANNOTATIONS", annotations)], Some(tests::ads::inbound_http(8000, 8080)));
-    wait_for("ready", Duration::from_secs(30), || ready(&pod.ns, 15020).filter(|(c, _)| *c == 200));
+    let pod = start_pod(
+        &[("ISTIO_PROMETHEUS_ANNOTATIONS", annotations)],
+        Some(tests::ads::inbound_http(8000, 8080)),
+    );
+    wait_for("ready", Duration::from_secs(30), || {
+        ready(&pod.ns, 15020).filter(|(c, _)| *c == 200)
+    });
     // No application yet: still 200 with the agent's and Envoy's metrics.
     let (code, body) = get(&pod.ns, 15020, "/stats/prometheus").unwrap();
     assert_eq!(code, 200);
     assert!(body.contains("istio_agent_scrapes_total"), "agent lines");
     assert!(body.contains("envoy_server_live"), "Envoy lines");
-    assert!(body.contains("istio_agent_scrape_failures_total{type=\"application\"} 1"), "{body}");
+    assert!(
+        body.contains("istio_agent_scrape_failures_total{type=\"application\"} 1"),
+        "{body}"
+    );
     // Start the application's metrics endpoint.
     let listener = pod.ns.run(|| TcpListener::bind(addr(9090)).unwrap());
     std::thread::spawn(move || {
@@ -183,7 +297,11 @@ fn merged_metrics_hold_agent_envoy_and_app_lines() {
             let mut buf = [0u8; 4096];
             let _ = c.read(&mut buf);
             let body = "# TYPE app_requests_total counter\napp_requests_total 42\n";
-            let _ = write!(c, "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+            let _ = write!(
+                c,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
         }
     });
     let (code, body) = get(&pod.ns, 15020, "/stats/prometheus").unwrap();
@@ -199,16 +317,34 @@ fn bad_proxy_config_stops_start_up_naming_the_field() {
     let dir = PodDir::new(tmp.path(), "", None);
     for (pc, want) in [
         ("{not yaml: [", "PROXY_CONFIG: not valid YAML"),
-        (r#"{"drainDurationX": "5s"}"#, "unknown field `drainDurationX`"),
-        (r#"{"terminationDrainDuration": "soon"}"#, "invalid duration \"soon\""),
+        (
+            r#"{"drainDurationX": "5s"}"#,
+            "unknown field `drainDurationX`",
+        ),
+        (
+            r#"{"terminationDrainDuration": "soon"}"#,
+            "invalid duration \"soon\"",
+        ),
     ] {
-        let env = [("POD_NAMESPACE", "default"), ("SERVICE_ACCOUNT", "app"), ("PROXY_CONFIG", pc)];
+        let env = [
+            ("POD_NAMESPACE", "default"),
+            ("SERVICE_ACCOUNT", "app"),
+            ("PROXY_CONFIG", pc),
+        ];
         let mut agent = spawn_agent(&ns, &dir, &env, &[]);
         let status = wait_for("the agent to stop", Duration::from_secs(10), || {
-            if agent.alive() { None } else { agent.terminate(Duration::from_secs(1)) }
+            if agent.alive() {
+                None
+            } else {
+                agent.terminate(Duration::from_secs(1))
+            }
         });
         assert_eq!(status.code(), Some(255), "{}", agent.log());
-        assert!(agent.log().contains(want), "{want:?} not in:\n{}", agent.log());
+        assert!(
+            agent.log().contains(want),
+            "{want:?} not in:\n{}",
+            agent.log()
+        );
     }
 }
 
@@ -225,12 +361,17 @@ fn missing_envoy_binary_is_one_clear_line() {
     ];
     let mut agent = spawn_agent(&ns, &dir, &env, &[]);
     let status = wait_for("the agent to stop", Duration::from_secs(10), || {
-        if agent.alive() { None } else { agent.terminate(Duration::from_secs(1)) }
+        if agent.alive() {
+            None
+        } else {
+            agent.terminate(Duration::from_secs(1))
+        }
     });
     assert_eq!(status.code(), Some(255));
     let log = agent.log();
-    let lines: Vec<&str> = log.lines().filter(|l| l.contains("/nonexistent/envoy")).collect();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains("\terror\t")).collect();
     assert_eq!(lines.len(), 1, "{log}");
+    assert!(lines[0].contains("/nonexistent/envoy"), "{log}");
     assert!(lines[0].contains("does not exist"), "{log}");
 }
 
@@ -241,8 +382,16 @@ fn unknown_flags_from_newer_templates_are_accepted() {
         Some(tests::ads::inbound_http(8000, 8080)),
         &["--someFutureFlag", "value", "--anotherOne=1"],
     );
-    wait_for("ready", Duration::from_secs(30), || ready(&pod.ns, 15020).filter(|(c, _)| *c == 200));
+    wait_for("ready", Duration::from_secs(30), || {
+        ready(&pod.ns, 15020).filter(|(c, _)| *c == 200)
+    });
     let log = pod.agent.log();
-    assert!(log.contains("ignoring unknown flag --someFutureFlag value"), "{log}");
-    assert!(log.contains("ignoring unknown flag --anotherOne=1"), "{log}");
+    assert!(
+        log.contains("ignoring unknown flag --someFutureFlag value"),
+        "{log}"
+    );
+    assert!(
+        log.contains("ignoring unknown flag --anotherOne=1"),
+        "{log}"
+    );
 }

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::pki;
 use proto::istio_ca::IstioCertificateRequest;
-use tests::envoy::{listener_port, sds_tls_bootstrap};
-use tests::{Envoy, Istiod, PodDir, tls, wait_for};
+use tests::netns::Netns;
+use tests::{Istiod, Pod, PodDir, http_get, wait_for};
 use tonic::Code;
 
 const ISTIOD_ENV: &[(&str, &str)] = &[("ISTIOD_CUSTOM_HOST", "127.0.0.1")];
@@ -27,35 +27,22 @@ fn agent_env<'a>(istiod: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str,
     env
 }
 
-const SLEEP_ID: &str = "spiffe://cluster.local/ns/default/sa/sleep";
-
-/// The Pod's TLS listener presents the agent's certificate once Envoy has it.
-fn wait_served(addr: SocketAddr, root: &str, limit: Duration) -> pki::CertInfo {
-    wait_for("Envoy to serve the workload certificate", limit, || {
-        tls::probe(addr, root, Some(SLEEP_ID))
-            .ok()
-            .map(|(info, _)| info)
-    })
-}
-
 #[test]
 fn envoy_serves_the_workload_certificate_istiod_signed() {
     let tmp = tempfile::tempdir().unwrap();
-    let istiod = Istiod::start(&tmp.path().join("istiod"), ISTIOD_ENV);
+    let ns = Netns::new("pod");
+    let istiod = Istiod::start_in(&ns, &tmp.path().join("istiod"), ISTIOD_ENV);
     let root = istiod.root_pem();
-    let pod = PodDir::new(
+    let dir = PodDir::new(
         &tmp.path().join("pod"),
         &istiod.token("default", "sleep"),
         Some(&root),
     );
     let ca = istiod.grpc.to_string();
-    let _agent = pod.start_agent(&agent_env(&ca, &[("OUTPUT_CERTS", "./out")]));
-    let port = listener_port();
-    let _envoy = Envoy::start(&pod.dir, &sds_tls_bootstrap(port, &pod.sds_socket()));
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let pod = Pod::start(ns, dir, &agent_env(&ca, &[("OUTPUT_CERTS", "./out")]));
 
     let (info, body) = wait_for("a TLS answer", Duration::from_secs(30), || {
-        tls::probe(addr, &root, None).ok()
+        pod.probe(&root, None).ok()
     });
     // The probe verified the chain against istiod's root; check the identity.
     assert_eq!(
@@ -73,7 +60,7 @@ fn envoy_serves_the_workload_certificate_istiod_signed() {
         "lifetime {lifetime}s"
     );
     // OUTPUT_CERTS holds the same certificate, the key private to the agent's user.
-    let out = pod.dir.join("out");
+    let out = pod.dir.dir.join("out");
     let chain = std::fs::read_to_string(out.join("cert-chain.pem")).unwrap();
     let leaf = pki::pem_certs("cert-chain.pem", &chain).unwrap().remove(0);
     assert_eq!(pki::cert_info(&leaf).unwrap().serial, info.serial);
@@ -91,7 +78,7 @@ fn envoy_serves_the_workload_certificate_istiod_signed() {
     // A different root does not accept it.
     let other = tempfile::tempdir().unwrap();
     let other_istiod = Istiod::start(other.path(), ISTIOD_ENV);
-    let err = tls::probe(addr, &other_istiod.root_pem(), None).unwrap_err();
+    let err = pod.probe(&other_istiod.root_pem(), None).unwrap_err();
     assert!(
         err.contains("UnknownIssuer") || err.contains("invalid peer certificate"),
         "{err}"
@@ -101,30 +88,32 @@ fn envoy_serves_the_workload_certificate_istiod_signed() {
 #[test]
 fn short_lived_certificates_rotate_while_envoy_keeps_running() {
     let tmp = tempfile::tempdir().unwrap();
-    let istiod = Istiod::start(&tmp.path().join("istiod"), ISTIOD_ENV);
+    let ns = Netns::new("pod");
+    let istiod = Istiod::start_in(&ns, &tmp.path().join("istiod"), ISTIOD_ENV);
     let root = istiod.root_pem();
-    let pod = PodDir::new(
+    let dir = PodDir::new(
         &tmp.path().join("pod"),
         &istiod.token("default", "sleep"),
         Some(&root),
     );
     let ca = istiod.grpc.to_string();
-    let _agent = pod.start_agent(&agent_env(
-        &ca,
-        &[("SECRET_TTL", "4s"), ("ECC_SIGNATURE_ALGORITHM", "ECDSA")],
-    ));
-    let port = listener_port();
-    let mut envoy = Envoy::start(&pod.dir, &sds_tls_bootstrap(port, &pod.sds_socket()));
-    let envoy_pid = envoy.proc.pid();
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    wait_served(addr, &root, Duration::from_secs(30));
+    let mut pod = Pod::start(
+        ns,
+        dir,
+        &agent_env(
+            &ca,
+            &[("SECRET_TTL", "4s"), ("ECC_SIGNATURE_ALGORITHM", "ECDSA")],
+        ),
+    );
+    pod.wait_served(&root, SLEEP_ID, Duration::from_secs(30));
+    let envoy_pid = pod.envoy_pid().expect("the agent started Envoy");
 
     // Requests for 9 s: a 4 s certificate rotates every ~2 s.
     let mut serials = BTreeSet::new();
     let (mut ok, mut failed) = (0, Vec::new());
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(9) && ok + failed.len() < 2000 {
-        match tls::probe(addr, &root, Some(SLEEP_ID)) {
+        match pod.probe(&root, Some(SLEEP_ID)) {
             Ok((info, body)) if body.ends_with("hello") => {
                 ok += 1;
                 serials.insert(info.serial);
@@ -145,10 +134,61 @@ fn short_lived_certificates_rotate_while_envoy_keeps_running() {
         serials.len() >= 3,
         "expected several rotations, saw serials {serials:?}"
     );
-    assert!(envoy.proc.alive(), "Envoy must keep running");
-    assert_eq!(envoy.proc.pid(), envoy_pid);
-    assert_eq!(envoy.stat("server.hot_restart_epoch"), Some(0));
+    assert!(pod.agent.alive(), "the agent keeps running");
+    assert_eq!(
+        pod.envoy_pid(),
+        Some(envoy_pid),
+        "the same Envoy process serves every certificate"
+    );
+    let (_, stats) = pod
+        .ns
+        .run(|| {
+            http_get(
+                SocketAddr::from(([127, 0, 0, 1], 15000)),
+                "/stats?filter=server.hot_restart_epoch",
+            )
+        })
+        .unwrap();
+    assert!(stats.contains("server.hot_restart_epoch: 0"), "{stats}");
 }
+
+#[test]
+fn agent_waits_for_the_ca_and_envoy_gets_its_certificate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ns = Netns::new("pod");
+    // Create istiod's root, then stop istiod: the Pod starts while the CA is down.
+    let mut istiod = Istiod::start_in(&ns, &tmp.path().join("istiod"), ISTIOD_ENV);
+    let root = istiod.root_pem();
+    let token = istiod.token("default", "sleep");
+    istiod.stop();
+    let dir = PodDir::new(&tmp.path().join("pod"), &token, Some(&root));
+    let ca = istiod.grpc.to_string();
+    let mut pod = Pod::start(ns, dir, &agent_env(&ca, &[]));
+
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        pod.agent.alive(),
+        "the agent keeps retrying:\n{}",
+        pod.agent.log()
+    );
+    assert!(
+        pod.probe(&root, None).is_err(),
+        "no certificate yet, so no TLS"
+    );
+    assert!(
+        pod.agent
+            .log()
+            .contains("no workload certificate yet, retrying"),
+        "{}",
+        pod.agent.log()
+    );
+
+    istiod.restart();
+    let info = pod.wait_served(&root, SLEEP_ID, Duration::from_secs(60));
+    assert_eq!(info.uri_sans, vec![SLEEP_ID.to_string()]);
+}
+
+const SLEEP_ID: &str = "spiffe://cluster.local/ns/default/sa/sleep";
 
 /// A valid CSR for `ns/sa` with a fresh key.
 fn csr(ns: &str, sa: &str) -> String {
@@ -461,37 +501,52 @@ fn istiod_restart_keeps_its_root() {
 }
 
 #[test]
-fn agent_waits_for_the_ca_and_envoy_gets_its_certificate() {
+fn file_mounted_certificates_are_served_and_reloaded() {
     let tmp = tempfile::tempdir().unwrap();
-    // Create istiod's root, then stop istiod: the Pod starts while the CA is down.
-    let mut istiod = Istiod::start(&tmp.path().join("istiod"), ISTIOD_ENV);
+    let istiod = Istiod::start(&tmp.path().join("istiod"), ISTIOD_ENV);
     let root = istiod.root_pem();
-    let token = istiod.token("default", "sleep");
-    istiod.stop();
-    let pod = PodDir::new(&tmp.path().join("pod"), &token, Some(&root));
-    let ca = istiod.grpc.to_string();
-    let mut agent = pod.start_agent(&agent_env(&ca, &[]));
-    let port = listener_port();
-    let _envoy = Envoy::start(&pod.dir, &sds_tls_bootstrap(port, &pod.sds_socket()));
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-
-    std::thread::sleep(Duration::from_secs(3));
-    assert!(agent.alive(), "the agent keeps retrying:\n{}", agent.log());
-    assert!(
-        tls::probe(addr, &root, None).is_err(),
-        "no certificate yet, so no TLS"
+    let dir = PodDir::new(&tmp.path().join("pod"), "", None);
+    let certs = dir.dir.join("etc/certs");
+    std::fs::create_dir_all(&certs).unwrap();
+    let write = |(chain, key, root): &(String, String, String)| {
+        // Replace atomically, as a Secret volume update does.
+        for (name, content) in [
+            ("key.pem", key),
+            ("cert-chain.pem", chain),
+            ("root-cert.pem", root),
+        ] {
+            let tmp = certs.join(format!(".{name}.new"));
+            std::fs::write(&tmp, content).unwrap();
+            std::fs::rename(&tmp, certs.join(name)).unwrap();
+        }
+    };
+    let first = issue(&istiod);
+    write(&first);
+    // No CA is reachable from the Pod: file mode must not need one.
+    let pod = Pod::start(
+        Netns::new("pod"),
+        dir,
+        &agent_env("127.0.0.1:1", &[("FILE_MOUNTED_CERTS", "true")]),
     );
-    assert!(
-        agent
-            .log()
-            .contains("no workload certificate yet, retrying"),
-        "{}",
-        agent.log()
-    );
+    let served = pod.wait_served(&root, SLEEP_ID, Duration::from_secs(30));
+    let first_serial = pki::cert_info(&pki::pem_certs("c", &first.0).unwrap()[0])
+        .unwrap()
+        .serial;
+    assert_eq!(served.serial, first_serial);
 
-    istiod.restart();
-    let info = wait_served(addr, &root, Duration::from_secs(60));
-    assert_eq!(info.uri_sans, vec![SLEEP_ID.to_string()]);
+    let second = issue(&istiod);
+    write(&second);
+    let second_serial = pki::cert_info(&pki::pem_certs("c", &second.0).unwrap()[0])
+        .unwrap()
+        .serial;
+    wait_for(
+        "Envoy to serve the replaced certificate",
+        Duration::from_secs(15),
+        || {
+            let (info, _) = pod.probe(&root, Some(SLEEP_ID)).ok()?;
+            (info.serial == second_serial).then_some(())
+        },
+    );
 }
 
 #[test]
@@ -539,52 +594,4 @@ fn issue(istiod: &Istiod) -> (String, String, String) {
             .cert_chain
     });
     (chain[0].clone(), key.serialize_pem(), chain[1].clone())
-}
-
-#[test]
-fn file_mounted_certificates_are_served_and_reloaded() {
-    let tmp = tempfile::tempdir().unwrap();
-    let istiod = Istiod::start(&tmp.path().join("istiod"), ISTIOD_ENV);
-    let root = istiod.root_pem();
-    let pod = PodDir::new(&tmp.path().join("pod"), "", None);
-    let certs = pod.dir.join("etc/certs");
-    std::fs::create_dir_all(&certs).unwrap();
-    let write = |(chain, key, root): &(String, String, String)| {
-        // Replace atomically, as a Secret volume update does.
-        for (name, content) in [
-            ("key.pem", key),
-            ("cert-chain.pem", chain),
-            ("root-cert.pem", root),
-        ] {
-            let tmp = certs.join(format!(".{name}.new"));
-            std::fs::write(&tmp, content).unwrap();
-            std::fs::rename(&tmp, certs.join(name)).unwrap();
-        }
-    };
-    let first = issue(&istiod);
-    write(&first);
-    // No CA is reachable: file mode must not need one.
-    let _agent = pod.start_agent(&agent_env("127.0.0.1:1", &[("FILE_MOUNTED_CERTS", "true")]));
-    let port = listener_port();
-    let _envoy = Envoy::start(&pod.dir, &sds_tls_bootstrap(port, &pod.sds_socket()));
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let served = wait_served(addr, &root, Duration::from_secs(30));
-    let first_serial = pki::cert_info(&pki::pem_certs("c", &first.0).unwrap()[0])
-        .unwrap()
-        .serial;
-    assert_eq!(served.serial, first_serial);
-
-    let second = issue(&istiod);
-    write(&second);
-    let second_serial = pki::cert_info(&pki::pem_certs("c", &second.0).unwrap()[0])
-        .unwrap()
-        .serial;
-    wait_for(
-        "Envoy to serve the replaced certificate",
-        Duration::from_secs(15),
-        || {
-            let (info, _) = tls::probe(addr, &root, Some(SLEEP_ID)).ok()?;
-            (info.serial == second_serial).then_some(())
-        },
-    );
 }

@@ -1,15 +1,17 @@
-//! The local demo: istiod's CA issues a workload certificate, pilot-agent
-//! serves it to a real Envoy over SDS, and a client watches Envoy present it
-//! over TLS while the certificate rotates.
+//! The local demo: istiod's CA issues a workload certificate; pilot-agent
+//! starts a real Envoy with Istio's bootstrap and serves it the certificate
+//! over SDS; a client watches Envoy present it over TLS while it rotates.
+//! The Pod is a network namespace of its own, so Envoy keeps Istio's ports.
 
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use tests::envoy::{listener_port, sds_tls_bootstrap};
-use tests::{Envoy, Istiod, PodDir, tls, wait_for};
+use tests::netns::Netns;
+use tests::{Istiod, Pod, PodDir, TLS_PORT, wait_for};
+
+const IDENTITY: &str = "spiffe://cluster.local/ns/default/sa/sleep";
 
 fn main() {
     let seconds: u64 = std::env::args()
@@ -17,20 +19,16 @@ fn main() {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(20);
-    let keep = std::env::args().any(|a| a == "--keep");
     let tmp = tempfile::Builder::new()
         .prefix("mesh-demo.")
         .tempdir()
         .unwrap();
-    let root_dir = if keep {
-        tmp.keep()
-    } else {
-        tmp.path().to_path_buf()
-    };
-    println!("demo directory: {}", root_dir.display());
+    println!("demo directory: {}", tmp.path().display());
 
-    let istiod = Istiod::start(
-        &root_dir.join("istiod"),
+    let ns = Netns::new("demo-pod");
+    let istiod = Istiod::start_in(
+        &ns,
+        &tmp.path().join("istiod"),
         &[("ISTIOD_CUSTOM_HOST", "127.0.0.1")],
     );
     println!(
@@ -39,46 +37,55 @@ fn main() {
         istiod.dir.display()
     );
     let root = istiod.root_pem();
-    let token = istiod.token("default", "sleep");
-    let pod = PodDir::new(&root_dir.join("pod-sleep"), &token, Some(&root));
+    let dir = PodDir::new(
+        &tmp.path().join("pod-sleep"),
+        &istiod.token("default", "sleep"),
+        Some(&root),
+    );
     let ca = istiod.grpc.to_string();
-    let _agent = pod.start_agent(&[
-        ("POD_NAME", "sleep-1"),
-        ("POD_NAMESPACE", "default"),
-        ("SERVICE_ACCOUNT", "sleep"),
-        ("CA_ADDR", &ca),
-        ("SECRET_TTL", "10s"),
-    ]);
-    println!(
-        "pilot-agent started for default/sleep with 10s certificates (SDS socket {})",
-        pod.sds_socket().display()
-    );
-    let port = listener_port();
-    let _envoy = Envoy::start(&pod.dir, &sds_tls_bootstrap(port, &pod.sds_socket()));
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    println!(
-        "Envoy started; its TLS listener on {addr} takes `default` and `ROOTCA` from the agent"
-    );
-
-    let first = wait_for(
-        "Envoy to serve a certificate",
-        Duration::from_secs(30),
-        || tls::probe(addr, &root, None).ok(),
+    let pod = Pod::start(
+        ns,
+        dir,
+        &[
+            ("POD_NAME", "sleep-1"),
+            ("POD_NAMESPACE", "default"),
+            ("SERVICE_ACCOUNT", "sleep"),
+            ("CA_ADDR", &ca),
+            ("SECRET_TTL", "10s"),
+        ],
     );
     println!(
-        "Envoy presents: URI SAN {:?}, verified against istiod's root",
-        first.0.uri_sans
+        "pilot-agent started for default/sleep in network namespace {} with 10s certificates; it wrote {} and launched Envoy",
+        pod.ns.name,
+        pod.dir.dir.join("etc/istio/proxy/envoy-rev.json").display()
+    );
+    println!(
+        "(istiod does not serve xDS yet: the demo hands Envoy its TLS listener from a small ADS server of its own on the agent's XDS socket)"
+    );
+    let first = pod.wait_served(&root, IDENTITY, Duration::from_secs(30));
+    println!(
+        "Envoy's TLS listener on :{TLS_PORT} presents URI SAN {:?}, verified against istiod's root",
+        first.uri_sans
+    );
+    let ready = wait_for("readiness", Duration::from_secs(10), || {
+        pod.ns.run(|| {
+            tests::http_get(
+                std::net::SocketAddr::from(([127, 0, 0, 1], 15021)),
+                "/healthz/ready",
+            )
+            .ok()
+        })
+    });
+    println!(
+        "Envoy's :15021/healthz/ready (through the agent's :15020) says {}",
+        ready.0
     );
 
     let mut serials = BTreeSet::new();
     let (mut ok, mut failed) = (0u32, 0u32);
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(seconds) {
-        match tls::probe(
-            addr,
-            &root,
-            Some("spiffe://cluster.local/ns/default/sa/sleep"),
-        ) {
+        match pod.probe(&root, Some(IDENTITY)) {
             Ok((info, _)) => {
                 ok += 1;
                 if serials.insert(info.serial.clone()) {
@@ -100,8 +107,11 @@ fn main() {
         std::thread::sleep(Duration::from_millis(100));
     }
     println!(
-        "summary: {ok} TLS requests answered, {failed} failed, {} certificates seen in {seconds}s, Envoy never restarted",
-        serials.len()
+        "summary: {ok} TLS requests answered, {failed} failed, {} certificates seen in {seconds}s, one Envoy process throughout (pid {})",
+        serials.len(),
+        pod.envoy_pid()
+            .map(|p| p.to_string())
+            .unwrap_or_else(|| "?".into())
     );
     if failed > 0 {
         std::process::exit(1);
