@@ -395,3 +395,87 @@ fn unknown_flags_from_newer_templates_are_accepted() {
         "{log}"
     );
 }
+
+#[test]
+fn wait_request_and_quitquitquit_work_inside_the_pod() {
+    let mut pod = start_pod(&[], Some(tests::ads::inbound_http(8000, 8080)));
+    // `pilot-agent wait` (the postStart hook) returns 0 once Envoy is ready.
+    let out = pod
+        .ns
+        .command(tests::bin("pilot-agent"))
+        .args(["wait", "--timeoutSeconds", "30"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Envoy is ready!"));
+    // `pilot-agent request` reaches Envoy's admin API.
+    let out = pod
+        .ns
+        .command(tests::bin("pilot-agent"))
+        .args(["request", "GET", "server_info"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(info["state"], "LIVE");
+    assert_eq!(
+        info["command_line_options"]["drain_strategy"], "Immediate",
+        "Envoy runs with Istio's command line"
+    );
+    // Only localhost may quit, and only with POST.
+    let get = pod
+        .ns
+        .run(|| http_get(addr(15020), "/quitquitquit"))
+        .unwrap();
+    assert_eq!(get.0, 405);
+    let quit = pod.ns.run(|| {
+        let mut s = TcpStream::connect(addr(15020))?;
+        s.write_all(b"POST /quitquitquit HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+        let mut b = String::new();
+        s.read_to_string(&mut b)?;
+        Ok::<_, std::io::Error>(b)
+    });
+    assert!(quit.unwrap().starts_with("HTTP/1.1 200"));
+    let status = wait_for(
+        "the agent to exit after /quitquitquit",
+        Duration::from_secs(10),
+        || {
+            if pod.agent.alive() {
+                None
+            } else {
+                pod.agent.terminate(Duration::from_secs(1))
+            }
+        },
+    );
+    assert!(status.success(), "{}", pod.agent.log());
+}
+
+#[test]
+fn wait_times_out_with_istios_exit_code() {
+    let out = std::process::Command::new(tests::bin("pilot-agent"))
+        .args([
+            "wait",
+            "--timeoutSeconds",
+            "1",
+            "--periodMillis",
+            "200",
+            "--url",
+            "http://127.0.0.1:1/healthz/ready",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(255));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("timeout waiting for Envoy proxy to become ready. Last error:"),
+        "{err}"
+    );
+}
