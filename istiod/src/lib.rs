@@ -8,6 +8,7 @@ pub mod config;
 pub mod grpc;
 pub mod metrics;
 pub mod token;
+pub mod xds;
 
 /// The version reported by `/version` and `istiod version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
