@@ -16,7 +16,8 @@ pub use proxy::Proxy;
 /// CDS type URL.
 pub const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 /// EDS type URL.
-pub const ENDPOINT_TYPE: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+pub const ENDPOINT_TYPE: &str =
+    "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 /// LDS type URL.
 pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 /// RDS type URL.
@@ -71,7 +72,12 @@ pub trait PushContext: Send + Sync + 'static {
     fn version(&self) -> &str;
     /// Generates `type_url` resources for `proxy`. For named types, `names`
     /// restricts the result; wildcard types ignore it.
-    fn generate(&self, proxy: &Proxy, type_url: &str, names: &BTreeSet<String>) -> Result<Vec<Resource>, String>;
+    fn generate(
+        &self,
+        proxy: &Proxy,
+        type_url: &str,
+        names: &BTreeSet<String>,
+    ) -> Result<Vec<Resource>, String>;
 }
 
 /// What changed in a push.

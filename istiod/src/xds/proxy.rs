@@ -66,13 +66,25 @@ impl Proxy {
             ));
         };
         if !matches!(*proxy_type, "sidecar" | "router" | "waypoint" | "ztunnel") {
-            return Err(format!("invalid node type {proxy_type:?} in node id {:?}", node.id));
+            return Err(format!(
+                "invalid node type {proxy_type:?} in node id {:?}",
+                node.id
+            ));
         }
         let meta = &node.metadata;
         let ips: Vec<String> = get(meta, "INSTANCE_IPS")
-            .map(|s| s.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect())
+            .map(|s| {
+                s.split(',')
+                    .map(|x| x.trim().to_string())
+                    .filter(|x| !x.is_empty())
+                    .collect()
+            })
             .unwrap_or_default();
-        let ips = if ips.is_empty() { vec![ip.to_string()] } else { ips };
+        let ips = if ips.is_empty() {
+            vec![ip.to_string()]
+        } else {
+            ips
+        };
         let namespace = get(meta, "NAMESPACE")
             .filter(|n| !n.is_empty())
             .or_else(|| domain.split('.').next().map(String::from))
@@ -114,14 +126,20 @@ impl Proxy {
     pub fn authorize(&self, identities: &[common::Identity]) -> Result<(), String> {
         let ok = identities.iter().any(|id| {
             id.namespace == self.namespace
-                && self.service_account.as_ref().is_none_or(|sa| &id.service_account == sa)
+                && self
+                    .service_account
+                    .as_ref()
+                    .is_none_or(|sa| &id.service_account == sa)
         });
         if ok {
             Ok(())
         } else {
             Err(format!(
                 "authorization failed: no identity of {:?} matches namespace {:?} and service account {:?}",
-                identities.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                identities
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>(),
                 self.namespace,
                 self.service_account.as_deref().unwrap_or("")
             ))
@@ -139,7 +157,14 @@ mod tests {
             metadata: Some(Struct {
                 fields: meta
                     .iter()
-                    .map(|(k, v)| (k.to_string(), Value { kind: Some(Kind::StringValue(v.to_string())) }))
+                    .map(|(k, v)| {
+                        (
+                            k.to_string(),
+                            Value {
+                                kind: Some(Kind::StringValue(v.to_string())),
+                            },
+                        )
+                    })
                     .collect(),
             }),
             ..Default::default()
@@ -150,23 +175,43 @@ mod tests {
     fn parses_istio_node_ids() {
         let p = Proxy::from_node(&node(
             "sidecar~10.1.2.3~reviews-v1-abc.default~default.svc.cluster.local",
-            &[("SERVICE_ACCOUNT", "reviews"), ("INSTANCE_IPS", "10.1.2.3,fd00::1")],
+            &[
+                ("SERVICE_ACCOUNT", "reviews"),
+                ("INSTANCE_IPS", "10.1.2.3,fd00::1"),
+            ],
         ))
         .unwrap();
         assert_eq!(p.id, "reviews-v1-abc.default");
         assert_eq!(p.namespace, "default");
         assert_eq!(p.ips, ["10.1.2.3", "fd00::1"]);
         assert!(Proxy::from_node(&node("bad", &[])).is_err());
-        assert!(Proxy::from_node(&node("", &[])).unwrap_err().contains("missing node information"));
+        assert!(
+            Proxy::from_node(&node("", &[]))
+                .unwrap_err()
+                .contains("missing node information")
+        );
     }
 
     #[test]
     fn identity_check_like_istio() {
-        let p = Proxy::from_node(&node("sidecar~1.1.1.1~a.ns~ns.svc.cluster.local", &[("NAMESPACE", "ns"), ("SERVICE_ACCOUNT", "sa")])).unwrap();
+        let p = Proxy::from_node(&node(
+            "sidecar~1.1.1.1~a.ns~ns.svc.cluster.local",
+            &[("NAMESPACE", "ns"), ("SERVICE_ACCOUNT", "sa")],
+        ))
+        .unwrap();
         let id = |ns: &str, sa: &str| common::Identity::new("cluster.local", ns, sa);
         assert!(p.authorize(&[id("ns", "sa")]).is_ok(), "single match");
-        assert!(p.authorize(&[id("x", "y"), id("ns", "sa")]).is_ok(), "second match");
-        assert!(p.authorize(&[id("other", "sa")]).is_err(), "no match namespace");
-        assert!(p.authorize(&[id("ns", "other")]).is_err(), "no match service account");
+        assert!(
+            p.authorize(&[id("x", "y"), id("ns", "sa")]).is_ok(),
+            "second match"
+        );
+        assert!(
+            p.authorize(&[id("other", "sa")]).is_err(),
+            "no match namespace"
+        );
+        assert!(
+            p.authorize(&[id("ns", "other")]).is_err(),
+            "no match service account"
+        );
     }
 }

@@ -10,18 +10,22 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use futures::Stream;
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
 use proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
 use proto::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource as DeltaResource,
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+    Resource as DeltaResource,
 };
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, Proxy, PushRequest, Resource, cluster_host, is_wildcard, short_name};
+use super::{
+    CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, Proxy, PushRequest, Resource, cluster_host,
+    is_wildcard, short_name,
+};
 use crate::ca::authn::Authenticators;
 
 /// The xDS metrics, with Istio's names.
@@ -166,7 +170,9 @@ impl DiscoveryServer {
 
     async fn admit<T>(&self, request: &Request<T>) -> Result<Identities, Status> {
         if !*self.inner.ready.borrow() {
-            return Err(Status::unavailable("server is not ready to serve discovery information"));
+            return Err(Status::unavailable(
+                "server is not ready to serve discovery information",
+            ));
         }
         match &self.authn {
             None => Ok(None),
@@ -202,7 +208,11 @@ impl DiscoveryServer {
         if let Ok(mut c) = self.inner.connections.lock() {
             c.insert(id.clone(), status);
         }
-        self.inner.metrics.connections.with_label_values(&[&proxy.istio_version]).inc();
+        self.inner
+            .metrics
+            .connections
+            .with_label_values(&[&proxy.istio_version])
+            .inc();
         id
     }
 
@@ -210,14 +220,21 @@ impl DiscoveryServer {
         if let Ok(mut c) = self.inner.connections.lock() {
             c.remove(id);
         }
-        self.inner.metrics.connections.with_label_values(&[&proxy.istio_version]).dec();
+        self.inner
+            .metrics
+            .connections
+            .with_label_values(&[&proxy.istio_version])
+            .dec();
     }
 
     fn update_status(&self, id: &str, type_url: &str, f: impl FnOnce(&mut TypeStatus)) {
         if let Ok(mut c) = self.inner.connections.lock()
             && let Some(conn) = c.get_mut(id)
         {
-            f(conn.types.entry(short_name(type_url).to_string()).or_default());
+            f(conn
+                .types
+                .entry(short_name(type_url).to_string())
+                .or_default());
         }
     }
 
@@ -227,7 +244,10 @@ impl DiscoveryServer {
 }
 
 /// Validates the first request's node and the caller's identity.
-fn init_proxy(node: Option<&proto::pb::envoy::config::core::v3::Node>, identities: &Identities) -> Result<Proxy, Status> {
+fn init_proxy(
+    node: Option<&proto::pb::envoy::config::core::v3::Node>,
+    identities: &Identities,
+) -> Result<Proxy, Status> {
     let node = node.ok_or_else(|| Status::invalid_argument("missing node information"))?;
     let proxy = Proxy::from_node(node).map_err(Status::invalid_argument)?;
     if let Some(ids) = identities {
@@ -264,10 +284,14 @@ impl SotwConn {
         let t = req.type_url.as_str();
         let metrics = &self.server.inner.metrics;
         if let Some(err) = &req.error_detail {
-            metrics.rejects.with_label_values(&[&short_name(t).to_lowercase()]).inc();
+            metrics
+                .rejects
+                .with_label_values(&[&short_name(t).to_lowercase()])
+                .inc();
             tracing::warn!(target: "ads", "ADS:{}: ACK ERROR {} {}", short_name(t), self.id, err.message);
             let msg = err.message.clone();
-            self.server.update_status(&self.id, t, |s| s.last_error = Some(msg));
+            self.server
+                .update_status(&self.id, t, |s| s.last_error = Some(msg));
             return None;
         }
         let names: BTreeSet<String> = req.resource_names.iter().cloned().collect();
@@ -279,7 +303,13 @@ impl SotwConn {
         let w = self.watches.get(t);
         if req.response_nonce.is_empty() || w.is_none() {
             // Initial request, or a reconnect to this istiod: respond in full.
-            self.watches.insert(t.to_string(), Watch { names: names.clone(), ..Default::default() });
+            self.watches.insert(
+                t.to_string(),
+                Watch {
+                    names: names.clone(),
+                    ..Default::default()
+                },
+            );
             if t == CLUSTER_TYPE
                 && let Some(eds) = self.watches.get_mut(ENDPOINT_TYPE)
             {
@@ -290,7 +320,10 @@ impl SotwConn {
         }
         let w = self.watches.get_mut(t)?;
         if w.nonce_sent.as_deref() != Some(req.response_nonce.as_str()) {
-            metrics.expired_nonce.with_label_values(&[&short_name(t).to_lowercase()]).inc();
+            metrics
+                .expired_nonce
+                .with_label_values(&[&short_name(t).to_lowercase()])
+                .inc();
             tracing::debug!(target: "ads", "ADS:{}: REQ {} expired nonce received {}", short_name(t), self.id, req.response_nonce);
             return None;
         }
@@ -317,7 +350,13 @@ impl SotwConn {
         }
     }
 
-    async fn respond(&mut self, ctx: &PushRequest, type_url: &str, names: &BTreeSet<String>, incremental: bool) -> Result<(), ()> {
+    async fn respond(
+        &mut self,
+        ctx: &PushRequest,
+        type_url: &str,
+        names: &BTreeSet<String>,
+        incremental: bool,
+    ) -> Result<(), ()> {
         let resources: Vec<Resource> = match ctx.ctx.generate(&self.proxy, type_url, names) {
             Ok(r) => r,
             Err(e) => {
@@ -353,22 +392,38 @@ impl SotwConn {
             s.sent_nonce = nonce;
             s.resources = count;
         });
-        self.server.inner.metrics.pushes.with_label_values(&[&short_name(type_url).to_lowercase()]).inc();
+        self.server
+            .inner
+            .metrics
+            .pushes
+            .with_label_values(&[&short_name(type_url).to_lowercase()])
+            .inc();
         self.tx.send(Ok(response)).await.map_err(|_| ())
     }
 
     async fn push(&mut self, req: PushRequest) -> Result<(), ()> {
         // A skipped push (coalesced while this connection was busy) may have
         // carried other changes: treat it as full.
-        let eds_only = if req.seq == self.last_seq + 1 { req.eds_only.clone() } else { None };
+        let eds_only = if req.seq == self.last_seq + 1 {
+            req.eds_only.clone()
+        } else {
+            None
+        };
         self.last_seq = req.seq;
         let inner = self.server.inner.clone();
         let _permit = inner.throttle.acquire().await;
         for t in PUSH_ORDER {
-            let Some(w) = self.watches.get(t) else { continue };
+            let Some(w) = self.watches.get(t) else {
+                continue;
+            };
             let names = match &eds_only {
                 None => w.names.clone(),
-                Some(hosts) if t == ENDPOINT_TYPE => w.names.iter().filter(|n| hosts.contains(cluster_host(n))).cloned().collect(),
+                Some(hosts) if t == ENDPOINT_TYPE => w
+                    .names
+                    .iter()
+                    .filter(|n| hosts.contains(cluster_host(n)))
+                    .cloned()
+                    .collect(),
                 Some(_) => continue,
             };
             if !is_wildcard(t) && names.is_empty() {
@@ -376,7 +431,11 @@ impl SotwConn {
             }
             self.respond(&req, t, &names, eds_only.is_some()).await?;
         }
-        self.server.inner.metrics.convergence.observe(req.start.elapsed().as_secs_f64());
+        self.server
+            .inner
+            .metrics
+            .convergence
+            .observe(req.start.elapsed().as_secs_f64());
         Ok(())
     }
 }
@@ -402,14 +461,31 @@ async fn run_sotw(
     let id = server.register(&proxy, false);
     tracing::info!(target: "ads", "ADS: new connection for node:{id}");
     let mut pushes = server.inner.pushes.clone();
-    let last_seq = pushes.borrow_and_update().as_ref().map(|p| p.seq).unwrap_or(0);
-    let mut conn = SotwConn { server: server.clone(), proxy, id: id.clone(), watches: HashMap::new(), tx, last_seq };
+    let last_seq = pushes
+        .borrow_and_update()
+        .as_ref()
+        .map(|p| p.seq)
+        .unwrap_or(0);
+    let mut conn = SotwConn {
+        server: server.clone(),
+        proxy,
+        id: id.clone(),
+        watches: HashMap::new(),
+        tx,
+        last_seq,
+    };
     let mut next = Some(first);
     loop {
         if let Some(req) = next.take() {
             if let Some(names) = conn.should_respond(&req) {
-                let Some(ctx) = server.current() else { continue };
-                if conn.respond(&ctx, &req.type_url, &names, false).await.is_err() {
+                let Some(ctx) = server.current() else {
+                    continue;
+                };
+                if conn
+                    .respond(&ctx, &req.type_url, &names, false)
+                    .await
+                    .is_err()
+                {
                     break;
                 }
             }
@@ -458,7 +534,10 @@ struct DeltaConn {
 enum DeltaAction {
     None,
     /// Respond; `force` names are sent even if unchanged; `always` sends an empty response too.
-    Respond { force: BTreeSet<String>, always: bool },
+    Respond {
+        force: BTreeSet<String>,
+        always: bool,
+    },
 }
 
 impl DeltaConn {
@@ -466,10 +545,14 @@ impl DeltaConn {
         let t = req.type_url.as_str();
         let metrics = &self.server.inner.metrics;
         if let Some(err) = &req.error_detail {
-            metrics.rejects.with_label_values(&[&short_name(t).to_lowercase()]).inc();
+            metrics
+                .rejects
+                .with_label_values(&[&short_name(t).to_lowercase()])
+                .inc();
             tracing::warn!(target: "ads", "ADS:{}: ACK ERROR {} {}", short_name(t), self.id, err.message);
             let msg = err.message.clone();
-            self.server.update_status(&self.id, t, |s| s.last_error = Some(msg));
+            self.server
+                .update_status(&self.id, t, |s| s.last_error = Some(msg));
             return DeltaAction::None;
         }
         let sub: BTreeSet<String> = req.resource_names_subscribe.iter().cloned().collect();
@@ -489,11 +572,21 @@ impl DeltaConn {
                 }
             }
             self.watches.insert(t.to_string(), w);
-            return DeltaAction::Respond { force: BTreeSet::new(), always: true };
+            return DeltaAction::Respond {
+                force: BTreeSet::new(),
+                always: true,
+            };
         }
-        let Some(w) = self.watches.get_mut(t) else { return DeltaAction::None };
-        if !req.response_nonce.is_empty() && w.nonce_sent.as_deref() != Some(req.response_nonce.as_str()) {
-            metrics.expired_nonce.with_label_values(&[&short_name(t).to_lowercase()]).inc();
+        let Some(w) = self.watches.get_mut(t) else {
+            return DeltaAction::None;
+        };
+        if !req.response_nonce.is_empty()
+            && w.nonce_sent.as_deref() != Some(req.response_nonce.as_str())
+        {
+            metrics
+                .expired_nonce
+                .with_label_values(&[&short_name(t).to_lowercase()])
+                .inc();
             return DeltaAction::None;
         }
         if !req.response_nonce.is_empty() {
@@ -524,11 +617,22 @@ impl DeltaConn {
             // A (re)subscribed name is sent even if the client had it.
             w.sent.remove(n);
         }
-        DeltaAction::Respond { force, always: !sub.is_empty() }
+        DeltaAction::Respond {
+            force,
+            always: !sub.is_empty(),
+        }
     }
 
-    async fn respond(&mut self, ctx: &PushRequest, type_url: &str, only: Option<&BTreeSet<String>>, always: bool) -> Result<(), ()> {
-        let Some(w) = self.watches.get(type_url) else { return Ok(()) };
+    async fn respond(
+        &mut self,
+        ctx: &PushRequest,
+        type_url: &str,
+        only: Option<&BTreeSet<String>>,
+        always: bool,
+    ) -> Result<(), ()> {
+        let Some(w) = self.watches.get(type_url) else {
+            return Ok(());
+        };
         let names: BTreeSet<String> = match only {
             Some(o) => o.clone(),
             None if w.wildcard => BTreeSet::new(),
@@ -544,7 +648,9 @@ impl DeltaConn {
                 return Ok(());
             }
         };
-        let Some(w) = self.watches.get_mut(type_url) else { return Ok(()) };
+        let Some(w) = self.watches.get_mut(type_url) else {
+            return Ok(());
+        };
         let mut changed = Vec::new();
         let mut present = BTreeSet::new();
         for r in generated {
@@ -594,7 +700,12 @@ impl DeltaConn {
             system_version_info: version.clone(),
             resources: changed
                 .into_iter()
-                .map(|(r, v)| DeltaResource { name: r.name, version: v, resource: Some(r.resource), ..Default::default() })
+                .map(|(r, v)| DeltaResource {
+                    name: r.name,
+                    version: v,
+                    resource: Some(r.resource),
+                    ..Default::default()
+                })
                 .collect(),
             type_url: type_url.to_string(),
             removed_resources: removed,
@@ -606,21 +717,37 @@ impl DeltaConn {
             s.sent_nonce = nonce;
             s.resources = count;
         });
-        self.server.inner.metrics.pushes.with_label_values(&[&short_name(type_url).to_lowercase()]).inc();
+        self.server
+            .inner
+            .metrics
+            .pushes
+            .with_label_values(&[&short_name(type_url).to_lowercase()])
+            .inc();
         self.tx.send(Ok(response)).await.map_err(|_| ())
     }
 
     async fn push(&mut self, req: PushRequest) -> Result<(), ()> {
-        let eds_only = if req.seq == self.last_seq + 1 { req.eds_only.clone() } else { None };
+        let eds_only = if req.seq == self.last_seq + 1 {
+            req.eds_only.clone()
+        } else {
+            None
+        };
         self.last_seq = req.seq;
         let inner = self.server.inner.clone();
         let _permit = inner.throttle.acquire().await;
         for t in PUSH_ORDER {
-            let Some(w) = self.watches.get(t) else { continue };
+            let Some(w) = self.watches.get(t) else {
+                continue;
+            };
             match &eds_only {
                 None => self.respond(&req, t, None, false).await?,
                 Some(hosts) if t == ENDPOINT_TYPE => {
-                    let names: BTreeSet<String> = w.subscribed.iter().filter(|n| hosts.contains(cluster_host(n))).cloned().collect();
+                    let names: BTreeSet<String> = w
+                        .subscribed
+                        .iter()
+                        .filter(|n| hosts.contains(cluster_host(n)))
+                        .cloned()
+                        .collect();
                     if !names.is_empty() {
                         self.respond(&req, t, Some(&names), false).await?;
                     }
@@ -628,7 +755,11 @@ impl DeltaConn {
                 Some(_) => {}
             }
         }
-        self.server.inner.metrics.convergence.observe(req.start.elapsed().as_secs_f64());
+        self.server
+            .inner
+            .metrics
+            .convergence
+            .observe(req.start.elapsed().as_secs_f64());
         Ok(())
     }
 }
@@ -654,15 +785,34 @@ async fn run_delta(
     let id = server.register(&proxy, true);
     tracing::info!(target: "ads", "ADS: new delta connection for node:{id}");
     let mut pushes = server.inner.pushes.clone();
-    let last_seq = pushes.borrow_and_update().as_ref().map(|p| p.seq).unwrap_or(0);
-    let mut conn = DeltaConn { server: server.clone(), proxy, id: id.clone(), watches: HashMap::new(), tx, last_seq };
+    let last_seq = pushes
+        .borrow_and_update()
+        .as_ref()
+        .map(|p| p.seq)
+        .unwrap_or(0);
+    let mut conn = DeltaConn {
+        server: server.clone(),
+        proxy,
+        id: id.clone(),
+        watches: HashMap::new(),
+        tx,
+        last_seq,
+    };
     let mut next = Some(first);
     loop {
         if let Some(req) = next.take() {
             if let DeltaAction::Respond { force, always } = conn.on_request(&req) {
-                let Some(ctx) = server.current() else { continue };
-                let only = (!force.is_empty() && !conn.watches.get(&req.type_url).is_some_and(|w| w.wildcard)).then_some(&force);
-                if conn.respond(&ctx, &req.type_url, only, always).await.is_err() {
+                let Some(ctx) = server.current() else {
+                    continue;
+                };
+                let only = (!force.is_empty()
+                    && !conn.watches.get(&req.type_url).is_some_and(|w| w.wildcard))
+                .then_some(&force);
+                if conn
+                    .respond(&ctx, &req.type_url, only, always)
+                    .await
+                    .is_err()
+                {
                     break;
                 }
                 if req.type_url == CLUSTER_TYPE && conn.watches.contains_key(ENDPOINT_TYPE) {
@@ -670,7 +820,11 @@ async fn run_delta(
                     if let Some(w) = conn.watches.get_mut(ENDPOINT_TYPE) {
                         w.sent.clear();
                     }
-                    if conn.respond(&ctx, ENDPOINT_TYPE, None, false).await.is_err() {
+                    if conn
+                        .respond(&ctx, ENDPOINT_TYPE, None, false)
+                        .await
+                        .is_err()
+                    {
                         break;
                     }
                 }
@@ -720,8 +874,12 @@ impl AggregatedDiscoveryService for DiscoveryServer {
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
         let identities = self.admit(&request).await?;
         let (tx, rx) = mpsc::channel(16);
-        tokio::spawn(run_delta(self.clone(), identities, request.into_inner(), tx));
+        tokio::spawn(run_delta(
+            self.clone(),
+            identities,
+            request.into_inner(),
+            tx,
+        ));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
-
