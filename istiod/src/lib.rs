@@ -7,6 +7,7 @@ pub mod ca;
 pub mod config;
 pub mod grpc;
 pub mod metrics;
+pub mod push;
 pub mod token;
 pub mod xds;
 
