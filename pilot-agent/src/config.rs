@@ -87,6 +87,11 @@ pub const ENV_KUBE_APP_PROBERS: &str = "ISTIO_KUBE_APP_PROBERS";
 /// `ISTIO_PROMETHEUS_ANNOTATIONS`: the application's scrape target (JSON).
 pub const ENV_PROMETHEUS_ANNOTATIONS: &str = "ISTIO_PROMETHEUS_ANNOTATIONS";
 
+/// `XDS_ROOT_CA`: root for the istiod xDS connection (`SYSTEM` = OS roots).
+pub const ENV_XDS_ROOT_CA: &str = "XDS_ROOT_CA";
+/// `XDS_HEADER_<NAME>`: extra gRPC metadata on the upstream xDS stream.
+pub const ENV_XDS_HEADER_PREFIX: &str = "XDS_HEADER_";
+
 /// Istio's discovery address default.
 pub const DEFAULT_DISCOVERY_ADDRESS: &str = "istiod.istio-system.svc:15012";
 /// Istio's projected token path.
@@ -264,6 +269,15 @@ pub struct Config {
     pub sts_port: u16,
     /// `--serviceCluster`.
     pub service_cluster_flag: String,
+    /// TLS server name verified for istiod's xDS (`ISTIOD_SAN`, else the
+    /// discovery host, `localhost` meaning `istiod.istio-system.svc`).
+    pub xds_server_name: String,
+    /// Root bundle for the xDS connection; `None` for plaintext (`controlPlaneAuthPolicy: NONE`).
+    pub xds_root_path: Option<PathBuf>,
+    /// Extra upstream xDS headers (`XDS_HEADER_*`).
+    pub xds_headers: Vec<(String, String)>,
+    /// The xDS proxy's socket (`<configPath>/XDS`).
+    pub xds_socket: PathBuf,
 }
 
 fn host_of(addr: &str) -> String {
@@ -562,6 +576,33 @@ impl Config {
                 metadata_env.push((key.to_string(), v));
             }
         }
+        let discovery_host = host_of(&discovery_address);
+        let xds_server_name = match &istiod_san {
+            Some(san) => san.clone(),
+            None if discovery_host.contains("localhost") => "istiod.istio-system.svc".to_string(),
+            None => discovery_host,
+        };
+        let xds_root_path = if proxy.control_plane_auth_policy.as_deref() == Some("NONE") {
+            None
+        } else if let Some(root) = r.opt_string(ENV_XDS_ROOT_CA) {
+            if root == "SYSTEM" {
+                SYSTEM_ROOTS.iter().find(|p| PathBuf::from(p).is_file()).map(PathBuf::from)
+            } else {
+                Some(PathBuf::from(root))
+            }
+        } else if PathBuf::from(FILE_CERTS_DIR).join("root-cert.pem").is_file() {
+            Some(PathBuf::from(FILE_CERTS_DIR).join("root-cert.pem"))
+        } else if let Some(p) = &prov_cert {
+            Some(PathBuf::from(p).join("root-cert.pem"))
+        } else {
+            Some(PathBuf::from(DEFAULT_ROOT_CERT_PATH))
+        };
+        let xds_headers = r
+            .prefixed(ENV_XDS_HEADER_PREFIX)
+            .into_iter()
+            .map(|(k, v)| (k.to_ascii_lowercase(), v))
+            .collect();
+        let xds_socket = PathBuf::from(proxy.config_path()).join("XDS");
         let app_probers = r.opt_string(ENV_KUBE_APP_PROBERS);
         let prometheus_annotations = r.opt_string(ENV_PROMETHEUS_ANNOTATIONS);
         r.finish()?;
@@ -611,6 +652,10 @@ impl Config {
             outlier_log_path: args.outlier_log_path.clone(),
             sts_port: args.sts_port,
             service_cluster_flag: args.service_cluster.clone(),
+            xds_server_name,
+            xds_root_path,
+            xds_headers,
+            xds_socket,
         })
     }
 

@@ -11,6 +11,7 @@ pub mod proxy_config;
 pub mod sds;
 pub mod secret_manager;
 pub mod status;
+pub mod xds_proxy;
 
 /// The agent's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
