@@ -6,6 +6,7 @@ pub mod ca_client;
 pub mod config;
 pub mod sds;
 pub mod secret_manager;
+pub mod status;
 
 /// The agent's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
