@@ -567,7 +567,7 @@ fn parse_scrape_targets(
         if let Some((_, reason)) = RESERVED_PORTS.iter().find(|(p, _)| *p == port) {
             errors.push(ConfigError::ReservedScrapePort {
                 port: t.port,
-                reason: *reason,
+                reason,
             });
             continue;
         }
@@ -746,9 +746,12 @@ impl StatusState {
         if !errors.is_empty() {
             return Err(StatusError::Config(errors));
         }
+        // Istio: an IPv6 Pod IP (not link-local, not IPv4-mapped) means an
+        // IPv6 loopback, even without the IPv6 option.
         let instance_ip = options.instance_ip.parse::<IpAddr>().ok();
         let ipv6 = options.ipv6
-            || matches!(instance_ip, Some(IpAddr::V6(ip)) if !ip.is_unicast_link_local());
+            || matches!(instance_ip, Some(IpAddr::V6(ip))
+                if ip.to_ipv4_mapped().is_none() && !ip.is_unicast_link_local());
         let localhost = if ipv6 {
             IpAddr::V6(Ipv6Addr::LOCALHOST)
         } else {
@@ -2653,21 +2656,20 @@ mod tests {
         assert!(agent < envoy_at && envoy_at < app_at, "{body}");
         assert!(body.ends_with(APP_METRICS));
 
-        let envoy_seen = envoy_seen.lock().unwrap();
-        assert_eq!(envoy_seen[0].0, "/stats/prometheus?usedonly");
+        // The fakes lock these lists too: release them before scraping again.
+        let envoy_seen = envoy_seen.lock().unwrap().remove(0);
+        assert_eq!(envoy_seen.0, "/stats/prometheus?usedonly");
         assert_eq!(
-            envoy_seen[0].1[header::ACCEPT],
+            envoy_seen.1[header::ACCEPT],
             "text/plain;version=0.0.4;q=0.3, text/plain;version=0.0.4;q=0.1"
         );
-        assert_eq!(envoy_seen[0].1[header::USER_AGENT], "Prometheus/3.0");
-        assert_eq!(envoy_seen[0].1[SCRAPE_TIMEOUT_HEADER], "10");
-        let app_seen = app_seen.lock().unwrap();
-        assert_eq!(app_seen[0].0, "/metrics");
-        assert!(
-            !app_seen[0].1[header::ACCEPT]
-                .to_str()
-                .unwrap()
-                .contains("protobuf")
+        assert_eq!(envoy_seen.1[header::USER_AGENT], "Prometheus/3.0");
+        assert_eq!(envoy_seen.1[SCRAPE_TIMEOUT_HEADER], "10");
+        let app_seen = app_seen.lock().unwrap().remove(0);
+        assert_eq!(app_seen.0, "/metrics");
+        assert_eq!(
+            app_seen.1[header::ACCEPT],
+            "text/plain;version=0.0.4;q=0.3, text/plain;version=0.0.4;q=0.1"
         );
 
         // `/metrics` is the same endpoint.
@@ -3623,6 +3625,10 @@ mod tests {
         assert_eq!(localhost("", false), IpAddr::V4(Ipv4Addr::LOCALHOST));
         assert_eq!(localhost("fd00::1", false), IpAddr::V6(Ipv6Addr::LOCALHOST));
         assert_eq!(localhost("fe80::1", false), IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert_eq!(
+            localhost("::ffff:10.0.0.1", false),
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        );
         assert_eq!(localhost("10.0.0.1", true), IpAddr::V6(Ipv6Addr::LOCALHOST));
     }
 
