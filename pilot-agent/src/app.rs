@@ -149,8 +149,19 @@ pub async fn build(config: Arc<Config>, run: RunOptions) -> anyhow::Result<Bound
     {
         let status = status.clone();
         let rx = shutdown_rx.clone();
+        // Istio closes :15020 as soon as the agent terminates, so kubelet's
+        // probes through Envoy's :15021 fail from then on.
+        let terminated = {
+            let status = status.clone();
+            async move {
+                tokio::select! {
+                    _ = status.terminated() => {}
+                    _ = shutdown_signal(rx) => {}
+                }
+            }
+        };
         tasks.spawn(async move {
-            crate::status::serve(status_listener, status, shutdown_signal(rx))
+            crate::status::serve(status_listener, status, terminated)
                 .await
                 .context("status server")
         });
@@ -200,7 +211,30 @@ pub async fn build(config: Arc<Config>, run: RunOptions) -> anyhow::Result<Bound
     });
     tracing::info!(target: "sds", "SDS server for workload certificates started, listening on {:?}", config.sds_socket);
 
-    // 3. The bootstrap, then Envoy.
+    // 3. The xDS proxy Envoy connects to.
+    let xds_listener = bind_uds(&config.xds_socket).with_context(|| {
+        format!(
+            "cannot listen on the xDS proxy socket {}",
+            config.xds_socket.display()
+        )
+    })?;
+    let xds = crate::xds_proxy::XdsProxy::new(config.clone(), secrets.clone(), None).into_service();
+    let rx = shutdown_rx.clone();
+    tasks.spawn(async move {
+        tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+            .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
+            .add_service(xds)
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::UnixListenerStream::new(xds_listener),
+                shutdown_signal(rx),
+            )
+            .await
+            .context("xDS proxy")
+    });
+    tracing::info!(target: "xdsproxy", "xDS proxy listening on {:?}, forwarding to {}", config.xds_socket, config.discovery_address);
+
+    // 4. The bootstrap, then Envoy.
     let bootstrap = crate::agent_bootstrap::write(&config, run.log_as_json)?;
     let generated = config
         .proxy

@@ -586,11 +586,17 @@ impl Config {
             None
         } else if let Some(root) = r.opt_string(ENV_XDS_ROOT_CA) {
             if root == "SYSTEM" {
-                SYSTEM_ROOTS.iter().find(|p| PathBuf::from(p).is_file()).map(PathBuf::from)
+                SYSTEM_ROOTS
+                    .iter()
+                    .find(|p| PathBuf::from(p).is_file())
+                    .map(PathBuf::from)
             } else {
                 Some(PathBuf::from(root))
             }
-        } else if PathBuf::from(FILE_CERTS_DIR).join("root-cert.pem").is_file() {
+        } else if PathBuf::from(FILE_CERTS_DIR)
+            .join("root-cert.pem")
+            .is_file()
+        {
             Some(PathBuf::from(FILE_CERTS_DIR).join("root-cert.pem"))
         } else if let Some(p) = &prov_cert {
             Some(PathBuf::from(p).join("root-cert.pem"))

@@ -824,8 +824,13 @@ impl StatusState {
     /// `/quitquitquit`) and returns the cause.
     pub async fn terminated(&self) -> String {
         let mut rx = self.termination.subscribe();
-        match rx.wait_for(Option::is_some).await {
-            Ok(cause) => cause.clone().unwrap_or_default(),
+        // Take the value out before awaiting again: the watch guard is not Send.
+        let cause = rx
+            .wait_for(Option::is_some)
+            .await
+            .map(|c| c.clone().unwrap_or_default());
+        match cause {
+            Ok(cause) => cause,
             // The sender lives in `self`, so this cannot happen.
             Err(_) => std::future::pending().await,
         }

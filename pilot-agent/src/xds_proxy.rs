@@ -48,13 +48,18 @@ pub struct XdsProxy {
 }
 
 fn forwardable(type_url: &str) -> bool {
-    type_url.starts_with("type.googleapis.com/envoy.") || type_url == "type.googleapis.com/istio.workload.Workload"
+    type_url.starts_with("type.googleapis.com/envoy.")
+        || type_url == "type.googleapis.com/istio.workload.Workload"
 }
 
 impl XdsProxy {
     /// A proxy to the discovery address in `config`.
     pub fn new(config: Arc<Config>, secrets: SecretWatch, nds: Option<NdsHandler>) -> Self {
-        Self { config, secrets, nds }
+        Self {
+            config,
+            secrets,
+            nds,
+        }
     }
 
     /// The tonic service for Envoy's socket.
@@ -75,14 +80,17 @@ impl XdsProxy {
                 let root = root.clone();
                 let secret = current.clone();
                 let source: common::tls::ClientConfigSource = Arc::new(move || {
-                    let pem = std::fs::read_to_string(&root).map_err(|e| common::tls::TlsError::Root {
-                        what: root.display().to_string(),
-                        reason: format!("root CA file for XDS cannot be read: {e}"),
+                    let pem = std::fs::read_to_string(&root).map_err(|e| {
+                        common::tls::TlsError::Root {
+                            what: root.display().to_string(),
+                            reason: format!("root CA file for XDS cannot be read: {e}"),
+                        }
                     })?;
                     let store = common::tls::root_store(&root.display().to_string(), &pem)?;
                     let client = match &secret {
                         Some(s) => {
-                            let chain: Vec<CertificateDer<'static>> = common::pki::pem_certs("workload certificate", &s.cert_chain_pem)?;
+                            let chain: Vec<CertificateDer<'static>> =
+                                common::pki::pem_certs("workload certificate", &s.cert_chain_pem)?;
                             let key = <PrivateKeyDer<'static> as rustls::pki_types::pem::PemObject>::from_pem_slice(s.key_pem.as_bytes())
                                 .map_err(|e| common::tls::TlsError::Root { what: "workload key".into(), reason: e.to_string() })?;
                             Some((chain, key))
@@ -91,8 +99,13 @@ impl XdsProxy {
                     };
                     Ok(Arc::new(common::tls::grpc_client_config(store, client)?))
                 });
-                let name = ServerName::try_from(self.config.xds_server_name.clone())
-                    .map_err(|e| Status::internal(format!("istiod server name {:?}: {e}", self.config.xds_server_name)))?;
+                let name =
+                    ServerName::try_from(self.config.xds_server_name.clone()).map_err(|e| {
+                        Status::internal(format!(
+                            "istiod server name {:?}: {e}",
+                            self.config.xds_server_name
+                        ))
+                    })?;
                 Some((source, name))
             }
         };
@@ -107,7 +120,10 @@ impl XdsProxy {
     fn decorate<T>(&self, req: &mut Request<T>, with_cert: bool) {
         let md = req.metadata_mut();
         let mut put = |k: &str, v: &str| {
-            if let (Ok(k), Ok(v)) = (MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes()), AsciiMetadataValue::try_from(v)) {
+            if let (Ok(k), Ok(v)) = (
+                MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes()),
+                AsciiMetadataValue::try_from(v),
+            ) {
                 md.insert(k, v);
             }
         };
@@ -161,7 +177,11 @@ impl AggregatedDiscoveryService for XdsProxy {
                 if first_lds {
                     lds_seen = true;
                     if dns {
-                        let _ = reader_tx.send(DiscoveryRequest { type_url: NAME_TABLE_TYPE.into(), node, ..Default::default() });
+                        let _ = reader_tx.send(DiscoveryRequest {
+                            type_url: NAME_TABLE_TYPE.into(),
+                            node,
+                            ..Default::default()
+                        });
                     }
                 }
             }
@@ -187,11 +207,20 @@ impl AggregatedDiscoveryService for XdsProxy {
                             continue;
                         }
                         let ack = match this.handle_nds(&resp.resources) {
-                            Ok(()) => DiscoveryRequest { type_url: resp.type_url.clone(), version_info: resp.version_info.clone(), response_nonce: resp.nonce.clone(), ..Default::default() },
+                            Ok(()) => DiscoveryRequest {
+                                type_url: resp.type_url.clone(),
+                                version_info: resp.version_info.clone(),
+                                response_nonce: resp.nonce.clone(),
+                                ..Default::default()
+                            },
                             Err(e) => DiscoveryRequest {
                                 type_url: resp.type_url.clone(),
                                 response_nonce: resp.nonce.clone(),
-                                error_detail: Some(proto::pb::google::rpc::Status { code: 13, message: e, details: vec![] }),
+                                error_detail: Some(proto::pb::google::rpc::Status {
+                                    code: 13,
+                                    message: e,
+                                    details: vec![],
+                                }),
                                 ..Default::default()
                             },
                         };
@@ -202,7 +231,9 @@ impl AggregatedDiscoveryService for XdsProxy {
                             break;
                         }
                     }
-                    Ok(Some(resp)) => tracing::debug!(target: "xdsproxy", "dropping response of type {}", resp.type_url),
+                    Ok(Some(resp)) => {
+                        tracing::debug!(target: "xdsproxy", "dropping response of type {}", resp.type_url)
+                    }
                     Ok(None) => break,
                     Err(status) => {
                         tracing::info!(target: "xdsproxy", "upstream terminated: {}", status.message());
@@ -235,7 +266,11 @@ impl AggregatedDiscoveryService for XdsProxy {
                 if first_lds {
                     lds_seen = true;
                     if dns {
-                        let _ = reader_tx.send(DeltaDiscoveryRequest { type_url: NAME_TABLE_TYPE.into(), node, ..Default::default() });
+                        let _ = reader_tx.send(DeltaDiscoveryRequest {
+                            type_url: NAME_TABLE_TYPE.into(),
+                            node,
+                            ..Default::default()
+                        });
                     }
                 }
             }
@@ -257,22 +292,36 @@ impl AggregatedDiscoveryService for XdsProxy {
             loop {
                 match responses.message().await {
                     Ok(Some(resp)) if resp.type_url == NAME_TABLE_TYPE => {
-                        let tables: Vec<Any> = resp.resources.iter().filter_map(|r| r.resource.clone()).collect();
+                        let tables: Vec<Any> = resp
+                            .resources
+                            .iter()
+                            .filter_map(|r| r.resource.clone())
+                            .collect();
                         if tables.is_empty() {
                             continue;
                         }
-                        let error_detail = this
-                            .handle_nds(&tables)
-                            .err()
-                            .map(|e| proto::pb::google::rpc::Status { code: 13, message: e, details: vec![] });
-                        let _ = up_tx.send(DeltaDiscoveryRequest { type_url: resp.type_url.clone(), response_nonce: resp.nonce.clone(), error_detail, ..Default::default() });
+                        let error_detail = this.handle_nds(&tables).err().map(|e| {
+                            proto::pb::google::rpc::Status {
+                                code: 13,
+                                message: e,
+                                details: vec![],
+                            }
+                        });
+                        let _ = up_tx.send(DeltaDiscoveryRequest {
+                            type_url: resp.type_url.clone(),
+                            response_nonce: resp.nonce.clone(),
+                            error_detail,
+                            ..Default::default()
+                        });
                     }
                     Ok(Some(resp)) if forwardable(&resp.type_url) => {
                         if tx.send(Ok(resp)).await.is_err() {
                             break;
                         }
                     }
-                    Ok(Some(resp)) => tracing::debug!(target: "xdsproxy", "dropping response of type {}", resp.type_url),
+                    Ok(Some(resp)) => {
+                        tracing::debug!(target: "xdsproxy", "dropping response of type {}", resp.type_url)
+                    }
                     Ok(None) => break,
                     Err(status) => {
                         tracing::info!(target: "xdsproxy", "upstream terminated: {}", status.message());

@@ -372,3 +372,26 @@ pub fn sds_tls_listener(port: u16) -> Resources {
         any(&listener),
     )])
 }
+
+/// Serves `resources` on a TCP listener (made inside a Pod's network with
+/// [`crate::netns::Netns::run`]), as a plaintext upstream for the agent's xDS
+/// proxy (`discoveryAddress` on it with `controlPlaneAuthPolicy: NONE`).
+pub fn serve_tcp(listener: std::net::TcpListener, resources: Resources) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(AggregatedDiscoveryServiceServer::new(Ads(Arc::new(
+                resources,
+            ))))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    Ok(())
+}
+
+/// The port the tests' ADS server listens on inside a Pod (Istio's plaintext xDS port).
+pub const ADS_PORT: u16 = 15010;
+
+/// The ProxyConfig fields that point the agent at the tests' ADS server.
+pub const PROXY_CONFIG_FIELDS: &str =
+    r#""discoveryAddress": "127.0.0.1:15010", "controlPlaneAuthPolicy": "NONE""#;

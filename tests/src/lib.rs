@@ -424,7 +424,11 @@ impl PodDir {
     /// Starts `pilot-agent proxy sidecar` in the Pod's network namespace with
     /// `env`; the agent launches the real Envoy with Istio's bootstrap.
     pub fn start_agent_in(&self, ns: &netns::Netns, env: &[(&str, &str)]) -> Proc {
-        let proxy_config = format!(r#"{{"binaryPath": "{}"}}"#, envoy_bin().display());
+        let proxy_config = format!(
+            r#"{{"binaryPath": "{}", {}}}"#,
+            envoy_bin().display(),
+            ads::PROXY_CONFIG_FIELDS
+        );
         let mut cmd = ns.command(bin("pilot-agent"));
         cmd.current_dir(&self.dir)
             .args(["proxy", "sidecar", "--concurrency", "1"])
@@ -475,8 +479,9 @@ impl Pod {
             .enable_all()
             .build()
             .unwrap();
-        let xds = dir.xds_socket();
-        rt.block_on(async { ads::serve_uds(&xds, ads::sds_tls_listener(TLS_PORT)).unwrap() });
+        let listener =
+            ns.run(|| std::net::TcpListener::bind(("127.0.0.1", ads::ADS_PORT)).unwrap());
+        rt.block_on(async { ads::serve_tcp(listener, ads::sds_tls_listener(TLS_PORT)).unwrap() });
         let agent = dir.start_agent_in(&ns, env);
         Pod {
             ns,

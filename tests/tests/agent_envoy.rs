@@ -48,12 +48,12 @@ fn start_pod_with(
         .build()
         .unwrap();
     if let Some(res) = ads {
-        let path = dir.dir.join("etc/istio/proxy/XDS");
-        rt.block_on(async { tests::ads::serve_uds(&path, res).unwrap() });
+        serve_ads(&ns, &rt, res);
     }
     let envoy = envoy_bin().display().to_string();
     let proxy_config = format!(
-        r#"{{"binaryPath": "{envoy}", "drainDuration": "1s", "terminationDrainDuration": "4s"}}"#
+        r#"{{"binaryPath": "{envoy}", "drainDuration": "1s", "terminationDrainDuration": "4s", {}}}"#,
+        tests::ads::PROXY_CONFIG_FIELDS
     );
     let mut env: Vec<(&str, &str)> = vec![
         ("POD_NAME", "app-1"),
@@ -72,6 +72,12 @@ fn start_pod_with(
         _tmp: tmp,
         _rt: rt,
     }
+}
+
+/// Serves `res` as the Pod's upstream xDS server (standing in for istiod).
+fn serve_ads(ns: &Netns, rt: &tokio::runtime::Runtime, res: tests::ads::Resources) {
+    let listener = ns.run(|| TcpListener::bind(("127.0.0.1", tests::ads::ADS_PORT)).unwrap());
+    rt.block_on(async { tests::ads::serve_tcp(listener, res).unwrap() });
 }
 
 fn spawn_agent(ns: &Netns, dir: &PodDir, env: &[(&str, &str)], args: &[&str]) -> Proc {
@@ -134,11 +140,9 @@ fn readiness_turns_200_only_after_cds_and_lds() {
         "DELTA_GRPC"
     );
 
-    // Now serve CDS and LDS on the agent's XDS socket: both ports turn 200.
-    let path = pod.dir.dir.join("etc/istio/proxy/XDS");
-    pod._rt.block_on(async {
-        tests::ads::serve_uds(&path, tests::ads::inbound_http(8000, 8080)).unwrap()
-    });
+    // Now istiod (the tests' ADS server) comes up: through the agent's xDS
+    // proxy Envoy gets CDS and LDS, and both ports turn 200.
+    serve_ads(&pod.ns, &pod._rt, tests::ads::inbound_http(8000, 8080));
     wait_for("15020 ready", Duration::from_secs(30), || {
         ready(&pod.ns, 15020).filter(|(c, _)| *c == 200)
     });
