@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
-use axum::http::StatusCode;
 use axum::routing::get;
 use proto::istio_ca::istio_certificate_service_server::IstioCertificateServiceServer;
 use rustls::pki_types::PrivateKeyDer;
@@ -30,6 +29,8 @@ pub struct Bound {
     pub http_addr: Option<SocketAddr>,
     /// The monitoring address.
     pub monitoring_addr: Option<SocketAddr>,
+    /// The plaintext xDS address.
+    pub grpc_addr: Option<SocketAddr>,
     /// The CA root bundle (what `istio-ca-root-cert` carries).
     pub root_pem: String,
     shutdown: watch::Sender<bool>,
@@ -154,6 +155,33 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         jwt,
     };
 
+    // The xDS server, fed by the push pipeline; it refuses streams until ready.
+    let xds_metrics = crate::xds::server::XdsMetrics::new(&registry)?;
+    let push_metrics = crate::push::PushMetrics::new(&registry)?;
+    let (ready_tx, ready_rx) = watch::channel(false);
+    let (push_tx, push_rx) = watch::channel(None);
+    let xds = crate::xds::server::DiscoveryServer::new(ready_rx.clone(), push_rx, xds_metrics, config.push_throttle);
+    let sources = crate::generate::start_sources(&config).await?;
+    let configz = sources.configz.clone();
+    {
+        let pushes = push_tx;
+        let builder = sources.builder;
+        let changes = sources.changes;
+        let (after, max) = (config.debounce_after, config.debounce_max);
+        let mut synced = sources.synced;
+        tokio::spawn(async move {
+            // Istio serves no xDS until its caches are synced and the first
+            // push context exists.
+            let _ = synced.wait_for(|s| *s).await;
+            let mut builder = builder;
+            let ctx = crate::push::ContextBuilder::build(&mut builder, crate::push::push_version(1));
+            pushes.send_replace(Some(crate::xds::PushRequest { seq: 1, ctx, eds_only: None, start: std::time::Instant::now() }));
+            let _ = ready_tx.send(true);
+            tracing::info!(target: "ads", "caches synced and first push context built: serving xDS");
+            crate::push::run(changes, builder, pushes, after, max, push_metrics).await;
+        });
+    }
+
     let mut secure_grpc_addr = None;
     if let Some(addr) = config.secure_grpc_addr {
         let listener = bind(addr, "the secure gRPC server (--secureGRPCAddr)").await?;
@@ -168,7 +196,9 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         if let Some(age) = config.max_connection_age {
             builder = builder.max_connection_age(age);
         }
-        let router = builder.add_service(IstioCertificateServiceServer::new(ca));
+        let router = builder
+            .add_service(IstioCertificateServiceServer::new(ca))
+            .add_service(xds.with_authn(authenticators.clone()).into_service());
         let rx = shutdown_rx.clone();
         tasks.spawn(async move {
             router
@@ -182,12 +212,33 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         );
     }
 
+    let mut grpc_addr = None;
+    if let Some(addr) = config.grpc_addr {
+        let listener = bind(addr, "the plaintext gRPC server (--grpcAddr)").await?;
+        grpc_addr = Some(listener.local_addr()?);
+        let router = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(config.keepalive_interval))
+            .http2_keepalive_timeout(Some(config.keepalive_timeout))
+            .add_service(xds.clone().into_service());
+        let rx = shutdown_rx.clone();
+        tasks.spawn(async move {
+            router
+                .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown_signal(rx))
+                .await
+                .context("plaintext gRPC server")
+        });
+        tracing::info!("starting gRPC discovery service (plaintext) at {}", grpc_addr.unwrap_or(addr));
+    }
+
     let mut http_addr = None;
     if let Some(addr) = config.http_addr {
         let listener = bind(addr, "the HTTP server (--httpAddr)").await?;
         http_addr = Some(listener.local_addr()?);
-        // Everything /ready waits for is done by the time we get here.
-        let app = Router::new().route("/ready", get(|| async { (StatusCode::OK, "") }));
+        let app = crate::debug::router(crate::debug::DebugState {
+            xds: xds.clone(),
+            ready: ready_rx.clone(),
+            configz,
+        });
         let rx = shutdown_rx.clone();
         tasks.spawn(async move {
             axum::serve(listener, app)
@@ -229,6 +280,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         secure_grpc_addr,
         http_addr,
         monitoring_addr,
+        grpc_addr,
         root_pem,
         shutdown,
         tasks,

@@ -31,6 +31,13 @@ pub const ENV_POD_NAMESPACE: &str = "POD_NAMESPACE";
 /// `XDS_AUTH`: authenticate CA and xDS callers (true).
 pub const ENV_XDS_AUTH: &str = "XDS_AUTH";
 
+/// `PILOT_DEBOUNCE_AFTER`: quiet time before a push (100ms).
+pub const ENV_DEBOUNCE_AFTER: &str = "PILOT_DEBOUNCE_AFTER";
+/// `PILOT_DEBOUNCE_MAX`: longest a push waits for quiet (10s).
+pub const ENV_DEBOUNCE_MAX: &str = "PILOT_DEBOUNCE_MAX";
+/// `PILOT_PUSH_THROTTLE`: pushes generated at once (100).
+pub const ENV_PUSH_THROTTLE: &str = "PILOT_PUSH_THROTTLE";
+
 /// Default for `DEFAULT_WORKLOAD_CERT_TTL`.
 pub const DEFAULT_WORKLOAD_CERT_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Default for `MAX_WORKLOAD_CERT_TTL`.
@@ -169,6 +176,14 @@ pub struct Config {
     pub max_connection_age: Option<Duration>,
     /// Graceful shutdown limit.
     pub shutdown_duration: Duration,
+    /// `PILOT_DEBOUNCE_AFTER`.
+    pub debounce_after: Duration,
+    /// `PILOT_DEBOUNCE_MAX`.
+    pub debounce_max: Duration,
+    /// `PILOT_PUSH_THROTTLE`.
+    pub push_throttle: usize,
+    /// `--configDir`, if set.
+    pub config_dir: Option<PathBuf>,
 }
 
 /// Parses Go's listen address forms: `:15012`, `host:port`, `""` (disabled).
@@ -285,6 +300,9 @@ impl Config {
                 None
             }
         };
+        let debounce_after = r.duration(ENV_DEBOUNCE_AFTER, crate::push::DEFAULT_DEBOUNCE_AFTER);
+        let debounce_max = r.duration(ENV_DEBOUNCE_MAX, crate::push::DEFAULT_DEBOUNCE_MAX);
+        let push_throttle: usize = r.parse(ENV_PUSH_THROTTLE, 100);
         r.finish()?;
         Ok(Self {
             grpc_addr,
@@ -310,6 +328,10 @@ impl Config {
             max_connection_age: (!args.keepalive_max_server_connection_age.is_zero())
                 .then_some(args.keepalive_max_server_connection_age),
             shutdown_duration: args.shutdown_duration,
+            debounce_after,
+            debounce_max,
+            push_throttle,
+            config_dir: (!args.config_dir.is_empty()).then(|| PathBuf::from(&args.config_dir)),
         })
     }
 }

@@ -5,6 +5,8 @@
 pub mod app;
 pub mod ca;
 pub mod config;
+pub mod debug;
+pub mod generate;
 pub mod grpc;
 pub mod metrics;
 pub mod push;

@@ -101,6 +101,9 @@ pub struct ConnectionStatus {
     pub types: BTreeMap<String, TypeStatus>,
     /// Seconds since the epoch when the connection started.
     pub connected_at: u64,
+    /// The proxy, as parsed from its node.
+    #[serde(skip)]
+    pub proxy: Proxy,
 }
 
 struct Inner {
@@ -204,6 +207,7 @@ impl DiscoveryServer {
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or_default(),
+            proxy: proxy.clone(),
         };
         if let Ok(mut c) = self.inner.connections.lock() {
             c.insert(id.clone(), status);
@@ -238,7 +242,8 @@ impl DiscoveryServer {
         }
     }
 
-    fn current(&self) -> Option<PushRequest> {
+    /// The latest push (its context generates any proxy's configuration).
+    pub fn current(&self) -> Option<PushRequest> {
         self.inner.pushes.borrow().clone()
     }
 }
