@@ -370,6 +370,23 @@ impl Istiod {
         String::from_utf8(out.stdout).unwrap().trim().to_string()
     }
 
+    /// A TLS channel to istiod's :15012, verified against its root.
+    pub fn channel(&self) -> tonic::transport::Channel {
+        common::tls::install_crypto_provider();
+        let root = self.root_pem();
+        let source: common::tls::ClientConfigSource = Arc::new(move || {
+            let store = common::tls::root_store("root", &root)?;
+            Ok(Arc::new(common::tls::grpc_client_config(store, None)?))
+        });
+        let name = rustls::pki_types::ServerName::try_from(ISTIOD_SAN).unwrap();
+        common::tls::grpc_channel(
+            &self.grpc.to_string(),
+            Some((source, name)),
+            Duration::from_secs(5),
+        )
+        .unwrap()
+    }
+
     /// A gRPC client of the CA, over TLS verified against the root.
     pub fn ca_client(
         &self,

@@ -1,6 +1,8 @@
-//! Resident memory of pilot-agent once it serves the workload certificate to a
-//! real Envoy over SDS, with Envoy's and istiod's read in the same run as
-//! baselines, and again after a few seconds of TLS requests to Envoy.
+//! Resident memory of pilot-agent once it serves the workload certificate to
+//! the Envoy it launched (Istio's bootstrap, SDS over the workload socket),
+//! with Envoy's and istiod's read in the same run as baselines, and again after
+//! a few seconds of TLS requests to Envoy. The Pod runs in a network namespace
+//! of its own, as in `tests/tests/identity.rs` (needs root and iproute2).
 //!
 //! `cargo build --workspace --bins && target/debug/bench_agent_memory` (or the
 //! same with `--release` and `target/release/`): the binaries are taken from the
@@ -8,11 +10,10 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use tests::envoy::{listener_port, sds_tls_bootstrap};
-use tests::{Envoy, Istiod, PodDir, tls, wait_for};
+use tests::netns::Netns;
+use tests::{Istiod, Pod, PodDir, wait_for};
 
 const SLEEP_ID: &str = "spiffe://cluster.local/ns/default/sa/sleep";
 /// How long the request loop runs.
@@ -54,6 +55,12 @@ fn loadavg() -> String {
         .unwrap_or_default()
 }
 
+fn comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim().to_string())
+        .unwrap_or_default()
+}
+
 fn main() {
     let tmp = tempfile::Builder::new()
         .prefix("bench-agent-memory.")
@@ -69,48 +76,58 @@ fn main() {
         .unwrap_or_default();
     let load_before = loadavg();
 
-    let istiod = Istiod::start(
+    let ns = Netns::new("bench");
+    let istiod = Istiod::start_in(
+        &ns,
         &tmp.path().join("istiod"),
         &[("ISTIOD_CUSTOM_HOST", "127.0.0.1")],
     );
     let root = istiod.root_pem();
-    let pod = PodDir::new(
+    let dir = PodDir::new(
         &tmp.path().join("pod"),
         &istiod.token("default", "sleep"),
         Some(&root),
     );
     let ca = istiod.grpc.to_string();
     // Istio's defaults: an RSA 2048 workload key, 24 h certificates (no rotation here).
-    let mut agent = pod.start_agent(&[
-        ("POD_NAME", "sleep-1"),
-        ("POD_NAMESPACE", "default"),
-        ("SERVICE_ACCOUNT", "sleep"),
-        ("CA_ADDR", &ca),
-        ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
-    ]);
-    let port = listener_port();
-    let mut envoy = Envoy::start(&pod.dir, &sds_tls_bootstrap(port, &pod.sds_socket()));
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut pod = Pod::start(
+        ns,
+        dir,
+        &[
+            ("POD_NAME", "sleep-1"),
+            ("POD_NAMESPACE", "default"),
+            ("SERVICE_ACCOUNT", "sleep"),
+            ("CA_ADDR", &ca),
+            ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
+        ],
+    );
 
     let started = Instant::now();
-    wait_for(
-        "Envoy to serve the workload certificate",
-        Duration::from_secs(60),
-        || tls::probe(addr, &root, Some(SLEEP_ID)).ok(),
-    );
+    pod.wait_served(&root, SLEEP_ID, Duration::from_secs(60));
     let served_after = started.elapsed();
+    let envoy_pid = wait_for("the agent's Envoy", Duration::from_secs(10), || {
+        pod.envoy_pid()
+    });
     let pids = [
-        ("pilot-agent", agent.pid()),
-        ("envoy", envoy.proc.pid()),
+        ("pilot-agent", pod.agent.pid()),
+        ("envoy", envoy_pid),
         ("istiod", istiod.proc.pid()),
     ];
+    for (name, pid) in pids {
+        // `ip netns exec` execs the program, so the pid is the program's own.
+        assert!(
+            comm(pid).starts_with(name),
+            "pid {pid} is {:?}, not {name}",
+            comm(pid)
+        );
+    }
     let serving: Vec<Mem> = pids.iter().map(|(_, pid)| mem(*pid)).collect();
 
     // A steady loop of TLS requests (a new connection each) to Envoy's listener.
     let (mut ok, mut failed, mut first_error) = (0usize, 0usize, None);
     let loop_start = Instant::now();
     while loop_start.elapsed() < LOOP_TIME && ok + failed < LOOP_MAX {
-        match tls::probe(addr, &root, Some(SLEEP_ID)) {
+        match pod.probe(&root, Some(SLEEP_ID)) {
             Ok((_, body)) if body.ends_with("hello") => ok += 1,
             Ok((_, body)) => {
                 failed += 1;
@@ -125,8 +142,8 @@ fn main() {
     let loop_time = loop_start.elapsed();
     let after: Vec<Mem> = pids.iter().map(|(_, pid)| mem(*pid)).collect();
     assert!(
-        agent.alive() && envoy.proc.alive(),
-        "a process exited during the run"
+        pod.agent.alive() && pod.envoy_pid() == Some(envoy_pid),
+        "the agent or its Envoy exited during the run"
     );
 
     println!();
@@ -136,7 +153,7 @@ fn main() {
         loadavg()
     );
     println!(
-        "Envoy served the certificate {:.1} s after it started; then {ok} TLS requests in {:.1} s ({failed} failed)",
+        "Envoy served the certificate {:.1} s after the agent started; then {ok} TLS requests in {:.1} s ({failed} failed)",
         served_after.as_secs_f64(),
         loop_time.as_secs_f64()
     );
