@@ -2,8 +2,14 @@
 //! ACK/NACK/nonce rules. Generation is behind the [`PushContext`] trait so the
 //! protocol is independent of how configuration is built.
 
+pub mod cds;
+pub mod context;
+pub mod eds;
+pub mod lds;
 pub mod proxy;
+pub mod rds;
 pub mod server;
+pub mod util;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

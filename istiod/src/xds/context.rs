@@ -1,0 +1,224 @@
+//! Istio's push context: one immutable snapshot of services, endpoints and
+//! Istio config per push, with the per-proxy lookups the generators use
+//! (Sidecar scope, `exportTo`, DestinationRule and VirtualService selection,
+//! PeerAuthentication mode).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use crate::model::istio::{
+    DestinationRule, Labels, MtlsMode, PeerAuthentication, Sidecar, VirtualService, WorkloadSelector,
+};
+use crate::model::service::{Service, ServiceRegistry, egress_host_matches, host_matches, is_exported_to};
+use crate::model::store::Snapshot;
+
+use super::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, Proxy, PushContext, ROUTE_TYPE, Resource};
+
+/// Istio's mesh root namespace.
+pub const ROOT_NAMESPACE: &str = "istio-system";
+
+/// A named, namespaced config object.
+#[derive(Debug, Clone)]
+pub struct Named<T> {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// The spec.
+    pub spec: T,
+}
+
+/// The push context.
+pub struct IstioContext {
+    version: String,
+    /// Services and endpoints.
+    pub registry: ServiceRegistry,
+    /// DNS domain (`cluster.local`).
+    pub domain: String,
+    /// SPIFFE trust domain.
+    pub trust_domain: String,
+    /// DestinationRules.
+    pub destination_rules: Vec<Named<DestinationRule>>,
+    /// VirtualServices.
+    pub virtual_services: Vec<Named<VirtualService>>,
+    /// PeerAuthentications.
+    pub peer_authentications: Vec<Named<PeerAuthentication>>,
+    /// Sidecars.
+    pub sidecars: Vec<Named<Sidecar>>,
+}
+
+fn collect<T: crate::model::meta::KindSpec + Clone>(snapshot: &Snapshot) -> Vec<Named<T>> {
+    snapshot
+        .list::<T>()
+        .map(|t| Named {
+            namespace: t.object.meta.namespace.clone(),
+            name: t.object.meta.name.clone(),
+            spec: t.spec.clone(),
+        })
+        .collect()
+}
+
+fn selects(selector: &Option<WorkloadSelector>, labels: &Labels) -> bool {
+    selector
+        .as_ref()
+        .is_none_or(|s| s.labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
+}
+
+/// Istio's short-name resolution: a host without a dot is a service in `ns`.
+pub fn resolve_host(host: &str, ns: &str, domain: &str) -> String {
+    if host.contains('.') || host == "*" {
+        host.to_string()
+    } else {
+        format!("{host}.{ns}.svc.{domain}")
+    }
+}
+
+impl IstioContext {
+    /// Builds a context from a snapshot.
+    pub fn new(version: String, snapshot: &Snapshot, options: &crate::model::service::RegistryOptions) -> Self {
+        Self {
+            version,
+            registry: ServiceRegistry::build(snapshot, options),
+            domain: options.domain.clone(),
+            trust_domain: options.trust_domain.clone(),
+            destination_rules: collect(snapshot),
+            virtual_services: collect(snapshot),
+            peer_authentications: collect(snapshot),
+            sidecars: collect(snapshot),
+        }
+    }
+
+    /// The Sidecar resource that applies to `proxy`: selector match in its
+    /// namespace, else its namespace's default, else the root namespace's.
+    pub fn sidecar_for(&self, proxy: &Proxy) -> Option<&Named<Sidecar>> {
+        let in_ns = |ns: &str| self.sidecars.iter().filter(move |s| s.namespace == ns);
+        in_ns(&proxy.namespace)
+            .find(|s| s.spec.workload_selector.is_some() && selects(&s.spec.workload_selector, &proxy.labels))
+            .or_else(|| in_ns(&proxy.namespace).find(|s| s.spec.workload_selector.is_none()))
+            .or_else(|| in_ns(ROOT_NAMESPACE).find(|s| s.spec.workload_selector.is_none()))
+    }
+
+    /// Services visible to `proxy`: exported to its namespace and allowed by
+    /// its Sidecar's egress hosts.
+    pub fn services_for<'a>(&'a self, proxy: &'a Proxy) -> Vec<&'a Arc<Service>> {
+        let sidecar = self.sidecar_for(proxy);
+        self.registry
+            .visible_to(&proxy.namespace)
+            .filter(|svc| match sidecar {
+                None => true,
+                Some(sc) if sc.spec.egress.is_empty() => true,
+                Some(sc) => sc.spec.egress.iter().any(|e| {
+                    e.hosts
+                        .iter()
+                        .any(|h| egress_host_matches(h, &sc.namespace, &svc.namespace, &svc.hostname))
+                }),
+            })
+            .collect()
+    }
+
+    /// The DestinationRule for `host` as seen from `client_ns`: the client's
+    /// namespace first, then the service's, then the root namespace.
+    pub fn destination_rule(&self, client_ns: &str, service: &Service) -> Option<&Named<DestinationRule>> {
+        let matches = |dr: &&Named<DestinationRule>| {
+            host_matches(&resolve_host(&dr.spec.host, &dr.namespace, &self.domain), &service.hostname)
+                && is_exported_to(&dr.spec.export_to, &dr.namespace, client_ns)
+        };
+        [client_ns, service.namespace.as_str(), ROOT_NAMESPACE]
+            .iter()
+            .find_map(|ns| self.destination_rules.iter().filter(|d| d.namespace == *ns).find(matches))
+    }
+
+    /// VirtualServices for sidecars (`mesh` gateway) visible to `client_ns`
+    /// whose hosts include `hostname`.
+    pub fn virtual_services_for(&self, client_ns: &str, hostname: &str) -> Vec<&Named<VirtualService>> {
+        self.virtual_services
+            .iter()
+            .filter(|vs| vs.spec.gateways.is_empty() || vs.spec.gateways.iter().any(|g| g == "mesh"))
+            .filter(|vs| is_exported_to(&vs.spec.export_to, &vs.namespace, client_ns))
+            .filter(|vs| {
+                vs.spec
+                    .hosts
+                    .iter()
+                    .any(|h| host_matches(&resolve_host(h, &vs.namespace, &self.domain), hostname))
+            })
+            .collect()
+    }
+
+    /// The mTLS mode for a workload's inbound port: the most specific
+    /// PeerAuthentication (workload, namespace, root); Istio's default is PERMISSIVE.
+    pub fn mtls_mode(&self, proxy: &Proxy, port: u16) -> MtlsMode {
+        let applicable = |pa: &&Named<PeerAuthentication>| {
+            pa.spec.selector.as_ref().is_some_and(|s| !s.labels.is_empty()) && selects(&pa.spec.selector, &proxy.labels)
+        };
+        let workload = self.peer_authentications.iter().filter(|p| p.namespace == proxy.namespace).find(applicable);
+        let namespace = self
+            .peer_authentications
+            .iter()
+            .find(|p| p.namespace == proxy.namespace && p.spec.selector.as_ref().is_none_or(|s| s.labels.is_empty()));
+        let root = self
+            .peer_authentications
+            .iter()
+            .find(|p| p.namespace == ROOT_NAMESPACE && p.spec.selector.as_ref().is_none_or(|s| s.labels.is_empty()));
+        for pa in [workload, namespace, root].into_iter().flatten() {
+            if let Some(m) = pa.spec.port_level_mtls.get(&u32::from(port))
+                && m.mode != MtlsMode::Unset
+            {
+                return m.mode;
+            }
+            if let Some(m) = &pa.spec.mtls
+                && m.mode != MtlsMode::Unset
+            {
+                return m.mode;
+            }
+        }
+        MtlsMode::Permissive
+    }
+
+    /// The services this proxy's workload serves, with the matching target ports:
+    /// (service, service port, target port).
+    pub fn inbound_for<'a>(&'a self, proxy: &'a Proxy) -> Vec<(&'a Arc<Service>, u16, u16)> {
+        let mut out = Vec::new();
+        let mut seen = BTreeSet::new();
+        for svc in self.registry.services() {
+            for ep in &svc.endpoints {
+                if proxy.ips.contains(&ep.address) && seen.insert((svc.hostname.clone(), ep.service_port)) {
+                    out.push((svc, ep.service_port, ep.port));
+                }
+            }
+        }
+        out
+    }
+
+    /// The proxy's workload labels from the registry (Pod labels), or its metadata.
+    pub fn workload_labels(&self, proxy: &Proxy) -> Labels {
+        for svc in self.registry.services() {
+            if let Some(ep) = svc.endpoints.iter().find(|e| proxy.ips.contains(&e.address)) {
+                return ep.labels.clone();
+            }
+        }
+        proxy.labels.clone()
+    }
+}
+
+impl PushContext for IstioContext {
+    fn version(&self) -> &str {
+        &self.version
+    }
+
+    fn generate(&self, proxy: &Proxy, type_url: &str, names: &BTreeSet<String>) -> Result<Vec<Resource>, String> {
+        let mut proxy = proxy.clone();
+        proxy.labels = self.workload_labels(&proxy);
+        let all = match type_url {
+            CLUSTER_TYPE => super::cds::build(self, &proxy),
+            ENDPOINT_TYPE => super::eds::build(self, &proxy, names),
+            LISTENER_TYPE => super::lds::build(self, &proxy),
+            ROUTE_TYPE => super::rds::build(self, &proxy, names),
+            other => return Err(format!("no generator for {other}")),
+        };
+        Ok(if names.is_empty() || super::is_wildcard(type_url) {
+            all
+        } else {
+            all.into_iter().filter(|r| names.contains(&r.name)).collect()
+        })
+    }
+}
