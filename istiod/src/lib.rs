@@ -7,6 +7,7 @@ pub mod ca;
 pub mod config;
 pub mod grpc;
 pub mod metrics;
+pub mod model;
 pub mod token;
 
 /// The version reported by `/version` and `istiod version`.
