@@ -131,4 +131,3 @@ mod tests {
         assert_eq!(format(Duration::from_secs(90)), "1m30s");
     }
 }
-

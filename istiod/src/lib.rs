@@ -9,6 +9,7 @@ pub mod debug;
 pub mod generate;
 pub mod grpc;
 pub mod metrics;
+pub mod model;
 pub mod push;
 pub mod token;
 pub mod xds;

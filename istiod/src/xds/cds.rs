@@ -69,6 +69,19 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Resource> {
             out.push(resource(inbound(target)));
         }
     }
+    // Sidecar ingress listeners (captureMode NONE) reach the app through these too.
+    if let Some(sc) = ctx.sidecar_for(proxy) {
+        for ing in &sc.spec.ingress {
+            let target = ing
+                .default_endpoint
+                .rsplit_once(':')
+                .and_then(|(_, p)| p.parse().ok())
+                .unwrap_or(ing.port.number as u16);
+            if inbound_ports.insert(target) {
+                out.push(resource(inbound(target)));
+            }
+        }
+    }
     out.push(resource(Cluster {
         name: "BlackHoleCluster".into(),
         cluster_discovery_type: kind(cluster::DiscoveryType::Static),
@@ -290,6 +303,7 @@ pub fn istio_mutual(sans: &[String], sni: &str) -> UpstreamTlsContext {
                         ..Default::default()
                     }),
                     validation_context_sds_secret_config: Some(sds("ROOTCA")),
+                    ..Default::default()
                 },
             )),
             alpn_protocols: vec!["istio-peer-exchange".into(), "istio".into()],

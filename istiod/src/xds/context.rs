@@ -51,8 +51,8 @@ fn collect<T: crate::model::meta::KindSpec + Clone>(snapshot: &Snapshot) -> Vec<
     snapshot
         .list::<T>()
         .map(|t| Named {
-            namespace: t.object.meta.namespace.clone(),
-            name: t.object.meta.name.clone(),
+            namespace: t.object.metadata.namespace.clone(),
+            name: t.object.metadata.name.clone(),
             spec: t.spec.clone(),
         })
         .collect()
@@ -91,11 +91,12 @@ impl IstioContext {
     /// The Sidecar resource that applies to `proxy`: selector match in its
     /// namespace, else its namespace's default, else the root namespace's.
     pub fn sidecar_for(&self, proxy: &Proxy) -> Option<&Named<Sidecar>> {
-        let in_ns = |ns: &str| self.sidecars.iter().filter(move |s| s.namespace == ns);
-        in_ns(&proxy.namespace)
-            .find(|s| s.spec.workload_selector.is_some() && selects(&s.spec.workload_selector, &proxy.labels))
-            .or_else(|| in_ns(&proxy.namespace).find(|s| s.spec.workload_selector.is_none()))
-            .or_else(|| in_ns(ROOT_NAMESPACE).find(|s| s.spec.workload_selector.is_none()))
+        let ns = proxy.namespace.as_str();
+        self.sidecars
+            .iter()
+            .find(|s| s.namespace == ns && s.spec.workload_selector.is_some() && selects(&s.spec.workload_selector, &proxy.labels))
+            .or_else(|| self.sidecars.iter().find(|s| s.namespace == ns && s.spec.workload_selector.is_none()))
+            .or_else(|| self.sidecars.iter().find(|s| s.namespace == ROOT_NAMESPACE && s.spec.workload_selector.is_none()))
     }
 
     /// Services visible to `proxy`: exported to its namespace and allowed by

@@ -129,6 +129,7 @@ fn inbound_tls() -> proto::pb::envoy::config::core::v3::TransportSocket {
                     common_tls_context::CombinedCertificateValidationContext {
                         default_validation_context: Some(CertificateValidationContext::default()),
                         validation_context_sds_secret_config: Some(sds("ROOTCA")),
+                        ..Default::default()
                     },
                 )),
                 alpn_protocols: vec!["h2".into(), "http/1.1".into()],
@@ -295,7 +296,7 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Resource> {
             }));
         }
         for ing in sc.spec.ingress.iter().filter(|i| i.capture_mode == CaptureMode::None) {
-            let Some(port) = &ing.port else { continue };
+            let port = &ing.port;
             let bind = if ing.bind.is_empty() { "0.0.0.0" } else { ing.bind.as_str() };
             let number = port.number as u16;
             let target = ing

@@ -1,0 +1,29 @@
+//! istiod's config model: typed Istio and Kubernetes objects, their
+//! validation, the store that holds the last good objects and publishes
+//! snapshots and change events, and the service registry derived from a
+//! snapshot for the generators.
+//!
+//! ```text
+//! YAML/JSON --parse::decode--> Object (validated) --ConfigStore--> Arc<Snapshot>
+//!                                                       |             |
+//!                                            ConfigBatch events   ServiceRegistry::build
+//! ```
+
+pub mod error;
+pub mod istio;
+pub mod kube;
+pub mod meta;
+pub mod parse;
+pub mod service;
+pub mod store;
+pub mod validate;
+
+pub use error::{ConfigError, FieldError};
+pub use meta::{Kind, KindSpec, Object, ObjectKey, ObjectMeta, Spec};
+pub use parse::{Decoded, ParsedFile, decode, parse_file};
+pub use service::{
+    Endpoint, EndpointTlsMode, ExportTo, Protocol, RegistryOptions, Service, ServicePort,
+    ServiceRegistry, ServiceResolution, ServiceSource, egress_host_matches, host_matches,
+    is_exported_to,
+};
+pub use store::{Change, ConfigBatch, ConfigEvent, ConfigStore, Snapshot, Typed, Update};

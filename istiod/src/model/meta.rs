@@ -1,0 +1,376 @@
+//! What every object has, whatever its kind: the kinds istiod understands
+//! (Istio's CRDs and the Kubernetes objects the service registry is built
+//! from), Kubernetes-style metadata, and the typed object itself.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::istio::{
+    DestinationRule, PeerAuthentication, ServiceEntry, Sidecar, VirtualService, WorkloadEntry,
+};
+use super::kube::{EndpointSlice, Namespace, Pod, Service};
+
+/// Istio's networking API group.
+pub const NETWORKING_GROUP: &str = "networking.istio.io";
+/// Istio's security API group.
+pub const SECURITY_GROUP: &str = "security.istio.io";
+/// The Kubernetes discovery API group (EndpointSlice).
+pub const DISCOVERY_GROUP: &str = "discovery.k8s.io";
+/// The namespace an object of a namespaced kind gets when its metadata names none
+/// (Istio's file source treats it the same way).
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// The kinds istiod reads. Any other kind in a config directory is ignored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum Kind {
+    /// `networking.istio.io` ServiceEntry: services outside the Kubernetes registry.
+    ServiceEntry,
+    /// `networking.istio.io` WorkloadEntry: a non-Kubernetes workload (VM).
+    WorkloadEntry,
+    /// `networking.istio.io` VirtualService: routing rules.
+    VirtualService,
+    /// `networking.istio.io` DestinationRule: policies applied after routing.
+    DestinationRule,
+    /// `networking.istio.io` Sidecar: scope and listeners of a sidecar.
+    Sidecar,
+    /// `security.istio.io` PeerAuthentication: inbound mTLS mode.
+    PeerAuthentication,
+    /// Kubernetes `v1` Service.
+    Service,
+    /// Kubernetes `discovery.k8s.io/v1` EndpointSlice.
+    EndpointSlice,
+    /// Kubernetes `v1` Pod.
+    Pod,
+    /// Kubernetes `v1` Namespace (cluster-scoped).
+    Namespace,
+}
+
+impl Kind {
+    /// Every kind, in a stable order.
+    pub const ALL: [Kind; 10] = [
+        Kind::ServiceEntry,
+        Kind::WorkloadEntry,
+        Kind::VirtualService,
+        Kind::DestinationRule,
+        Kind::Sidecar,
+        Kind::PeerAuthentication,
+        Kind::Service,
+        Kind::EndpointSlice,
+        Kind::Pod,
+        Kind::Namespace,
+    ];
+
+    /// The kind's name as written in `kind:`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::ServiceEntry => "ServiceEntry",
+            Kind::WorkloadEntry => "WorkloadEntry",
+            Kind::VirtualService => "VirtualService",
+            Kind::DestinationRule => "DestinationRule",
+            Kind::Sidecar => "Sidecar",
+            Kind::PeerAuthentication => "PeerAuthentication",
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
+            Kind::Pod => "Pod",
+            Kind::Namespace => "Namespace",
+        }
+    }
+
+    /// The API group (`""` for the Kubernetes core group).
+    pub fn group(self) -> &'static str {
+        match self {
+            Kind::ServiceEntry
+            | Kind::WorkloadEntry
+            | Kind::VirtualService
+            | Kind::DestinationRule
+            | Kind::Sidecar => NETWORKING_GROUP,
+            Kind::PeerAuthentication => SECURITY_GROUP,
+            Kind::EndpointSlice => DISCOVERY_GROUP,
+            Kind::Service | Kind::Pod | Kind::Namespace => "",
+        }
+    }
+
+    /// The versions of the group accepted for this kind, preferred first.
+    pub fn versions(self) -> &'static [&'static str] {
+        match self.group() {
+            NETWORKING_GROUP => &["v1", "v1beta1", "v1alpha3"],
+            SECURITY_GROUP => &["v1", "v1beta1"],
+            _ => &["v1"],
+        }
+    }
+
+    /// The preferred `apiVersion`, e.g. `networking.istio.io/v1`.
+    pub fn api_version(self) -> String {
+        match self.group() {
+            "" => self.versions()[0].to_string(),
+            group => format!("{group}/{}", self.versions()[0]),
+        }
+    }
+
+    /// Whether objects of this kind live in a namespace.
+    pub fn is_namespaced(self) -> bool {
+        self != Kind::Namespace
+    }
+
+    /// Whether this is one of Istio's CRDs (whose `spec` is validated strictly).
+    pub fn is_istio(self) -> bool {
+        matches!(self.group(), NETWORKING_GROUP | SECURITY_GROUP)
+    }
+
+    /// Looks a document's `apiVersion` and `kind` up.
+    ///
+    /// `Ok(None)` means a kind istiod does not read (it is ignored).
+    /// `Err` means one of our kinds in its own group but at a version that is
+    /// not served; the message lists the versions that are.
+    pub fn resolve(api_version: &str, kind: &str) -> Result<Option<Kind>, String> {
+        let (group, version) = match api_version.split_once('/') {
+            Some((g, v)) => (g, v),
+            None => ("", api_version),
+        };
+        let Some(found) = Kind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == kind && k.group() == group)
+        else {
+            return Ok(None);
+        };
+        if found.versions().contains(&version) {
+            Ok(Some(found))
+        } else {
+            let served: Vec<String> = found
+                .versions()
+                .iter()
+                .map(|v| match group {
+                    "" => v.to_string(),
+                    g => format!("{g}/{v}"),
+                })
+                .collect();
+            Err(format!(
+                "apiVersion {api_version} is not served for {kind} (use {})",
+                served.join(", ")
+            ))
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Identifies one object: kind, namespace (empty for cluster-scoped kinds) and name.
+/// Displayed as Istio's config keys are, `Kind/namespace/name`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ObjectKey {
+    /// The kind.
+    pub kind: Kind,
+    /// The namespace; empty for `Namespace` objects.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+}
+
+impl ObjectKey {
+    /// Builds a key.
+    pub fn new(kind: Kind, namespace: &str, name: &str) -> Self {
+        Self {
+            kind,
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = if self.name.is_empty() {
+            "<unnamed>"
+        } else {
+            &self.name
+        };
+        if self.kind.is_namespaced() {
+            write!(f, "{}/{}/{}", self.kind, self.namespace, name)
+        } else {
+            write!(f, "{}/{}", self.kind, name)
+        }
+    }
+}
+
+/// The part of Kubernetes' `metadata` istiod uses; other fields (`uid`,
+/// `managedFields`, ...) are accepted and ignored.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ObjectMeta {
+    /// The object's name (required).
+    pub name: String,
+    /// The namespace; `default` when a namespaced object names none.
+    pub namespace: String,
+    /// Labels (subset selection, workload selectors, `security.istio.io/tlsMode`).
+    pub labels: BTreeMap<String, String>,
+    /// Annotations (`networking.istio.io/exportTo` on Services).
+    pub annotations: BTreeMap<String, String>,
+    /// The resource version, when the object came from an API server.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+    /// The generation, when the object came from an API server.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+}
+
+/// The typed body of an object, one variant per [`Kind`].
+// Objects live behind an `Arc` in the store, one allocation each; boxing the
+// larger variants would only add an indirection.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Spec {
+    /// A ServiceEntry's `spec`.
+    ServiceEntry(ServiceEntry),
+    /// A WorkloadEntry's `spec`.
+    WorkloadEntry(WorkloadEntry),
+    /// A VirtualService's `spec`.
+    VirtualService(VirtualService),
+    /// A DestinationRule's `spec`.
+    DestinationRule(DestinationRule),
+    /// A Sidecar's `spec`.
+    Sidecar(Sidecar),
+    /// A PeerAuthentication's `spec`.
+    PeerAuthentication(PeerAuthentication),
+    /// A Service (its `spec`).
+    Service(Service),
+    /// An EndpointSlice (its top-level fields).
+    EndpointSlice(EndpointSlice),
+    /// A Pod (the `spec` and `status` fields istiod uses).
+    Pod(Pod),
+    /// A Namespace (everything istiod uses is in the metadata).
+    Namespace(Namespace),
+}
+
+impl Spec {
+    /// The kind of this body.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Spec::ServiceEntry(_) => Kind::ServiceEntry,
+            Spec::WorkloadEntry(_) => Kind::WorkloadEntry,
+            Spec::VirtualService(_) => Kind::VirtualService,
+            Spec::DestinationRule(_) => Kind::DestinationRule,
+            Spec::Sidecar(_) => Kind::Sidecar,
+            Spec::PeerAuthentication(_) => Kind::PeerAuthentication,
+            Spec::Service(_) => Kind::Service,
+            Spec::EndpointSlice(_) => Kind::EndpointSlice,
+            Spec::Pod(_) => Kind::Pod,
+            Spec::Namespace(_) => Kind::Namespace,
+        }
+    }
+}
+
+/// One typed object: Istio's `config.Config` (metadata + spec).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Object {
+    /// The `apiVersion` the object was written with (e.g. `networking.istio.io/v1beta1`).
+    pub api_version: String,
+    /// The metadata; `namespace` is filled in for namespaced kinds.
+    pub metadata: ObjectMeta,
+    /// The typed body.
+    pub spec: Spec,
+}
+
+impl Object {
+    /// The object's kind.
+    pub fn kind(&self) -> Kind {
+        self.spec.kind()
+    }
+
+    /// The object's key, `Kind/namespace/name`.
+    pub fn key(&self) -> ObjectKey {
+        ObjectKey::new(self.kind(), &self.metadata.namespace, &self.metadata.name)
+    }
+
+    /// The typed body, if this object is of kind `T`.
+    pub fn spec_as<T: KindSpec>(&self) -> Option<&T> {
+        T::from_spec(&self.spec)
+    }
+}
+
+/// A spec type that belongs to one [`Kind`]; lets callers ask a snapshot for
+/// "every VirtualService" with the type, not a match on [`Spec`].
+pub trait KindSpec: Sized + 'static {
+    /// The kind whose body this is.
+    const KIND: Kind;
+    /// The body, if `spec` is of this kind.
+    fn from_spec(spec: &Spec) -> Option<&Self>;
+}
+
+macro_rules! kind_spec {
+    ($($ty:ident),* $(,)?) => {$(
+        impl KindSpec for $ty {
+            const KIND: Kind = Kind::$ty;
+            fn from_spec(spec: &Spec) -> Option<&Self> {
+                match spec {
+                    Spec::$ty(s) => Some(s),
+                    _ => None,
+                }
+            }
+        }
+    )*};
+}
+
+kind_spec!(
+    ServiceEntry,
+    WorkloadEntry,
+    VirtualService,
+    DestinationRule,
+    Sidecar,
+    PeerAuthentication,
+    Service,
+    EndpointSlice,
+    Pod,
+    Namespace,
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_served_versions_and_names_the_others() {
+        for v in ["v1", "v1beta1", "v1alpha3"] {
+            assert_eq!(
+                Kind::resolve(&format!("networking.istio.io/{v}"), "VirtualService"),
+                Ok(Some(Kind::VirtualService))
+            );
+        }
+        assert_eq!(
+            Kind::resolve("security.istio.io/v1beta1", "PeerAuthentication"),
+            Ok(Some(Kind::PeerAuthentication))
+        );
+        assert_eq!(Kind::resolve("v1", "Service"), Ok(Some(Kind::Service)));
+        assert_eq!(
+            Kind::resolve("discovery.k8s.io/v1", "EndpointSlice"),
+            Ok(Some(Kind::EndpointSlice))
+        );
+        // A kind of another group with the same name is not ours.
+        assert_eq!(Kind::resolve("serving.knative.dev/v1", "Service"), Ok(None));
+        assert_eq!(Kind::resolve("networking.istio.io/v1", "Gateway"), Ok(None));
+        let err = Kind::resolve("security.istio.io/v1alpha1", "PeerAuthentication").unwrap_err();
+        assert!(
+            err.contains("security.istio.io/v1, security.istio.io/v1beta1"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn keys_display_as_istio_config_keys() {
+        assert_eq!(
+            ObjectKey::new(Kind::VirtualService, "demo", "httpbin").to_string(),
+            "VirtualService/demo/httpbin"
+        );
+        assert_eq!(
+            ObjectKey::new(Kind::Namespace, "", "demo").to_string(),
+            "Namespace/demo"
+        );
+    }
+}

@@ -1,0 +1,470 @@
+//! Turns Kubernetes-style YAML documents into typed, validated [`Object`]s,
+//! as Istio's `crd.ParseInputs` does for the file source: multi-document
+//! streams, unknown kinds ignored, every object validated, and any error
+//! failing the document's file.
+//!
+//! Documents go through `serde_json::Value` so that one decoder serves YAML
+//! files and JSON from an API server alike, and `serde_path_to_error` gives
+//! the path of a bad field.
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use super::error::{ConfigError, FieldError};
+use super::istio::Opaque;
+use super::meta::{DEFAULT_NAMESPACE, Kind, Object, ObjectKey, ObjectMeta, Spec};
+use super::validate;
+
+/// What one document decodes to.
+// Short-lived: each decoded object moves into the store right away.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decoded {
+    /// A valid object of a kind istiod reads.
+    Object(Object),
+    /// An object of a kind istiod does not read.
+    Ignored {
+        /// Its `apiVersion`.
+        api_version: String,
+        /// Its `kind`.
+        kind: String,
+    },
+    /// An empty document (for example after a trailing `---`).
+    Empty,
+}
+
+/// Why one document was rejected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecodeError {
+    /// Not an object at all: no identity to report.
+    Document(String),
+    /// An object with invalid fields.
+    Object {
+        /// The object.
+        key: ObjectKey,
+        /// Every problem found.
+        errors: Vec<FieldError>,
+    },
+}
+
+/// The objects of one file.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ParsedFile {
+    /// Valid objects, in document order.
+    pub objects: Vec<Object>,
+    /// `apiVersion kind` of each ignored document.
+    pub ignored: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IstioBody<T> {
+    #[serde(default)]
+    spec: T,
+    #[serde(default)]
+    #[allow(dead_code)]
+    status: Option<Opaque>,
+}
+
+/// Parses a multi-document YAML (or JSON) file. `file` names it in errors.
+/// Any invalid document fails the file; every error found is returned.
+pub fn parse_file(file: &str, text: &str) -> Result<ParsedFile, Vec<ConfigError>> {
+    let mut parsed = ParsedFile::default();
+    let mut errors = Vec::new();
+    for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let document = i + 1;
+        let value = match Value::deserialize(doc) {
+            Ok(v) => v,
+            Err(e) => {
+                errors.push(ConfigError::Yaml {
+                    file: file.to_string(),
+                    document,
+                    reason: e.to_string(),
+                });
+                // The parser cannot resynchronise after a syntax error.
+                break;
+            }
+        };
+        match decode(value) {
+            Ok(Decoded::Object(o)) => parsed.objects.push(o),
+            Ok(Decoded::Ignored { api_version, kind }) => {
+                tracing::debug!(target: "config", "{file}: document {document}: ignoring {kind} ({api_version}): not a kind istiod reads");
+                parsed.ignored.push(format!("{api_version} {kind}"));
+            }
+            Ok(Decoded::Empty) => {}
+            Err(DecodeError::Document(reason)) => errors.push(ConfigError::Document {
+                file: file.to_string(),
+                document,
+                reason,
+            }),
+            Err(DecodeError::Object { key, errors: errs }) => {
+                errors.extend(errs.into_iter().map(|e| ConfigError::Invalid {
+                    file: file.to_string(),
+                    object: key.clone(),
+                    field: e.field,
+                    message: e.message,
+                }))
+            }
+        }
+    }
+    if errors.is_empty() {
+        Ok(parsed)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Decodes and validates one document.
+pub fn decode(value: Value) -> Result<Decoded, DecodeError> {
+    let mut map = match value {
+        Value::Null => return Ok(Decoded::Empty),
+        Value::Object(m) => m,
+        _ => {
+            return Err(DecodeError::Document(
+                "expected a Kubernetes-style object (a map with apiVersion, kind, metadata and spec)"
+                    .into(),
+            ));
+        }
+    };
+    let kind_name = take_string(&mut map, "kind").ok_or_else(|| {
+        DecodeError::Document("kind is missing (every object needs apiVersion and kind)".into())
+    })?;
+    let api_version = take_string(&mut map, "apiVersion").ok_or_else(|| {
+        DecodeError::Document(format!(
+            "{kind_name}: apiVersion is missing (every object needs apiVersion and kind)"
+        ))
+    })?;
+    let kind = match Kind::resolve(&api_version, &kind_name) {
+        Ok(Some(kind)) => kind,
+        Ok(None) => {
+            return Ok(Decoded::Ignored {
+                api_version,
+                kind: kind_name,
+            });
+        }
+        Err(message) => {
+            let Some(kind) = Kind::ALL.into_iter().find(|k| k.as_str() == kind_name) else {
+                return Err(DecodeError::Document(message));
+            };
+            return Err(DecodeError::Object {
+                key: lenient_key(kind, map.get("metadata")),
+                errors: vec![FieldError::new("apiVersion", message)],
+            });
+        }
+    };
+
+    let meta_value = map.remove("metadata").unwrap_or(Value::Null);
+    let mut key = lenient_key(kind, Some(&meta_value));
+    let mut errors = Vec::new();
+    let metadata = if meta_value.is_null() {
+        Some(ObjectMeta::default())
+    } else {
+        typed::<ObjectMeta>(meta_value)
+            .map_err(|e| errors.push(prefixed("metadata", e)))
+            .ok()
+    };
+    let spec = decode_body(kind, map).map_err(|e| errors.push(e)).ok();
+    let (Some(mut metadata), Some(spec)) = (metadata, spec) else {
+        return Err(DecodeError::Object { key, errors });
+    };
+    if kind.is_namespaced() {
+        if metadata.namespace.is_empty() {
+            metadata.namespace = DEFAULT_NAMESPACE.to_string();
+        }
+    } else {
+        metadata.namespace.clear();
+    }
+    key.namespace.clone_from(&metadata.namespace);
+    let object = Object {
+        api_version,
+        metadata,
+        spec,
+    };
+    let errors = validate::validate(&object);
+    if errors.is_empty() {
+        Ok(Decoded::Object(object))
+    } else {
+        Err(DecodeError::Object { key, errors })
+    }
+}
+
+fn decode_body(kind: Kind, map: Map<String, Value>) -> Result<Spec, FieldError> {
+    let body = Value::Object(map);
+    Ok(match kind {
+        Kind::ServiceEntry => Spec::ServiceEntry(istio(body)?),
+        Kind::WorkloadEntry => Spec::WorkloadEntry(istio(body)?),
+        Kind::VirtualService => Spec::VirtualService(istio(body)?),
+        Kind::DestinationRule => Spec::DestinationRule(istio(body)?),
+        Kind::Sidecar => Spec::Sidecar(istio(body)?),
+        Kind::PeerAuthentication => Spec::PeerAuthentication(istio(body)?),
+        Kind::Service => Spec::Service(typed(body)?),
+        Kind::EndpointSlice => Spec::EndpointSlice(typed(body)?),
+        Kind::Pod => Spec::Pod(typed(body)?),
+        Kind::Namespace => Spec::Namespace(typed(body)?),
+    })
+}
+
+fn istio<T: DeserializeOwned + Default>(body: Value) -> Result<T, FieldError> {
+    typed::<IstioBody<T>>(body).map(|b| b.spec)
+}
+
+fn typed<T: DeserializeOwned>(value: Value) -> Result<T, FieldError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let field = e.path().to_string();
+        FieldError::new(field, describe(&e.into_inner().to_string()))
+    })
+}
+
+fn prefixed(prefix: &str, e: FieldError) -> FieldError {
+    let field = if e.field == "." {
+        prefix.to_string()
+    } else {
+        format!("{prefix}.{}", e.field)
+    };
+    FieldError::new(field, e.message)
+}
+
+/// Adds what to do to serde's message.
+fn describe(message: &str) -> String {
+    if message.starts_with("unknown field") {
+        format!(
+            "{message} (remove it or correct its spelling: Istio rejects fields it does not know)"
+        )
+    } else if message.starts_with("unknown variant") {
+        format!("{message} (use one of the listed values)")
+    } else if message.starts_with("invalid duration") {
+        message.to_string()
+    } else {
+        format!("{message} (correct the value's type)")
+    }
+}
+
+fn take_string(map: &mut Map<String, Value>, key: &str) -> Option<String> {
+    match map.remove(key) {
+        Some(Value::String(s)) if !s.is_empty() => Some(s),
+        _ => None,
+    }
+}
+
+/// The object's key as far as it can be read, for errors about objects whose
+/// metadata does not decode.
+fn lenient_key(kind: Kind, meta: Option<&Value>) -> ObjectKey {
+    let get = |k: &str| {
+        meta.and_then(|m| m.get(k))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    let mut namespace = get("namespace");
+    if !kind.is_namespaced() {
+        namespace.clear();
+    } else if namespace.is_empty() {
+        namespace = DEFAULT_NAMESPACE.to_string();
+    }
+    ObjectKey {
+        kind,
+        namespace,
+        name: get("name"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::istio::{MtlsMode, VirtualService};
+
+    fn one(yaml: &str) -> Result<Object, Vec<ConfigError>> {
+        let mut parsed = parse_file("test.yaml", yaml)?;
+        assert_eq!(parsed.objects.len(), 1, "{parsed:?}");
+        Ok(parsed.objects.remove(0))
+    }
+
+    fn errors(yaml: &str) -> Vec<String> {
+        parse_file("bad.yaml", yaml)
+            .expect_err("the document should be rejected")
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn parses_a_virtual_service_with_istio_field_names() {
+        let o = one(r#"
+apiVersion: networking.istio.io/v1beta1
+kind: VirtualService
+metadata: {name: reviews, namespace: bookinfo}
+spec:
+  hosts: [reviews]
+  http:
+  - name: canary
+    match:
+    - uri: {prefix: /api}
+      headers: {end-user: {exact: jason}, x-present: {}}
+      ignoreUriCase: true
+    route:
+    - destination: {host: reviews, subset: v2, port: {number: 9080}}
+      weight: 25
+    - destination: {host: reviews, subset: v1}
+      weight: 75
+    timeout: 1.5s
+    retries: {attempts: 3, perTryTimeout: 100ms, retryOn: "5xx,connect-failure"}
+    fault: {delay: {fixedDelay: 5s, percentage: {value: 10}}}
+"#)
+        .unwrap();
+        assert_eq!(
+            o.key(),
+            ObjectKey::new(Kind::VirtualService, "bookinfo", "reviews")
+        );
+        assert_eq!(o.api_version, "networking.istio.io/v1beta1");
+        let vs: &VirtualService = o.spec_as().unwrap();
+        let http = &vs.http[0];
+        assert_eq!(http.route[0].destination.subset, "v2");
+        assert_eq!(http.route[1].weight, Some(75));
+        assert_eq!(http.timeout, Some(std::time::Duration::from_millis(1500)));
+        let retries = http.retries.as_ref().unwrap();
+        assert_eq!(
+            retries.per_try_timeout,
+            Some(std::time::Duration::from_millis(100))
+        );
+        assert_eq!(
+            http.r#match[0].uri.as_ref().unwrap().prefix.as_deref(),
+            Some("/api")
+        );
+        assert!(http.r#match[0].headers["x-present"].matcher().is_none());
+    }
+
+    #[test]
+    fn defaults_the_namespace_and_reads_port_level_mtls() {
+        let o = one(r#"
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: p}
+spec:
+  selector: {matchLabels: {}}
+"#);
+        // `matchLabels` is not a WorkloadSelector field: the path names it.
+        let e = o.unwrap_err();
+        assert_eq!(e[0].field(), Some("spec.selector.matchLabels"), "{e:?}");
+        assert!(e[0].to_string().contains("unknown field `matchLabels`"));
+
+        let o = one(r#"
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: p}
+spec:
+  selector: {labels: {app: a}}
+  mtls: {mode: STRICT}
+  portLevelMtls:
+    8080: {mode: DISABLE}
+"#)
+        .unwrap();
+        assert_eq!(o.metadata.namespace, "default");
+        let Spec::PeerAuthentication(pa) = &o.spec else {
+            panic!("{o:?}")
+        };
+        assert_eq!(pa.mtls.as_ref().unwrap().mode, MtlsMode::Strict);
+        assert_eq!(pa.port_level_mtls[&8080].mode, MtlsMode::Disable);
+    }
+
+    #[test]
+    fn kubernetes_objects_tolerate_fields_istiod_does_not_read() {
+        let o = one(r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: p, namespace: demo, labels: {app: a}, uid: "123"}
+spec:
+  serviceAccountName: sa
+  containers: [{name: app, image: x, ports: [{name: http, containerPort: 8080}]}]
+status: {podIP: 10.244.0.9, phase: Running, conditions: []}
+"#)
+        .unwrap();
+        let Spec::Pod(pod) = &o.spec else {
+            panic!("{o:?}")
+        };
+        assert_eq!(pod.status.pod_ip.as_deref(), Some("10.244.0.9"));
+        assert_eq!(pod.service_account(), "sa");
+        assert_eq!(pod.spec.containers[0].ports[0].container_port, 8080);
+    }
+
+    #[test]
+    fn ignores_unknown_kinds_and_empty_documents() {
+        let parsed = parse_file(
+            "f.yaml",
+            r#"
+---
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: g}
+spec: {servers: []}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: d}
+---
+"#,
+        )
+        .unwrap();
+        assert!(parsed.objects.is_empty());
+        assert_eq!(
+            parsed.ignored,
+            vec!["networking.istio.io/v1 Gateway", "apps/v1 Deployment"]
+        );
+    }
+
+    #[test]
+    fn names_bad_documents() {
+        let e = errors("apiVersion: v1\nkind: [\n");
+        assert!(
+            e[0].starts_with("bad.yaml: document 1: invalid YAML"),
+            "{e:?}"
+        );
+        let e = errors("---\napiVersion: v1\nmetadata: {name: x}\n");
+        assert!(e[0].contains("document 1: kind is missing"), "{e:?}");
+        let e = errors("- a\n- b\n");
+        assert!(e[0].contains("expected a Kubernetes-style object"), "{e:?}");
+        let e = errors(
+            "apiVersion: networking.istio.io/v2\nkind: VirtualService\nmetadata: {name: r, namespace: n}\nspec: {hosts: [a]}\n",
+        );
+        assert!(
+            e[0].starts_with("bad.yaml: VirtualService/n/r: apiVersion: apiVersion networking.istio.io/v2 is not served"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_field() {
+        let e = errors(
+            r#"
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: d, namespace: n}
+spec:
+  host: a
+  trafficPolicy:
+    connectionPool: {tcp: {connectTimeout: 5 seconds}}
+"#,
+        );
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with(
+                "bad.yaml: DestinationRule/n/d: spec.trafficPolicy.connectionPool.tcp.connectTimeout: invalid duration \"5 seconds\""
+            ),
+            "{e:?}"
+        );
+        let e = errors(
+            "apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {name: p, namespace: n}\nspec: {mtls: {mode: STRCT}}\n",
+        );
+        assert!(
+            e[0].contains("spec.mtls.mode: unknown variant `STRCT`, expected one of `UNSET`, `DISABLE`, `PERMISSIVE`, `STRICT`"),
+            "{e:?}"
+        );
+        let e = errors(
+            "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: r, namespace: n}\nsepc: {hosts: [a]}\n",
+        );
+        assert!(
+            e[0].contains("VirtualService/n/r: sepc: unknown field `sepc`"),
+            "{e:?}"
+        );
+    }
+}

@@ -1,0 +1,1092 @@
+//! The service registry derived from a [`Snapshot`]: services from
+//! ServiceEntries and Kubernetes Services, and their endpoints from
+//! EndpointSlices joined with Pods, WorkloadEntries and ServiceEntry
+//! endpoints. This is what generators read for clusters, listeners, routes
+//! and load assignments. Istio's rules are in `pilot/pkg/serviceregistry`
+//! (`kube/conversion.go`, `serviceentry/conversion.go`).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use common::identity::Identity;
+
+use super::istio::{self, Labels, Location};
+use super::kube::{
+    self, EXPORT_TO_ANNOTATION, IntOrString, SERVICE_NAME_LABEL, ServiceType, TLS_MODE_LABEL,
+};
+use super::meta::{Kind, ObjectKey};
+use super::store::{Snapshot, Typed};
+
+/// Istio's default DNS domain suffix (`--domain`).
+pub const DEFAULT_DOMAIN: &str = "cluster.local";
+
+/// An application protocol, as Istio's `protocol.Instance`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Protocol {
+    /// `GRPC`.
+    Grpc,
+    /// `GRPC-Web`.
+    GrpcWeb,
+    /// `HTTP`.
+    Http,
+    /// `HTTP_PROXY`.
+    HttpProxy,
+    /// `HTTP2`.
+    Http2,
+    /// `HTTPS`.
+    Https,
+    /// `TCP`.
+    Tcp,
+    /// `TLS`.
+    Tls,
+    /// `UDP` (ignored by sidecar generation).
+    Udp,
+    /// `Mongo`.
+    Mongo,
+    /// `Redis`.
+    Redis,
+    /// `MySQL`.
+    MySql,
+    /// Not declared: detected from the traffic ("sniffing").
+    Unsupported,
+}
+
+impl Protocol {
+    /// Parses a protocol name, case-insensitively (`protocol.Parse`); anything
+    /// else is [`Protocol::Unsupported`].
+    pub fn parse(s: &str) -> Protocol {
+        match s.to_ascii_lowercase().as_str() {
+            "tcp" => Protocol::Tcp,
+            "udp" => Protocol::Udp,
+            "grpc" => Protocol::Grpc,
+            "grpc-web" => Protocol::GrpcWeb,
+            "http" => Protocol::Http,
+            "http_proxy" => Protocol::HttpProxy,
+            "http2" => Protocol::Http2,
+            "https" => Protocol::Https,
+            "tls" => Protocol::Tls,
+            "mongo" => Protocol::Mongo,
+            "redis" => Protocol::Redis,
+            "mysql" => Protocol::MySql,
+            _ => Protocol::Unsupported,
+        }
+    }
+
+    /// Istio's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Grpc => "GRPC",
+            Protocol::GrpcWeb => "GRPC-Web",
+            Protocol::Http => "HTTP",
+            Protocol::HttpProxy => "HTTP_PROXY",
+            Protocol::Http2 => "HTTP2",
+            Protocol::Https => "HTTPS",
+            Protocol::Tcp => "TCP",
+            Protocol::Tls => "TLS",
+            Protocol::Udp => "UDP",
+            Protocol::Mongo => "Mongo",
+            Protocol::Redis => "Redis",
+            Protocol::MySql => "MySQL",
+            Protocol::Unsupported => "UnsupportedProtocol",
+        }
+    }
+
+    /// Served by an HTTP connection manager.
+    pub fn is_http(self) -> bool {
+        matches!(
+            self,
+            Protocol::Http
+                | Protocol::Http2
+                | Protocol::Grpc
+                | Protocol::GrpcWeb
+                | Protocol::HttpProxy
+        )
+    }
+
+    /// HTTP/2 upstream (`http2`, `grpc`).
+    pub fn is_http2(self) -> bool {
+        matches!(self, Protocol::Http2 | Protocol::Grpc)
+    }
+
+    /// Plain TCP proxying (including TLS passthrough and the TCP-based ones).
+    pub fn is_tcp(self) -> bool {
+        matches!(
+            self,
+            Protocol::Tcp
+                | Protocol::Https
+                | Protocol::Tls
+                | Protocol::Mongo
+                | Protocol::Redis
+                | Protocol::MySql
+        )
+    }
+
+    /// Protocol detection applies.
+    pub fn is_unsupported(self) -> bool {
+        self == Protocol::Unsupported
+    }
+
+    /// The protocol of a Kubernetes Service port (`kube.ConvertProtocol`):
+    /// UDP stays UDP; then `appProtocol` (with the `kubernetes.io/h2c|ws|wss`
+    /// names); then the port name's prefix before `-` (`grpc-web` first);
+    /// unknown names on well-known TCP ports (25, 53, 3306, 27017) are TCP.
+    pub fn from_kube_port(
+        port: u32,
+        name: &str,
+        protocol: Option<&str>,
+        app_protocol: Option<&str>,
+    ) -> Protocol {
+        if protocol == Some("UDP") {
+            return Protocol::Udp;
+        }
+        if let Some(app) = app_protocol {
+            match app {
+                "kubernetes.io/h2c" => return Protocol::Http2,
+                "kubernetes.io/ws" => return Protocol::Http,
+                "kubernetes.io/wss" => return Protocol::Https,
+                _ => {}
+            }
+            let p = Protocol::parse(app);
+            if p != Protocol::Unsupported {
+                return p;
+            }
+        }
+        let lower = name.to_ascii_lowercase();
+        if lower.starts_with("grpc-web") {
+            return Protocol::GrpcWeb;
+        }
+        let prefix = lower.split('-').next().unwrap_or("");
+        match Protocol::parse(prefix) {
+            Protocol::Unsupported if matches!(port, 25 | 53 | 3306 | 27017) => Protocol::Tcp,
+            p => p,
+        }
+    }
+}
+
+/// How a service's endpoints are found (Istio's `model.Resolution`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServiceResolution {
+    /// Endpoints known to istiod, sent over EDS.
+    ClientSideLb,
+    /// Endpoints resolved by Envoy with DNS, all addresses (`STRICT_DNS`).
+    DnsLb,
+    /// Endpoints resolved by Envoy with DNS, first address (`LOGICAL_DNS`).
+    DnsRoundRobinLb,
+    /// Forward to the original destination (headless, ServiceEntry NONE).
+    Passthrough,
+    /// Dynamic forward proxy.
+    DynamicDns,
+}
+
+/// Where a service came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServiceSource {
+    /// A Kubernetes Service.
+    Kubernetes,
+    /// A ServiceEntry.
+    ServiceEntry,
+}
+
+/// One port of a service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServicePort {
+    /// The port name (may be empty for a single-port Kubernetes Service).
+    pub name: String,
+    /// The service port.
+    pub port: u16,
+    /// The protocol.
+    pub protocol: Protocol,
+}
+
+/// Visibility of a config or service across namespaces (`exportTo`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExportTo {
+    /// Every namespace (`*`, and the mesh default).
+    All,
+    /// No namespace (`~`).
+    None,
+    /// These namespaces (`.` already resolved to the owner's).
+    Namespaces(BTreeSet<String>),
+}
+
+impl ExportTo {
+    /// Resolves an `exportTo` list for an object in `owner_ns`; an empty list
+    /// is the mesh default, `*` (Istio's `defaultServiceExportTo` etc.).
+    pub fn parse(export_to: &[String], owner_ns: &str) -> ExportTo {
+        if export_to.is_empty() || export_to.iter().any(|n| n == "*") {
+            return ExportTo::All;
+        }
+        let namespaces: BTreeSet<String> = export_to
+            .iter()
+            .filter(|n| *n != "~")
+            .map(|n| {
+                if n == "." {
+                    owner_ns.to_string()
+                } else {
+                    n.clone()
+                }
+            })
+            .collect();
+        if namespaces.is_empty() {
+            ExportTo::None
+        } else {
+            ExportTo::Namespaces(namespaces)
+        }
+    }
+
+    /// Whether a proxy in `client_ns` sees it.
+    pub fn is_visible_to(&self, client_ns: &str) -> bool {
+        match self {
+            ExportTo::All => true,
+            ExportTo::None => false,
+            ExportTo::Namespaces(ns) => ns.contains(client_ns),
+        }
+    }
+}
+
+/// Whether a proxy in `client_ns` sees an object in `owner_ns` with this
+/// `exportTo` list (empty means the mesh default, visible everywhere).
+pub fn is_exported_to(export_to: &[String], owner_ns: &str, client_ns: &str) -> bool {
+    ExportTo::parse(export_to, owner_ns).is_visible_to(client_ns)
+}
+
+/// Whether a Sidecar egress host entry (`ns/host`) selects a service with
+/// `hostname` in `service_ns`, for a Sidecar in `sidecar_ns`.
+pub fn egress_host_matches(
+    entry: &str,
+    sidecar_ns: &str,
+    service_ns: &str,
+    hostname: &str,
+) -> bool {
+    let Some((ns, host)) = entry.split_once('/') else {
+        return false;
+    };
+    let ns_ok = match ns {
+        "*" => true,
+        "." => service_ns == sidecar_ns,
+        "~" => false,
+        other => other == service_ns,
+    };
+    ns_ok && host_matches(host, hostname)
+}
+
+/// Istio's host matching: `*` matches everything, `*.suffix` matches names
+/// ending in `.suffix`, anything else matches exactly.
+pub fn host_matches(pattern: &str, hostname: &str) -> bool {
+    if pattern == "*" {
+        return true;
+    }
+    match pattern.strip_prefix('*') {
+        Some(suffix) => hostname.ends_with(suffix) && hostname.len() > suffix.len(),
+        None => pattern == hostname,
+    }
+}
+
+/// Istio's `security.istio.io/tlsMode` of an endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndpointTlsMode {
+    /// The endpoint's sidecar accepts Istio mTLS (label `istio`).
+    Istio,
+    /// Plain text.
+    Disabled,
+}
+
+/// One endpoint of one service port (Istio's `IstioEndpoint`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// IP address or host name (DNS services).
+    pub address: String,
+    /// The port on the endpoint (the target port).
+    pub port: u16,
+    /// The service port this endpoint serves.
+    pub service_port: u16,
+    /// The service port's name.
+    pub service_port_name: String,
+    /// The workload's labels (subset selection).
+    pub labels: Labels,
+    /// The workload's identity, from its service account.
+    pub identity: Option<Identity>,
+    /// Whether the endpoint speaks Istio mTLS.
+    pub tls_mode: EndpointTlsMode,
+    /// Ready (unready endpoints are sent as UNHEALTHY).
+    pub healthy: bool,
+    /// The network.
+    pub network: String,
+    /// `region/zone/subzone`.
+    pub locality: String,
+    /// Load-balancing weight (1 by default).
+    pub weight: u32,
+    /// The Pod or WorkloadEntry behind the endpoint, if known.
+    pub workload: Option<ObjectKey>,
+}
+
+/// A service, as generators see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    /// The fully qualified host name (`<name>.<ns>.svc.<domain>` or a ServiceEntry host).
+    pub hostname: String,
+    /// The namespace of the object that defines it.
+    pub namespace: String,
+    /// The object that defines it.
+    pub source_object: ObjectKey,
+    /// Kubernetes Service or ServiceEntry.
+    pub source: ServiceSource,
+    /// Virtual IPs (ClusterIP, ServiceEntry addresses).
+    pub addresses: Vec<String>,
+    /// The ports.
+    pub ports: Vec<ServicePort>,
+    /// How endpoints are found.
+    pub resolution: ServiceResolution,
+    /// Outside the mesh (ServiceEntry MESH_EXTERNAL, ExternalName): no auto-mTLS.
+    pub mesh_external: bool,
+    /// Visibility.
+    pub export_to: ExportTo,
+    /// Identities the endpoints' certificates must carry (ServiceEntry `subjectAltNames`).
+    pub subject_alt_names: Vec<String>,
+    /// The endpoints of every port.
+    pub endpoints: Vec<Endpoint>,
+}
+
+impl Service {
+    /// The port with this number.
+    pub fn port(&self, number: u16) -> Option<&ServicePort> {
+        self.ports.iter().find(|p| p.port == number)
+    }
+
+    /// The endpoints of one service port.
+    pub fn endpoints_for(&self, service_port: u16) -> impl Iterator<Item = &Endpoint> {
+        self.endpoints
+            .iter()
+            .filter(move |e| e.service_port == service_port)
+    }
+
+    /// The endpoints' distinct identities (default SANs for ISTIO_MUTUAL).
+    pub fn identities(&self) -> BTreeSet<String> {
+        self.endpoints
+            .iter()
+            .filter_map(|e| e.identity.as_ref().map(ToString::to_string))
+            .collect()
+    }
+}
+
+/// Settings the registry needs from the mesh and the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegistryOptions {
+    /// DNS domain suffix (`--domain`, `cluster.local`).
+    pub domain: String,
+    /// SPIFFE trust domain (mesh `trustDomain`, `cluster.local`).
+    pub trust_domain: String,
+}
+
+impl Default for RegistryOptions {
+    fn default() -> Self {
+        Self {
+            domain: DEFAULT_DOMAIN.to_string(),
+            trust_domain: common::identity::DEFAULT_TRUST_DOMAIN.to_string(),
+        }
+    }
+}
+
+/// Every service of a snapshot with its endpoints, sorted by host name then
+/// namespace. Built once per push context.
+#[derive(Debug, Clone, Default)]
+pub struct ServiceRegistry {
+    services: Vec<Arc<Service>>,
+}
+
+impl ServiceRegistry {
+    /// Builds the registry from a snapshot.
+    pub fn build(snapshot: &Snapshot, options: &RegistryOptions) -> Self {
+        let index = PodIndex::new(snapshot);
+        let mut services: Vec<Arc<Service>> = Vec::new();
+        for svc in snapshot.list::<kube::Service>() {
+            services.push(Arc::new(kube_service(snapshot, &index, svc, options)));
+        }
+        for se in snapshot.list::<istio::ServiceEntry>() {
+            for svc in service_entry_services(snapshot, se, options) {
+                services.push(Arc::new(svc));
+            }
+        }
+        services.sort_by(|a, b| {
+            (a.hostname.as_str(), a.namespace.as_str())
+                .cmp(&(b.hostname.as_str(), b.namespace.as_str()))
+        });
+        Self { services }
+    }
+
+    /// Every service.
+    pub fn services(&self) -> &[Arc<Service>] {
+        &self.services
+    }
+
+    /// Services with this host name (one per defining namespace).
+    pub fn by_hostname<'a>(&'a self, hostname: &'a str) -> impl Iterator<Item = &'a Arc<Service>> {
+        self.services.iter().filter(move |s| s.hostname == hostname)
+    }
+
+    /// Services a proxy in `client_ns` may see (`exportTo`).
+    pub fn visible_to<'a>(&'a self, client_ns: &'a str) -> impl Iterator<Item = &'a Arc<Service>> {
+        self.services
+            .iter()
+            .filter(move |s| s.export_to.is_visible_to(client_ns))
+    }
+}
+
+/// Pods by namespace/name and by IP, for joining endpoints with workloads.
+struct PodIndex<'a> {
+    by_name: HashMap<(&'a str, &'a str), Typed<'a, kube::Pod>>,
+    by_ip: HashMap<&'a str, Typed<'a, kube::Pod>>,
+}
+
+impl<'a> PodIndex<'a> {
+    fn new(snapshot: &'a Snapshot) -> Self {
+        let mut by_name = HashMap::new();
+        let mut by_ip = HashMap::new();
+        for pod in snapshot.list::<kube::Pod>() {
+            let meta = &pod.object.metadata;
+            by_name.insert((meta.namespace.as_str(), meta.name.as_str()), pod);
+            if pod.spec.is_active() {
+                for ip in pod_ips(pod.spec) {
+                    by_ip.insert(ip, pod);
+                }
+            }
+        }
+        Self { by_name, by_ip }
+    }
+}
+
+fn pod_ips(pod: &kube::Pod) -> impl Iterator<Item = &str> {
+    pod.status
+        .pod_ip
+        .as_deref()
+        .into_iter()
+        .chain(pod.status.pod_ips.iter().map(|p| p.ip.as_str()))
+        .filter(|ip| !ip.is_empty())
+}
+
+fn labels_match(selector: &Labels, labels: &Labels) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+fn tls_mode(labels: &Labels) -> EndpointTlsMode {
+    if labels.get(TLS_MODE_LABEL).map(String::as_str) == Some("istio") {
+        EndpointTlsMode::Istio
+    } else {
+        EndpointTlsMode::Disabled
+    }
+}
+
+fn identity(options: &RegistryOptions, namespace: &str, service_account: &str) -> Option<Identity> {
+    (!service_account.is_empty())
+        .then(|| Identity::new(&options.trust_domain, namespace, service_account))
+}
+
+fn kube_service(
+    snapshot: &Snapshot,
+    pods: &PodIndex<'_>,
+    svc: Typed<'_, kube::Service>,
+    options: &RegistryOptions,
+) -> Service {
+    let meta = &svc.object.metadata;
+    let spec = &svc.spec.spec;
+    let ports: Vec<ServicePort> = spec
+        .ports
+        .iter()
+        .filter_map(|p| {
+            Some(ServicePort {
+                name: p.name.clone(),
+                port: u16::try_from(p.port).ok()?,
+                protocol: Protocol::from_kube_port(
+                    p.port,
+                    &p.name,
+                    p.protocol.as_deref(),
+                    p.app_protocol.as_deref(),
+                ),
+            })
+        })
+        .collect();
+    let external = spec.service_type == ServiceType::ExternalName;
+    let headless = spec.cluster_ip.as_deref() == Some("None");
+    let resolution = if external {
+        ServiceResolution::DnsLb
+    } else if headless {
+        ServiceResolution::Passthrough
+    } else {
+        ServiceResolution::ClientSideLb
+    };
+    let addresses = match spec.cluster_ip.as_deref() {
+        Some(ip) if !ip.is_empty() && ip != "None" && !external => vec![ip.to_string()],
+        _ => Vec::new(),
+    };
+    let export_to: Vec<String> = meta
+        .annotations
+        .get(EXPORT_TO_ANNOTATION)
+        .map(|v| {
+            v.split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+
+    let mut endpoints = Vec::new();
+    if external {
+        if let Some(name) = &spec.external_name {
+            for p in &ports {
+                endpoints.push(Endpoint {
+                    address: name.clone(),
+                    port: p.port,
+                    service_port: p.port,
+                    service_port_name: p.name.clone(),
+                    labels: Labels::new(),
+                    identity: None,
+                    tls_mode: EndpointTlsMode::Disabled,
+                    healthy: true,
+                    network: String::new(),
+                    locality: String::new(),
+                    weight: 1,
+                    workload: None,
+                });
+            }
+        }
+    } else {
+        slice_endpoints(snapshot, pods, svc, &ports, options, &mut endpoints);
+        workload_entry_endpoints(snapshot, svc, &ports, options, &mut endpoints);
+    }
+
+    Service {
+        hostname: format!("{}.{}.svc.{}", meta.name, meta.namespace, options.domain),
+        namespace: meta.namespace.clone(),
+        source_object: svc.object.key(),
+        source: ServiceSource::Kubernetes,
+        addresses,
+        ports,
+        resolution,
+        mesh_external: external,
+        export_to: ExportTo::parse(&export_to, &meta.namespace),
+        subject_alt_names: Vec::new(),
+        endpoints,
+    }
+}
+
+/// Endpoints of a Kubernetes Service from its EndpointSlices (label
+/// `kubernetes.io/service-name`), each joined with its Pod (by `targetRef`,
+/// else by IP) for labels, identity and TLS mode.
+fn slice_endpoints(
+    snapshot: &Snapshot,
+    pods: &PodIndex<'_>,
+    svc: Typed<'_, kube::Service>,
+    ports: &[ServicePort],
+    options: &RegistryOptions,
+    out: &mut Vec<Endpoint>,
+) {
+    let meta = &svc.object.metadata;
+    for slice in snapshot.list::<kube::EndpointSlice>() {
+        let smeta = &slice.object.metadata;
+        if smeta.namespace != meta.namespace
+            || smeta.labels.get(SERVICE_NAME_LABEL) != Some(&meta.name)
+        {
+            continue;
+        }
+        for ep in &slice.spec.endpoints {
+            let Some(address) = ep.addresses.first() else {
+                continue;
+            };
+            let pod = ep
+                .target_ref
+                .as_ref()
+                .filter(|r| r.kind == "Pod")
+                .and_then(|r| {
+                    let ns = if r.namespace.is_empty() {
+                        smeta.namespace.as_str()
+                    } else {
+                        r.namespace.as_str()
+                    };
+                    pods.by_name.get(&(ns, r.name.as_str()))
+                })
+                .or_else(|| pods.by_ip.get(address.as_str()))
+                .copied();
+            let labels = pod
+                .map(|p| p.object.metadata.labels.clone())
+                .unwrap_or_default();
+            let ident = pod.and_then(|p| {
+                identity(
+                    options,
+                    &p.object.metadata.namespace,
+                    p.spec.service_account(),
+                )
+            });
+            for sp in ports {
+                let Some(slice_port) = slice.spec.ports.iter().find(|p| p.name == sp.name) else {
+                    continue;
+                };
+                let Some(port) = slice_port.port.and_then(|p| u16::try_from(p).ok()) else {
+                    continue;
+                };
+                out.push(Endpoint {
+                    address: address.clone(),
+                    port,
+                    service_port: sp.port,
+                    service_port_name: sp.name.clone(),
+                    tls_mode: tls_mode(&labels),
+                    labels: labels.clone(),
+                    identity: ident.clone(),
+                    healthy: ep.conditions.ready.unwrap_or(true),
+                    network: String::new(),
+                    locality: String::new(),
+                    weight: 1,
+                    workload: pod.map(|p| p.object.key()),
+                });
+            }
+        }
+    }
+}
+
+/// WorkloadEntries in the Service's namespace whose labels match its selector
+/// are endpoints too (Istio selects VMs for Kubernetes Services this way).
+fn workload_entry_endpoints(
+    snapshot: &Snapshot,
+    svc: Typed<'_, kube::Service>,
+    ports: &[ServicePort],
+    options: &RegistryOptions,
+    out: &mut Vec<Endpoint>,
+) {
+    let meta = &svc.object.metadata;
+    let spec = &svc.spec.spec;
+    if spec.selector.is_empty() {
+        return;
+    }
+    for we in snapshot.list::<istio::WorkloadEntry>() {
+        if we.object.metadata.namespace != meta.namespace
+            || !labels_match(&spec.selector, &we.spec.labels)
+        {
+            continue;
+        }
+        for (sp, kp) in ports.iter().zip(&spec.ports) {
+            let target = match &kp.target_port {
+                Some(IntOrString::Int(n)) => *n,
+                Some(IntOrString::String(name)) => {
+                    we.spec.ports.get(name).copied().unwrap_or(kp.port)
+                }
+                None => kp.port,
+            };
+            let port = we.spec.ports.get(&sp.name).copied().unwrap_or(target);
+            if let Some(ep) = workload_endpoint(
+                we.spec,
+                &we.object.metadata.namespace,
+                Some(we.object.key()),
+                sp,
+                port,
+                options,
+            ) {
+                out.push(ep);
+            }
+        }
+    }
+}
+
+fn workload_endpoint(
+    we: &istio::WorkloadEntry,
+    namespace: &str,
+    workload: Option<ObjectKey>,
+    sp: &ServicePort,
+    port: u32,
+    options: &RegistryOptions,
+) -> Option<Endpoint> {
+    if we.address.is_empty() {
+        return None;
+    }
+    Some(Endpoint {
+        address: we.address.clone(),
+        port: u16::try_from(port).ok()?,
+        service_port: sp.port,
+        service_port_name: sp.name.clone(),
+        labels: we.labels.clone(),
+        identity: identity(options, namespace, &we.service_account),
+        tls_mode: tls_mode(&we.labels),
+        healthy: true,
+        network: we.network.clone(),
+        locality: we.locality.clone(),
+        weight: we.weight.unwrap_or(1),
+        workload,
+    })
+}
+
+/// One service per ServiceEntry host, with endpoints from `endpoints`, or
+/// from WorkloadEntries and Pods matching `workloadSelector`.
+fn service_entry_services(
+    snapshot: &Snapshot,
+    se: Typed<'_, istio::ServiceEntry>,
+    options: &RegistryOptions,
+) -> Vec<Service> {
+    let meta = &se.object.metadata;
+    let spec = se.spec;
+    let ports: Vec<(ServicePort, Option<u32>)> = spec
+        .ports
+        .iter()
+        .filter_map(|p| {
+            Some((
+                ServicePort {
+                    name: p.name.clone(),
+                    port: u16::try_from(p.number).ok()?,
+                    protocol: Protocol::parse(&p.protocol),
+                },
+                p.target_port,
+            ))
+        })
+        .collect();
+    let resolution = match spec.resolution {
+        istio::Resolution::None => ServiceResolution::Passthrough,
+        istio::Resolution::Static => ServiceResolution::ClientSideLb,
+        istio::Resolution::Dns => ServiceResolution::DnsLb,
+        istio::Resolution::DnsRoundRobin => ServiceResolution::DnsRoundRobinLb,
+        istio::Resolution::DynamicDns => ServiceResolution::DynamicDns,
+    };
+    let mesh_external = spec.location == Location::MeshExternal;
+
+    let mut endpoints = Vec::new();
+    for (sp, target) in &ports {
+        let default_port = target.unwrap_or(u32::from(sp.port));
+        for ep in &spec.endpoints {
+            let port = ep.ports.get(&sp.name).copied().unwrap_or(default_port);
+            if let Some(mut e) = workload_endpoint(ep, &meta.namespace, None, sp, port, options) {
+                if mesh_external {
+                    e.tls_mode = EndpointTlsMode::Disabled;
+                }
+                endpoints.push(e);
+            }
+        }
+        if let Some(sel) = &spec.workload_selector {
+            for we in snapshot.list::<istio::WorkloadEntry>() {
+                if we.object.metadata.namespace != meta.namespace
+                    || !labels_match(&sel.labels, &we.spec.labels)
+                {
+                    continue;
+                }
+                let port = we.spec.ports.get(&sp.name).copied().unwrap_or(default_port);
+                if let Some(e) = workload_endpoint(
+                    we.spec,
+                    &meta.namespace,
+                    Some(we.object.key()),
+                    sp,
+                    port,
+                    options,
+                ) {
+                    endpoints.push(e);
+                }
+            }
+            for pod in snapshot.list::<kube::Pod>() {
+                let pmeta = &pod.object.metadata;
+                if pmeta.namespace != meta.namespace
+                    || !pod.spec.is_active()
+                    || !labels_match(&sel.labels, &pmeta.labels)
+                {
+                    continue;
+                }
+                let Some(ip) = pod_ips(pod.spec).next() else {
+                    continue;
+                };
+                let Ok(port) = u16::try_from(default_port) else {
+                    continue;
+                };
+                endpoints.push(Endpoint {
+                    address: ip.to_string(),
+                    port,
+                    service_port: sp.port,
+                    service_port_name: sp.name.clone(),
+                    labels: pmeta.labels.clone(),
+                    identity: identity(options, &pmeta.namespace, pod.spec.service_account()),
+                    tls_mode: tls_mode(&pmeta.labels),
+                    healthy: true,
+                    network: String::new(),
+                    locality: String::new(),
+                    weight: 1,
+                    workload: Some(pod.object.key()),
+                });
+            }
+        }
+    }
+
+    spec.hosts
+        .iter()
+        .map(|host| Service {
+            hostname: host.clone(),
+            namespace: meta.namespace.clone(),
+            source_object: se.object.key(),
+            source: ServiceSource::ServiceEntry,
+            addresses: spec.addresses.clone(),
+            ports: ports.iter().map(|(p, _)| p.clone()).collect(),
+            resolution,
+            mesh_external,
+            export_to: ExportTo::parse(&spec.export_to, &meta.namespace),
+            subject_alt_names: spec.subject_alt_names.clone(),
+            endpoints: endpoints.clone(),
+        })
+        .collect()
+}
+
+/// The kinds whose objects feed [`ServiceRegistry::build`].
+pub const REGISTRY_KINDS: [Kind; 5] = [
+    Kind::Service,
+    Kind::EndpointSlice,
+    Kind::Pod,
+    Kind::ServiceEntry,
+    Kind::WorkloadEntry,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ConfigStore, parse_file};
+
+    fn registry(yaml: &str) -> ServiceRegistry {
+        let store = ConfigStore::new();
+        let objects = parse_file("t.yaml", yaml).unwrap().objects;
+        store.replace(objects.into_iter().map(Arc::new));
+        ServiceRegistry::build(&store.snapshot(), &RegistryOptions::default())
+    }
+
+    fn sample() -> String {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/mesh");
+        ["namespace.yaml", "sleep.yaml", "httpbin.yaml", "istio.yaml"]
+            .iter()
+            .map(|f| std::fs::read_to_string(dir.join(f)).unwrap())
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    }
+
+    #[test]
+    fn kubernetes_services_join_slices_with_pods() {
+        let reg = registry(&sample());
+        let hosts: Vec<&str> = reg.services().iter().map(|s| s.hostname.as_str()).collect();
+        assert_eq!(
+            hosts,
+            vec![
+                "httpbin.demo.svc.cluster.local",
+                "sleep.demo.svc.cluster.local"
+            ]
+        );
+        let httpbin = reg
+            .by_hostname("httpbin.demo.svc.cluster.local")
+            .next()
+            .unwrap();
+        assert_eq!(httpbin.addresses, vec!["10.96.0.10"]);
+        assert_eq!(httpbin.resolution, ServiceResolution::ClientSideLb);
+        assert_eq!(
+            httpbin.ports,
+            vec![ServicePort {
+                name: "http".into(),
+                port: 8000,
+                protocol: Protocol::Http
+            }]
+        );
+        let eps: Vec<_> = httpbin.endpoints_for(8000).collect();
+        assert_eq!(eps.len(), 2);
+        assert_eq!(
+            eps.iter()
+                .map(|e| (e.address.as_str(), e.port, e.labels["version"].as_str()))
+                .collect::<Vec<_>>(),
+            vec![("10.244.0.3", 8080, "v1"), ("10.244.0.4", 8080, "v2")]
+        );
+        assert!(
+            eps.iter()
+                .all(|e| e.tls_mode == EndpointTlsMode::Istio && e.healthy)
+        );
+        assert_eq!(
+            httpbin.identities().into_iter().collect::<Vec<_>>(),
+            vec!["spiffe://cluster.local/ns/demo/sa/httpbin"]
+        );
+        assert_eq!(
+            eps[0].workload,
+            Some(ObjectKey::new(Kind::Pod, "demo", "httpbin-v1"))
+        );
+    }
+
+    #[test]
+    fn unready_headless_and_external_name_services() {
+        let reg = registry(
+            r#"
+apiVersion: v1
+kind: Service
+metadata: {name: db, namespace: data, annotations: {networking.istio.io/exportTo: "."}}
+spec: {clusterIP: None, ports: [{name: tcp-db, port: 5432}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: db-1, namespace: data, labels: {kubernetes.io/service-name: db}}
+addressType: IPv4
+ports: [{name: tcp-db, port: 5432}]
+endpoints:
+- addresses: [10.244.1.5]
+  conditions: {ready: false}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: db-0, namespace: data, labels: {app: db}}
+spec: {}
+status: {podIP: 10.244.1.5}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: ext, namespace: data}
+spec: {type: ExternalName, externalName: api.example.com, ports: [{name: https, port: 443}]}
+"#,
+        );
+        let db = reg.by_hostname("db.data.svc.cluster.local").next().unwrap();
+        assert_eq!(db.resolution, ServiceResolution::Passthrough);
+        assert!(db.addresses.is_empty());
+        assert_eq!(db.ports[0].protocol, Protocol::Tcp);
+        let ep = &db.endpoints[0];
+        assert!(!ep.healthy);
+        // Joined by IP: the Pod's default service account, no tlsMode label.
+        assert_eq!(
+            ep.identity.as_ref().map(ToString::to_string).as_deref(),
+            Some("spiffe://cluster.local/ns/data/sa/default")
+        );
+        assert_eq!(ep.tls_mode, EndpointTlsMode::Disabled);
+        assert!(db.export_to.is_visible_to("data"));
+        assert!(!db.export_to.is_visible_to("demo"));
+        assert_eq!(reg.visible_to("demo").count(), 1);
+
+        let ext = reg
+            .by_hostname("ext.data.svc.cluster.local")
+            .next()
+            .unwrap();
+        assert_eq!(ext.resolution, ServiceResolution::DnsLb);
+        assert!(ext.mesh_external);
+        assert_eq!(ext.endpoints[0].address, "api.example.com");
+        assert_eq!(ext.ports[0].protocol, Protocol::Https);
+    }
+
+    #[test]
+    fn service_entries_with_endpoints_and_workload_selectors() {
+        let reg = registry(
+            r#"
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: external, namespace: demo}
+spec:
+  hosts: [api.example.com, api2.example.com]
+  addresses: [240.0.0.1]
+  ports: [{number: 443, name: https, protocol: TLS}]
+  resolution: STATIC
+  endpoints:
+  - {address: 10.1.0.1}
+  - {address: 10.1.0.2, ports: {https: 8443}, labels: {security.istio.io/tlsMode: istio}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: vms, namespace: demo}
+spec:
+  hosts: [vm.demo.internal]
+  location: MESH_INTERNAL
+  ports: [{number: 80, name: http, protocol: http, targetPort: 8080}]
+  resolution: STATIC
+  workloadSelector: {labels: {app: vm}}
+  exportTo: [demo, other]
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: vm-1, namespace: demo}
+spec: {address: 10.2.0.1, labels: {app: vm, security.istio.io/tlsMode: istio}, serviceAccount: vm, weight: 3, network: n1}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: other, namespace: demo}
+spec: {address: 10.2.0.9, labels: {app: other}}
+"#,
+        );
+        let api: Vec<_> = reg
+            .services()
+            .iter()
+            .filter(|s| s.source_object.name == "external")
+            .collect();
+        assert_eq!(api.len(), 2, "one service per host");
+        let api = api[0];
+        assert_eq!(api.hostname, "api.example.com");
+        assert!(api.mesh_external);
+        assert_eq!(api.addresses, vec!["240.0.0.1"]);
+        assert_eq!(api.ports[0].protocol, Protocol::Tls);
+        let eps: Vec<_> = api
+            .endpoints
+            .iter()
+            .map(|e| (e.address.as_str(), e.port, e.tls_mode))
+            .collect();
+        // MESH_EXTERNAL endpoints never get Istio mTLS.
+        assert_eq!(
+            eps,
+            vec![
+                ("10.1.0.1", 443, EndpointTlsMode::Disabled),
+                ("10.1.0.2", 8443, EndpointTlsMode::Disabled)
+            ]
+        );
+
+        let vm = reg.by_hostname("vm.demo.internal").next().unwrap();
+        assert!(!vm.mesh_external);
+        assert_eq!(vm.ports[0].protocol, Protocol::Http);
+        assert_eq!(vm.endpoints.len(), 1);
+        let ep = &vm.endpoints[0];
+        assert_eq!(
+            (ep.address.as_str(), ep.port, ep.weight),
+            ("10.2.0.1", 8080, 3)
+        );
+        assert_eq!(ep.network, "n1");
+        assert_eq!(ep.tls_mode, EndpointTlsMode::Istio);
+        assert_eq!(
+            ep.identity.as_ref().map(ToString::to_string).as_deref(),
+            Some("spiffe://cluster.local/ns/demo/sa/vm")
+        );
+        assert!(vm.export_to.is_visible_to("other"));
+        assert!(!vm.export_to.is_visible_to("istio-system"));
+    }
+
+    #[test]
+    fn kubernetes_port_protocols_follow_istio() {
+        let p = Protocol::from_kube_port;
+        assert_eq!(p(80, "http", None, None), Protocol::Http);
+        assert_eq!(p(80, "http-web", None, None), Protocol::Http);
+        assert_eq!(p(80, "HTTP2-x", None, None), Protocol::Http2);
+        assert_eq!(p(80, "grpc-web-api", None, None), Protocol::GrpcWeb);
+        assert_eq!(p(80, "grpc", None, None), Protocol::Grpc);
+        assert_eq!(p(80, "web", None, None), Protocol::Unsupported);
+        assert_eq!(p(80, "web", None, Some("http")), Protocol::Http);
+        assert_eq!(
+            p(80, "tcp", None, Some("kubernetes.io/h2c")),
+            Protocol::Http2
+        );
+        assert_eq!(p(80, "", None, Some("kubernetes.io/ws")), Protocol::Http);
+        assert_eq!(p(443, "", None, Some("kubernetes.io/wss")), Protocol::Https);
+        assert_eq!(p(3306, "db", None, None), Protocol::Tcp);
+        assert_eq!(p(53, "dns", Some("UDP"), None), Protocol::Udp);
+        assert_eq!(p(53, "dns", Some("TCP"), None), Protocol::Tcp);
+    }
+
+    #[test]
+    fn export_to_and_sidecar_egress_hosts() {
+        let v = |list: &[&str], owner: &str, client: &str| {
+            let list: Vec<String> = list.iter().map(|s| s.to_string()).collect();
+            is_exported_to(&list, owner, client)
+        };
+        assert!(v(&[], "a", "b"));
+        assert!(v(&["*"], "a", "b"));
+        assert!(v(&["."], "a", "a"));
+        assert!(!v(&["."], "a", "b"));
+        assert!(!v(&["~"], "a", "a"));
+        assert!(v(&["b", "c"], "a", "c"));
+        assert!(!v(&["b", "c"], "a", "a"));
+
+        let m = egress_host_matches;
+        assert!(m("./*", "demo", "demo", "httpbin.demo.svc.cluster.local"));
+        assert!(!m("./*", "demo", "other", "x.other.svc.cluster.local"));
+        assert!(m(
+            "istio-system/*",
+            "demo",
+            "istio-system",
+            "istiod.istio-system.svc.cluster.local"
+        ));
+        assert!(m("*/*.example.com", "demo", "x", "api.example.com"));
+        assert!(!m("*/*.example.com", "demo", "x", "example.com"));
+        assert!(m("*/api.example.com", "demo", "x", "api.example.com"));
+        assert!(!m("~/*", "demo", "demo", "a"));
+    }
+}
