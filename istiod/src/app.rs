@@ -161,7 +161,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     let (ready_tx, ready_rx) = watch::channel(false);
     let (push_tx, push_rx) = watch::channel(None);
     let xds = crate::xds::server::DiscoveryServer::new(ready_rx.clone(), push_rx, xds_metrics, config.push_throttle);
-    let sources = crate::generate::start_sources(&config).await?;
+    let sources = crate::generate::start_sources(&config, shutdown_rx.clone()).await?;
     let configz = sources.configz.clone();
     {
         let pushes = push_tx;

@@ -1,15 +1,19 @@
 //! Config sources feeding the push pipeline, and the push context that
 //! generates each proxy's configuration from them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::Config;
+use crate::model::service::{RegistryOptions, ServiceRegistry};
+use crate::model::store::ConfigStore;
 use crate::push::Change;
-use crate::xds::{Proxy, PushContext, Resource};
+use crate::source::file::FileSource;
+use crate::xds::PushContext;
+use crate::xds::context::IstioContext;
 
 /// What the push pipeline reads from the sources.
 pub struct Sources {
@@ -19,30 +23,94 @@ pub struct Sources {
     pub changes: mpsc::Receiver<Change>,
     /// True once every source has loaded.
     pub synced: watch::Receiver<bool>,
-    /// The current configuration as JSON (`/debug/configz`).
+    /// The current configuration and rejected objects as JSON (`/debug/configz`).
     pub configz: Arc<dyn Fn() -> Value + Send + Sync>,
 }
 
-/// A context with no services: what istiod serves with no configuration.
-struct Empty(String);
-
-impl PushContext for Empty {
-    fn version(&self) -> &str {
-        &self.0
-    }
-    fn generate(&self, _: &Proxy, _: &str, _: &BTreeSet<String>) -> Result<Vec<Resource>, String> {
-        Ok(Vec::new())
-    }
+/// Endpoints per host, to tell which hosts an endpoint-only change touched.
+fn endpoint_index(registry: &ServiceRegistry) -> BTreeMap<String, String> {
+    registry
+        .services()
+        .iter()
+        .map(|s| (s.hostname.clone(), format!("{:?}", s.endpoints)))
+        .collect()
 }
 
-/// Starts the configured sources.
-pub async fn start_sources(_config: &Config) -> anyhow::Result<Sources> {
-    let (_tx, changes) = mpsc::channel(1024);
-    let (_synced_tx, synced) = watch::channel(true);
-    Ok(Sources {
-        builder: Box::new(|v| Arc::new(Empty(v)) as Arc<dyn PushContext>),
-        changes,
-        synced,
-        configz: Arc::new(|| Value::Array(Vec::new())),
-    })
+/// Starts the configured sources: the `--configDir` directory (watched), or
+/// nothing (an empty mesh) when none is given.
+pub async fn start_sources(config: &Config, shutdown: watch::Receiver<bool>) -> anyhow::Result<Sources> {
+    let store = ConfigStore::new();
+    let options = RegistryOptions {
+        domain: config.domain.clone(),
+        trust_domain: config.trust_domain.clone(),
+    };
+    let (tx, changes) = mpsc::channel(1024);
+    let (synced_tx, synced) = watch::channel(false);
+    let mut batches = store.subscribe();
+    let source = config.config_dir.as_ref().map(|dir| FileSource::new(dir.clone(), store.clone()));
+    if let Some(fs) = &source {
+        let fs = fs.clone();
+        // The first full read, before anything is served.
+        tokio::task::spawn_blocking(move || fs.reload()).await??;
+        let fs2 = source.clone();
+        if let Some(fs2) = fs2 {
+            tokio::spawn(async move {
+                if let Err(e) = fs2.watch(shutdown).await {
+                    tracing::error!(target: "config", "watching the config directory stopped: {e}");
+                }
+            });
+        }
+        for e in source.as_ref().map(|s| s.errors()).unwrap_or_default() {
+            tracing::warn!(target: "validation", "{e}");
+        }
+    }
+    let _ = synced_tx.send(true);
+
+    // Store batches become push changes; endpoint-only batches name the
+    // hosts whose endpoints changed, for incremental EDS.
+    {
+        let options = options.clone();
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut previous = endpoint_index(&ServiceRegistry::build(&store.snapshot(), &options));
+            loop {
+                let batch = match batches.recv().await {
+                    Ok(b) => b,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(_) => return,
+                };
+                let current = endpoint_index(&ServiceRegistry::build(&batch.snapshot, &options));
+                let hosts: BTreeSet<String> = current
+                    .iter()
+                    .filter(|(h, e)| previous.get(*h) != Some(*e))
+                    .map(|(h, _)| h.clone())
+                    .chain(previous.keys().filter(|h| !current.contains_key(*h)).cloned())
+                    .collect();
+                previous = current;
+                let endpoint_only = batch.endpoints_only();
+                for event in batch.events.iter() {
+                    tracing::info!(target: "config", "{event}");
+                }
+                let key = batch.events.first().map(|e| e.key.to_string()).unwrap_or_default();
+                if tx.send(Change { key, endpoint_only, hosts }).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    let builder_store = store.clone();
+    let builder: Box<dyn FnMut(String) -> Arc<dyn PushContext> + Send> =
+        Box::new(move |version| Arc::new(IstioContext::new(version, &builder_store.snapshot(), &options)) as Arc<dyn PushContext>);
+    let configz: Arc<dyn Fn() -> Value + Send + Sync> = Arc::new(move || {
+        let snapshot = store.snapshot();
+        let errors: Vec<String> = source.as_ref().map(|s| s.errors().iter().map(ToString::to_string).collect()).unwrap_or_default();
+        let kinds = crate::model::meta::Kind::ALL;
+        json!({
+            "version": snapshot.version(),
+            "objects": kinds.iter().flat_map(|k| snapshot.objects(*k).map(|o| o.key().to_string()).collect::<Vec<_>>()).collect::<Vec<_>>(),
+            "errors": errors,
+        })
+    });
+    Ok(Sources { builder, changes, synced, configz })
 }
