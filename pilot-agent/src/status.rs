@@ -567,7 +567,7 @@ fn parse_scrape_targets(
         if let Some((_, reason)) = RESERVED_PORTS.iter().find(|(p, _)| *p == port) {
             errors.push(ConfigError::ReservedScrapePort {
                 port: t.port,
-                reason: *reason,
+                reason,
             });
             continue;
         }
@@ -2653,22 +2653,24 @@ mod tests {
         assert!(agent < envoy_at && envoy_at < app_at, "{body}");
         assert!(body.ends_with(APP_METRICS));
 
-        let envoy_seen = envoy_seen.lock().unwrap();
-        assert_eq!(envoy_seen[0].0, "/stats/prometheus?usedonly");
-        assert_eq!(
-            envoy_seen[0].1[header::ACCEPT],
-            "text/plain;version=0.0.4;q=0.3, text/plain;version=0.0.4;q=0.1"
-        );
-        assert_eq!(envoy_seen[0].1[header::USER_AGENT], "Prometheus/3.0");
-        assert_eq!(envoy_seen[0].1[SCRAPE_TIMEOUT_HEADER], "10");
-        let app_seen = app_seen.lock().unwrap();
-        assert_eq!(app_seen[0].0, "/metrics");
-        assert!(
-            !app_seen[0].1[header::ACCEPT]
-                .to_str()
-                .unwrap()
-                .contains("protobuf")
-        );
+        {
+            let envoy_seen = envoy_seen.lock().unwrap();
+            assert_eq!(envoy_seen[0].0, "/stats/prometheus?usedonly");
+            assert_eq!(
+                envoy_seen[0].1[header::ACCEPT],
+                "text/plain;version=0.0.4;q=0.3, text/plain;version=0.0.4;q=0.1"
+            );
+            assert_eq!(envoy_seen[0].1[header::USER_AGENT], "Prometheus/3.0");
+            assert_eq!(envoy_seen[0].1[SCRAPE_TIMEOUT_HEADER], "10");
+            let app_seen = app_seen.lock().unwrap();
+            assert_eq!(app_seen[0].0, "/metrics");
+            assert!(
+                !app_seen[0].1[header::ACCEPT]
+                    .to_str()
+                    .unwrap()
+                    .contains("protobuf")
+            );
+        }
 
         // `/metrics` is the same endpoint.
         let (status, body) = get(server.addr, "/metrics").await;
