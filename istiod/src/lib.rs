@@ -8,6 +8,7 @@ pub mod config;
 pub mod grpc;
 pub mod metrics;
 pub mod model;
+pub mod source;
 pub mod token;
 
 /// The version reported by `/version` and `istiod version`.
