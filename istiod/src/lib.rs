@@ -11,6 +11,7 @@ pub mod grpc;
 pub mod metrics;
 pub mod model;
 pub mod push;
+pub mod source;
 pub mod token;
 pub mod xds;
 
