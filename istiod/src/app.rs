@@ -160,7 +160,12 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     let push_metrics = crate::push::PushMetrics::new(&registry)?;
     let (ready_tx, ready_rx) = watch::channel(false);
     let (push_tx, push_rx) = watch::channel(None);
-    let xds = crate::xds::server::DiscoveryServer::new(ready_rx.clone(), push_rx, xds_metrics, config.push_throttle);
+    let xds = crate::xds::server::DiscoveryServer::new(
+        ready_rx.clone(),
+        push_rx,
+        xds_metrics,
+        config.push_throttle,
+    );
     let sources = crate::generate::start_sources(&config, shutdown_rx.clone()).await?;
     let configz = sources.configz.clone();
     {
@@ -174,8 +179,14 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
             // push context exists.
             let _ = synced.wait_for(|s| *s).await;
             let mut builder = builder;
-            let ctx = crate::push::ContextBuilder::build(&mut builder, crate::push::push_version(1));
-            pushes.send_replace(Some(crate::xds::PushRequest { seq: 1, ctx, eds_only: None, start: std::time::Instant::now() }));
+            let ctx =
+                crate::push::ContextBuilder::build(&mut builder, crate::push::push_version(1));
+            pushes.send_replace(Some(crate::xds::PushRequest {
+                seq: 1,
+                ctx,
+                eds_only: None,
+                start: std::time::Instant::now(),
+            }));
             let _ = ready_tx.send(true);
             tracing::info!(target: "ads", "caches synced and first push context built: serving xDS");
             crate::push::run(changes, builder, pushes, after, max, push_metrics).await;
@@ -223,11 +234,17 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         let rx = shutdown_rx.clone();
         tasks.spawn(async move {
             router
-                .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown_signal(rx))
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    shutdown_signal(rx),
+                )
                 .await
                 .context("plaintext gRPC server")
         });
-        tracing::info!("starting gRPC discovery service (plaintext) at {}", grpc_addr.unwrap_or(addr));
+        tracing::info!(
+            "starting gRPC discovery service (plaintext) at {}",
+            grpc_addr.unwrap_or(addr)
+        );
     }
 
     let mut http_addr = None;

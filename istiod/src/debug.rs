@@ -43,7 +43,10 @@ async fn ready(State(s): State<DebugState>) -> impl IntoResponse {
     if *s.ready.borrow() {
         (StatusCode::OK, "")
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "discovery: not ready to serve discovery information\n")
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "discovery: not ready to serve discovery information\n",
+        )
     }
 }
 
@@ -97,24 +100,49 @@ struct ProxyQuery {
 
 /// The configuration istiod would send a proxy, decoded to JSON-ish form
 /// (names and sizes per type; Envoy's own `/config_dump` shows the full protos).
-async fn config_dump(State(s): State<DebugState>, Query(q): Query<ProxyQuery>) -> impl IntoResponse {
+async fn config_dump(
+    State(s): State<DebugState>,
+    Query(q): Query<ProxyQuery>,
+) -> impl IntoResponse {
     let Some(id) = q.proxy_id else {
-        return (StatusCode::BAD_REQUEST, "You must provide a proxyID in the query string\n").into_response();
+        return (
+            StatusCode::BAD_REQUEST,
+            "You must provide a proxyID in the query string\n",
+        )
+            .into_response();
     };
-    let Some(conn) = s.xds.connections().into_iter().find(|c| c.proxy_id == id || c.connection_id == id) else {
-        return (StatusCode::NOT_FOUND, format!("Proxy not connected to this Pilot instance: {id}\n")).into_response();
+    let Some(conn) = s
+        .xds
+        .connections()
+        .into_iter()
+        .find(|c| c.proxy_id == id || c.connection_id == id)
+    else {
+        return (
+            StatusCode::NOT_FOUND,
+            format!("Proxy not connected to this Pilot instance: {id}\n"),
+        )
+            .into_response();
     };
     let Some(push) = s.xds.current() else {
         return (StatusCode::SERVICE_UNAVAILABLE, "no push context yet\n").into_response();
     };
     let mut out = serde_json::Map::new();
     out.insert("version".into(), json!(push.ctx.version()));
-    for (label, t) in [("clusters", CLUSTER_TYPE), ("endpoints", ENDPOINT_TYPE), ("listeners", LISTENER_TYPE), ("routes", ROUTE_TYPE)] {
+    for (label, t) in [
+        ("clusters", CLUSTER_TYPE),
+        ("endpoints", ENDPOINT_TYPE),
+        ("listeners", LISTENER_TYPE),
+        ("routes", ROUTE_TYPE),
+    ] {
         match push.ctx.generate(&conn.proxy, t, &BTreeSet::new()) {
             Ok(rs) => {
                 out.insert(
                     label.into(),
-                    Value::Array(rs.iter().map(|r| json!({"name": r.name, "bytes": r.resource.encoded_len()})).collect()),
+                    Value::Array(
+                        rs.iter()
+                            .map(|r| json!({"name": r.name, "bytes": r.resource.encoded_len()}))
+                            .collect(),
+                    ),
                 );
             }
             Err(e) => {

@@ -38,7 +38,10 @@ fn endpoint_index(registry: &ServiceRegistry) -> BTreeMap<String, String> {
 
 /// Starts the configured sources: the `--configDir` directory (watched), or
 /// nothing (an empty mesh) when none is given.
-pub async fn start_sources(config: &Config, shutdown: watch::Receiver<bool>) -> anyhow::Result<Sources> {
+pub async fn start_sources(
+    config: &Config,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<Sources> {
     let store = ConfigStore::new();
     let options = RegistryOptions {
         domain: config.domain.clone(),
@@ -47,7 +50,10 @@ pub async fn start_sources(config: &Config, shutdown: watch::Receiver<bool>) -> 
     let (tx, changes) = mpsc::channel(1024);
     let (synced_tx, synced) = watch::channel(false);
     let mut batches = store.subscribe();
-    let source = config.config_dir.as_ref().map(|dir| FileSource::new(dir.clone(), store.clone()));
+    let source = config
+        .config_dir
+        .as_ref()
+        .map(|dir| FileSource::new(dir.clone(), store.clone()));
     if let Some(fs) = &source {
         let fs = fs.clone();
         // The first full read, before anything is served.
@@ -84,15 +90,32 @@ pub async fn start_sources(config: &Config, shutdown: watch::Receiver<bool>) -> 
                     .iter()
                     .filter(|(h, e)| previous.get(*h) != Some(*e))
                     .map(|(h, _)| h.clone())
-                    .chain(previous.keys().filter(|h| !current.contains_key(*h)).cloned())
+                    .chain(
+                        previous
+                            .keys()
+                            .filter(|h| !current.contains_key(*h))
+                            .cloned(),
+                    )
                     .collect();
                 previous = current;
                 let endpoint_only = batch.endpoints_only();
                 for event in batch.events.iter() {
                     tracing::info!(target: "config", "{event}");
                 }
-                let key = batch.events.first().map(|e| e.key.to_string()).unwrap_or_default();
-                if tx.send(Change { key, endpoint_only, hosts }).await.is_err() {
+                let key = batch
+                    .events
+                    .first()
+                    .map(|e| e.key.to_string())
+                    .unwrap_or_default();
+                if tx
+                    .send(Change {
+                        key,
+                        endpoint_only,
+                        hosts,
+                    })
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -100,11 +123,19 @@ pub async fn start_sources(config: &Config, shutdown: watch::Receiver<bool>) -> 
     }
 
     let builder_store = store.clone();
-    let builder: Box<dyn FnMut(String) -> Arc<dyn PushContext> + Send> =
-        Box::new(move |version| Arc::new(IstioContext::new(version, &builder_store.snapshot(), &options)) as Arc<dyn PushContext>);
+    let builder: Box<dyn FnMut(String) -> Arc<dyn PushContext> + Send> = Box::new(move |version| {
+        Arc::new(IstioContext::new(
+            version,
+            &builder_store.snapshot(),
+            &options,
+        )) as Arc<dyn PushContext>
+    });
     let configz: Arc<dyn Fn() -> Value + Send + Sync> = Arc::new(move || {
         let snapshot = store.snapshot();
-        let errors: Vec<String> = source.as_ref().map(|s| s.errors().iter().map(ToString::to_string).collect()).unwrap_or_default();
+        let errors: Vec<String> = source
+            .as_ref()
+            .map(|s| s.errors().iter().map(ToString::to_string).collect())
+            .unwrap_or_default();
         let kinds = crate::model::meta::Kind::ALL;
         json!({
             "version": snapshot.version(),
@@ -112,5 +143,10 @@ pub async fn start_sources(config: &Config, shutdown: watch::Receiver<bool>) -> 
             "errors": errors,
         })
     });
-    Ok(Sources { builder, changes, synced, configz })
+    Ok(Sources {
+        builder,
+        changes,
+        synced,
+        configz,
+    })
 }

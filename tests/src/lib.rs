@@ -192,11 +192,32 @@ pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> 
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
+    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((buf.as_str(), ""));
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
     Ok((status, body))
+}
+
+fn dechunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || after.len() < n {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].strip_prefix("\r\n").unwrap_or(&after[n..]);
+    }
+    out
 }
 
 /// A running istiod with a token issuer its `JWT_RULE` trusts.
@@ -236,6 +257,19 @@ impl Istiod {
     pub fn start_in(ns: &netns::Netns, dir: &Path, env: &[(&str, &str)]) -> Istiod {
         let grpc: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         Self::start_full(dir, grpc, env, Some(ns.name.clone()))
+    }
+
+    /// Starts istiod inside `ns` with `--configDir config_dir`.
+    pub fn start_with_config(
+        ns: &netns::Netns,
+        dir: &Path,
+        config_dir: &Path,
+        env: &[(&str, &str)],
+    ) -> Istiod {
+        let mut env: Vec<(&str, &str)> = env.to_vec();
+        let cd = config_dir.display().to_string();
+        env.push(("TEST_ISTIOD_CONFIG_DIR", &cd));
+        Self::start_in(ns, dir, &env)
     }
 
     fn start_full(
@@ -308,6 +342,11 @@ impl Istiod {
             .arg(format!("--monitoringAddr={monitoring}"))
             .arg("--grpcAddr=")
             .arg("--meshConfig=./mesh.yaml")
+            .args(
+                env.iter()
+                    .find(|(k, _)| k == "TEST_ISTIOD_CONFIG_DIR")
+                    .map(|(_, v)| format!("--configDir={v}")),
+            )
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         let n = fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);
         Proc::spawn("istiod", cmd, &dir.join(format!("istiod-{n}.log")))
@@ -445,6 +484,28 @@ impl PodDir {
             r#"{{"binaryPath": "{}", {}}}"#,
             envoy_bin().display(),
             ads::PROXY_CONFIG_FIELDS
+        );
+        let mut cmd = ns.command(bin("pilot-agent"));
+        cmd.current_dir(&self.dir)
+            .args(["proxy", "sidecar", "--concurrency", "1"])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("PROXY_CONFIG", proxy_config)
+            .envs(env.iter().copied());
+        Proc::spawn("pilot-agent", cmd, &self.dir.join("agent.log"))
+    }
+
+    /// Starts the agent in `ns` with a ProxyConfig of the test's choosing
+    /// (`binaryPath` is added).
+    pub fn start_agent_with(
+        &self,
+        ns: &netns::Netns,
+        env: &[(&str, &str)],
+        proxy_config_fields: &str,
+    ) -> Proc {
+        let proxy_config = format!(
+            r#"{{"binaryPath": "{}", {proxy_config_fields}}}"#,
+            envoy_bin().display()
         );
         let mut cmd = ns.command(bin("pilot-agent"));
         cmd.current_dir(&self.dir)

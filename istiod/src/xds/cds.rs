@@ -8,18 +8,24 @@ use std::time::Duration;
 use proto::pb::envoy::config::cluster::v3::{
     CircuitBreakers, Cluster, OutlierDetection as EnvoyOutlier, circuit_breakers, cluster,
 };
-use proto::pb::envoy::config::core::v3::{BindConfig, Http2ProtocolOptions, RoutingPriority, SocketAddress, socket_address};
-use proto::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint};
+use proto::pb::envoy::config::core::v3::{
+    BindConfig, Http2ProtocolOptions, RoutingPriority, SocketAddress, socket_address,
+};
+use proto::pb::envoy::config::endpoint::v3::{
+    ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
+};
 use proto::pb::envoy::extensions::transport_sockets::raw_buffer::v3::RawBuffer;
 use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
-    CertificateValidationContext, CommonTlsContext, SubjectAltNameMatcher, UpstreamTlsContext, common_tls_context,
-    subject_alt_name_matcher,
+    CertificateValidationContext, CommonTlsContext, SubjectAltNameMatcher, UpstreamTlsContext,
+    common_tls_context, subject_alt_name_matcher,
 };
-use proto::pb::envoy::extensions::upstreams::http::v3::{HttpProtocolOptions, http_protocol_options};
+use proto::pb::envoy::extensions::upstreams::http::v3::{
+    HttpProtocolOptions, http_protocol_options,
+};
 use proto::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher};
 
 use super::context::IstioContext;
-use super::util::{any, ads_source, duration, sds, socket, struct_of, transport_socket, u32v};
+use super::util::{ads_source, any, duration, sds, socket, struct_of, transport_socket, u32v};
 use super::{Proxy, Resource};
 use crate::model::istio::{SimpleLb, Subset, TlsMode, TrafficPolicy};
 use crate::model::service::{Service, ServicePort, ServiceResolution};
@@ -40,7 +46,10 @@ pub fn inbound_name(port: u16) -> String {
 }
 
 fn resource(c: Cluster) -> Resource {
-    Resource { name: c.name.clone(), resource: any(&c) }
+    Resource {
+        name: c.name.clone(),
+        resource: any(&c),
+    }
 }
 
 fn kind(t: cluster::DiscoveryType) -> Option<cluster::ClusterDiscoveryType> {
@@ -59,7 +68,13 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Resource> {
             let policy = dr.and_then(|d| d.spec.traffic_policy.as_ref());
             out.push(resource(outbound(ctx, svc, port, "", policy)));
             for subset in dr.map(|d| d.spec.subsets.as_slice()).unwrap_or_default() {
-                out.push(resource(outbound(ctx, svc, port, &subset.name, merged(policy, subset).as_ref())));
+                out.push(resource(outbound(
+                    ctx,
+                    svc,
+                    port,
+                    &subset.name,
+                    merged(policy, subset).as_ref(),
+                )));
             }
         }
     }
@@ -123,8 +138,14 @@ fn merged(top: Option<&TrafficPolicy>, subset: &Subset) -> Option<TrafficPolicy>
         (None, Some(s)) => Some(s.clone()),
         (Some(t), Some(s)) => Some(TrafficPolicy {
             load_balancer: s.load_balancer.clone().or_else(|| t.load_balancer.clone()),
-            connection_pool: s.connection_pool.clone().or_else(|| t.connection_pool.clone()),
-            outlier_detection: s.outlier_detection.clone().or_else(|| t.outlier_detection.clone()),
+            connection_pool: s
+                .connection_pool
+                .clone()
+                .or_else(|| t.connection_pool.clone()),
+            outlier_detection: s
+                .outlier_detection
+                .clone()
+                .or_else(|| t.outlier_detection.clone()),
             tls: s.tls.clone().or_else(|| t.tls.clone()),
             ..t.clone()
         }),
@@ -150,7 +171,13 @@ fn positive(v: Option<i32>) -> Option<u32> {
     v.filter(|v| *v > 0).map(|v| v as u32)
 }
 
-fn outbound(ctx: &IstioContext, svc: &Service, port: &ServicePort, subset: &str, policy: Option<&TrafficPolicy>) -> Cluster {
+fn outbound(
+    ctx: &IstioContext,
+    svc: &Service,
+    port: &ServicePort,
+    subset: &str,
+    policy: Option<&TrafficPolicy>,
+) -> Cluster {
     let name = outbound_name(port.port, subset, &svc.hostname);
     let mut c = Cluster {
         name: name.clone(),
@@ -162,7 +189,10 @@ fn outbound(ctx: &IstioContext, svc: &Service, port: &ServicePort, subset: &str,
                 .unwrap_or(CONNECT_TIMEOUT),
         )),
         // Istio's default load balancer is LEAST_REQUEST.
-        lb_policy: match policy.and_then(|p| p.load_balancer.as_ref()).and_then(|l| l.simple) {
+        lb_policy: match policy
+            .and_then(|p| p.load_balancer.as_ref())
+            .and_then(|l| l.simple)
+        {
             Some(SimpleLb::RoundRobin) => cluster::LbPolicy::RoundRobin,
             Some(SimpleLb::Random) => cluster::LbPolicy::Random,
             _ => cluster::LbPolicy::LeastRequest,
@@ -184,10 +214,12 @@ fn outbound(ctx: &IstioContext, svc: &Service, port: &ServicePort, subset: &str,
                     lb_endpoints: svc
                         .endpoints_for(port.port)
                         .map(|e| LbEndpoint {
-                            host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
-                                address: Some(socket(&e.address, e.port.into())),
-                                ..Default::default()
-                            })),
+                            host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(
+                                Endpoint {
+                                    address: Some(socket(&e.address, e.port.into())),
+                                    ..Default::default()
+                                },
+                            )),
                             ..Default::default()
                         })
                         .collect(),
@@ -205,7 +237,10 @@ fn outbound(ctx: &IstioContext, svc: &Service, port: &ServicePort, subset: &str,
         }
     }
     if let Some(cp) = policy.and_then(|p| p.connection_pool.as_ref()) {
-        let t = &mut c.circuit_breakers.get_or_insert_with(unlimited_breakers).thresholds[0];
+        let t = &mut c
+            .circuit_breakers
+            .get_or_insert_with(unlimited_breakers)
+            .thresholds[0];
         if let Some(v) = cp.tcp.as_ref().and_then(|t| positive(t.max_connections)) {
             t.max_connections = Some(u32v(v));
         }
@@ -248,7 +283,10 @@ fn outbound(ctx: &IstioContext, svc: &Service, port: &ServicePort, subset: &str,
         );
     }
     let tls_mode = policy.and_then(|p| p.tls.as_ref()).map(|t| t.mode);
-    let sans: Vec<String> = match policy.and_then(|p| p.tls.as_ref()).filter(|t| !t.subject_alt_names.is_empty()) {
+    let sans: Vec<String> = match policy
+        .and_then(|p| p.tls.as_ref())
+        .filter(|t| !t.subject_alt_names.is_empty())
+    {
         Some(t) => t.subject_alt_names.clone(),
         None if !svc.subject_alt_names.is_empty() => svc.subject_alt_names.clone(),
         None => svc.identities().into_iter().collect(),
@@ -256,7 +294,10 @@ fn outbound(ctx: &IstioContext, svc: &Service, port: &ServicePort, subset: &str,
     let sni = format!("outbound_.{}_.{}_.{}", port.port, subset, svc.hostname);
     match tls_mode {
         Some(TlsMode::IstioMutual) => {
-            c.transport_socket = Some(transport_socket("envoy.transport_sockets.tls", &istio_mutual(&sans, &sni)));
+            c.transport_socket = Some(transport_socket(
+                "envoy.transport_sockets.tls",
+                &istio_mutual(&sans, &sni),
+            ));
         }
         None if !svc.mesh_external => {
             // Auto mTLS: endpoints labelled tlsMode=istio get mutual TLS.
@@ -264,12 +305,18 @@ fn outbound(ctx: &IstioContext, svc: &Service, port: &ServicePort, subset: &str,
                 cluster::TransportSocketMatch {
                     name: "tlsMode-istio".into(),
                     r#match: Some(struct_of(&[("tlsMode", "istio")])),
-                    transport_socket: Some(transport_socket("envoy.transport_sockets.tls", &istio_mutual(&sans, &sni))),
+                    transport_socket: Some(transport_socket(
+                        "envoy.transport_sockets.tls",
+                        &istio_mutual(&sans, &sni),
+                    )),
                 },
                 cluster::TransportSocketMatch {
                     name: "tlsMode-disabled".into(),
                     r#match: Some(struct_of(&[])),
-                    transport_socket: Some(transport_socket("envoy.transport_sockets.raw_buffer", &RawBuffer {})),
+                    transport_socket: Some(transport_socket(
+                        "envoy.transport_sockets.raw_buffer",
+                        &RawBuffer {},
+                    )),
                 },
             ];
         }
@@ -286,26 +333,30 @@ pub fn istio_mutual(sans: &[String], sni: &str) -> UpstreamTlsContext {
     UpstreamTlsContext {
         common_tls_context: Some(CommonTlsContext {
             tls_certificate_sds_secret_configs: vec![sds("default")],
-            validation_context_type: Some(common_tls_context::ValidationContextType::CombinedValidationContext(
-                common_tls_context::CombinedCertificateValidationContext {
-                    default_validation_context: Some(CertificateValidationContext {
-                        match_typed_subject_alt_names: sans
-                            .iter()
-                            .map(|s| SubjectAltNameMatcher {
-                                san_type: subject_alt_name_matcher::SanType::Uri.into(),
-                                matcher: Some(StringMatcher {
-                                    match_pattern: Some(string_matcher::MatchPattern::Exact(s.clone())),
+            validation_context_type: Some(
+                common_tls_context::ValidationContextType::CombinedValidationContext(
+                    common_tls_context::CombinedCertificateValidationContext {
+                        default_validation_context: Some(CertificateValidationContext {
+                            match_typed_subject_alt_names: sans
+                                .iter()
+                                .map(|s| SubjectAltNameMatcher {
+                                    san_type: subject_alt_name_matcher::SanType::Uri.into(),
+                                    matcher: Some(StringMatcher {
+                                        match_pattern: Some(string_matcher::MatchPattern::Exact(
+                                            s.clone(),
+                                        )),
+                                        ..Default::default()
+                                    }),
                                     ..Default::default()
-                                }),
-                                ..Default::default()
-                            })
-                            .collect(),
+                                })
+                                .collect(),
+                            ..Default::default()
+                        }),
+                        validation_context_sds_secret_config: Some(sds("ROOTCA")),
                         ..Default::default()
-                    }),
-                    validation_context_sds_secret_config: Some(sds("ROOTCA")),
-                    ..Default::default()
-                },
-            )),
+                    },
+                ),
+            ),
             alpn_protocols: vec!["istio-peer-exchange".into(), "istio".into()],
             ..Default::default()
         }),

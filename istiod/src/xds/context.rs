@@ -7,9 +7,12 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::model::istio::{
-    DestinationRule, Labels, MtlsMode, PeerAuthentication, Sidecar, VirtualService, WorkloadSelector,
+    DestinationRule, Labels, MtlsMode, PeerAuthentication, Sidecar, VirtualService,
+    WorkloadSelector,
 };
-use crate::model::service::{Service, ServiceRegistry, egress_host_matches, host_matches, is_exported_to};
+use crate::model::service::{
+    Service, ServiceRegistry, egress_host_matches, host_matches, is_exported_to,
+};
 use crate::model::store::Snapshot;
 
 use super::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, Proxy, PushContext, ROUTE_TYPE, Resource};
@@ -75,7 +78,11 @@ pub fn resolve_host(host: &str, ns: &str, domain: &str) -> String {
 
 impl IstioContext {
     /// Builds a context from a snapshot.
-    pub fn new(version: String, snapshot: &Snapshot, options: &crate::model::service::RegistryOptions) -> Self {
+    pub fn new(
+        version: String,
+        snapshot: &Snapshot,
+        options: &crate::model::service::RegistryOptions,
+    ) -> Self {
         Self {
             version,
             registry: ServiceRegistry::build(snapshot, options),
@@ -94,9 +101,21 @@ impl IstioContext {
         let ns = proxy.namespace.as_str();
         self.sidecars
             .iter()
-            .find(|s| s.namespace == ns && s.spec.workload_selector.is_some() && selects(&s.spec.workload_selector, &proxy.labels))
-            .or_else(|| self.sidecars.iter().find(|s| s.namespace == ns && s.spec.workload_selector.is_none()))
-            .or_else(|| self.sidecars.iter().find(|s| s.namespace == ROOT_NAMESPACE && s.spec.workload_selector.is_none()))
+            .find(|s| {
+                s.namespace == ns
+                    && s.spec.workload_selector.is_some()
+                    && selects(&s.spec.workload_selector, &proxy.labels)
+            })
+            .or_else(|| {
+                self.sidecars
+                    .iter()
+                    .find(|s| s.namespace == ns && s.spec.workload_selector.is_none())
+            })
+            .or_else(|| {
+                self.sidecars
+                    .iter()
+                    .find(|s| s.namespace == ROOT_NAMESPACE && s.spec.workload_selector.is_none())
+            })
     }
 
     /// Services visible to `proxy`: exported to its namespace and allowed by
@@ -109,9 +128,9 @@ impl IstioContext {
                 None => true,
                 Some(sc) if sc.spec.egress.is_empty() => true,
                 Some(sc) => sc.spec.egress.iter().any(|e| {
-                    e.hosts
-                        .iter()
-                        .any(|h| egress_host_matches(h, &sc.namespace, &svc.namespace, &svc.hostname))
+                    e.hosts.iter().any(|h| {
+                        egress_host_matches(h, &sc.namespace, &svc.namespace, &svc.hostname)
+                    })
                 }),
             })
             .collect()
@@ -119,22 +138,39 @@ impl IstioContext {
 
     /// The DestinationRule for `host` as seen from `client_ns`: the client's
     /// namespace first, then the service's, then the root namespace.
-    pub fn destination_rule(&self, client_ns: &str, service: &Service) -> Option<&Named<DestinationRule>> {
+    pub fn destination_rule(
+        &self,
+        client_ns: &str,
+        service: &Service,
+    ) -> Option<&Named<DestinationRule>> {
         let matches = |dr: &&Named<DestinationRule>| {
-            host_matches(&resolve_host(&dr.spec.host, &dr.namespace, &self.domain), &service.hostname)
-                && is_exported_to(&dr.spec.export_to, &dr.namespace, client_ns)
+            host_matches(
+                &resolve_host(&dr.spec.host, &dr.namespace, &self.domain),
+                &service.hostname,
+            ) && is_exported_to(&dr.spec.export_to, &dr.namespace, client_ns)
         };
         [client_ns, service.namespace.as_str(), ROOT_NAMESPACE]
             .iter()
-            .find_map(|ns| self.destination_rules.iter().filter(|d| d.namespace == *ns).find(matches))
+            .find_map(|ns| {
+                self.destination_rules
+                    .iter()
+                    .filter(|d| d.namespace == *ns)
+                    .find(matches)
+            })
     }
 
     /// VirtualServices for sidecars (`mesh` gateway) visible to `client_ns`
     /// whose hosts include `hostname`.
-    pub fn virtual_services_for(&self, client_ns: &str, hostname: &str) -> Vec<&Named<VirtualService>> {
+    pub fn virtual_services_for(
+        &self,
+        client_ns: &str,
+        hostname: &str,
+    ) -> Vec<&Named<VirtualService>> {
         self.virtual_services
             .iter()
-            .filter(|vs| vs.spec.gateways.is_empty() || vs.spec.gateways.iter().any(|g| g == "mesh"))
+            .filter(|vs| {
+                vs.spec.gateways.is_empty() || vs.spec.gateways.iter().any(|g| g == "mesh")
+            })
             .filter(|vs| is_exported_to(&vs.spec.export_to, &vs.namespace, client_ns))
             .filter(|vs| {
                 vs.spec
@@ -149,17 +185,25 @@ impl IstioContext {
     /// PeerAuthentication (workload, namespace, root); Istio's default is PERMISSIVE.
     pub fn mtls_mode(&self, proxy: &Proxy, port: u16) -> MtlsMode {
         let applicable = |pa: &&Named<PeerAuthentication>| {
-            pa.spec.selector.as_ref().is_some_and(|s| !s.labels.is_empty()) && selects(&pa.spec.selector, &proxy.labels)
+            pa.spec
+                .selector
+                .as_ref()
+                .is_some_and(|s| !s.labels.is_empty())
+                && selects(&pa.spec.selector, &proxy.labels)
         };
-        let workload = self.peer_authentications.iter().filter(|p| p.namespace == proxy.namespace).find(applicable);
-        let namespace = self
+        let workload = self
             .peer_authentications
             .iter()
-            .find(|p| p.namespace == proxy.namespace && p.spec.selector.as_ref().is_none_or(|s| s.labels.is_empty()));
-        let root = self
-            .peer_authentications
-            .iter()
-            .find(|p| p.namespace == ROOT_NAMESPACE && p.spec.selector.as_ref().is_none_or(|s| s.labels.is_empty()));
+            .filter(|p| p.namespace == proxy.namespace)
+            .find(applicable);
+        let namespace = self.peer_authentications.iter().find(|p| {
+            p.namespace == proxy.namespace
+                && p.spec.selector.as_ref().is_none_or(|s| s.labels.is_empty())
+        });
+        let root = self.peer_authentications.iter().find(|p| {
+            p.namespace == ROOT_NAMESPACE
+                && p.spec.selector.as_ref().is_none_or(|s| s.labels.is_empty())
+        });
         for pa in [workload, namespace, root].into_iter().flatten() {
             if let Some(m) = pa.spec.port_level_mtls.get(&u32::from(port))
                 && m.mode != MtlsMode::Unset
@@ -182,7 +226,9 @@ impl IstioContext {
         let mut seen = BTreeSet::new();
         for svc in self.registry.services() {
             for ep in &svc.endpoints {
-                if proxy.ips.contains(&ep.address) && seen.insert((svc.hostname.clone(), ep.service_port)) {
+                if proxy.ips.contains(&ep.address)
+                    && seen.insert((svc.hostname.clone(), ep.service_port))
+                {
                     out.push((svc, ep.service_port, ep.port));
                 }
             }
@@ -193,7 +239,11 @@ impl IstioContext {
     /// The proxy's workload labels from the registry (Pod labels), or its metadata.
     pub fn workload_labels(&self, proxy: &Proxy) -> Labels {
         for svc in self.registry.services() {
-            if let Some(ep) = svc.endpoints.iter().find(|e| proxy.ips.contains(&e.address)) {
+            if let Some(ep) = svc
+                .endpoints
+                .iter()
+                .find(|e| proxy.ips.contains(&e.address))
+            {
                 return ep.labels.clone();
             }
         }
@@ -206,7 +256,12 @@ impl PushContext for IstioContext {
         &self.version
     }
 
-    fn generate(&self, proxy: &Proxy, type_url: &str, names: &BTreeSet<String>) -> Result<Vec<Resource>, String> {
+    fn generate(
+        &self,
+        proxy: &Proxy,
+        type_url: &str,
+        names: &BTreeSet<String>,
+    ) -> Result<Vec<Resource>, String> {
         let mut proxy = proxy.clone();
         proxy.labels = self.workload_labels(&proxy);
         let all = match type_url {
@@ -219,7 +274,9 @@ impl PushContext for IstioContext {
         Ok(if names.is_empty() || super::is_wildcard(type_url) {
             all
         } else {
-            all.into_iter().filter(|r| names.contains(&r.name)).collect()
+            all.into_iter()
+                .filter(|r| names.contains(&r.name))
+                .collect()
         })
     }
 }

@@ -5,7 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use proto::pb::envoy::config::core::v3::{HealthStatus, Locality, Metadata};
-use proto::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint};
+use proto::pb::envoy::config::endpoint::v3::{
+    ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
+};
 
 use super::context::IstioContext;
 use super::util::{any, socket, struct_of, u32v};
@@ -35,11 +37,19 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy, names: &BTreeSet<String>) -> Vec
     };
     let mut out = Vec::new();
     for name in wanted {
-        let Some((port, subset, host)) = parse_cluster(&name) else { continue };
+        let Some((port, subset, host)) = parse_cluster(&name) else {
+            continue;
+        };
         let services = ctx.services_for(proxy);
         let Some(svc) = services.iter().find(|s| s.hostname == host) else {
             // Unknown now: an empty assignment keeps Envoy from waiting.
-            out.push(Resource { name: name.clone(), resource: any(&ClusterLoadAssignment { cluster_name: name, ..Default::default() }) });
+            out.push(Resource {
+                name: name.clone(),
+                resource: any(&ClusterLoadAssignment {
+                    cluster_name: name,
+                    ..Default::default()
+                }),
+            });
             continue;
         };
         if svc.resolution != ServiceResolution::ClientSideLb {
@@ -61,19 +71,28 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy, names: &BTreeSet<String>) -> Vec
             }
             let mut metadata = Metadata::default();
             if ep.tls_mode == EndpointTlsMode::Istio {
-                metadata
-                    .filter_metadata
-                    .insert("envoy.transport_socket_match".into(), struct_of(&[("tlsMode", "istio")]));
+                metadata.filter_metadata.insert(
+                    "envoy.transport_socket_match".into(),
+                    struct_of(&[("tlsMode", "istio")]),
+                );
             }
-            by_locality.entry(ep.locality.clone()).or_default().push(LbEndpoint {
-                host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
-                    address: Some(socket(&ep.address, ep.port.into())),
-                    ..Default::default()
-                })),
-                health_status: if ep.healthy { HealthStatus::Healthy } else { HealthStatus::Unhealthy }.into(),
-                metadata: Some(metadata),
-                load_balancing_weight: Some(u32v(ep.weight.max(1))),
-            });
+            by_locality
+                .entry(ep.locality.clone())
+                .or_default()
+                .push(LbEndpoint {
+                    host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+                        address: Some(socket(&ep.address, ep.port.into())),
+                        ..Default::default()
+                    })),
+                    health_status: if ep.healthy {
+                        HealthStatus::Healthy
+                    } else {
+                        HealthStatus::Unhealthy
+                    }
+                    .into(),
+                    metadata: Some(metadata),
+                    load_balancing_weight: Some(u32v(ep.weight.max(1))),
+                });
         }
         let endpoints = by_locality
             .into_iter()
@@ -93,7 +112,11 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy, names: &BTreeSet<String>) -> Vec
             .collect();
         out.push(Resource {
             name: name.clone(),
-            resource: any(&ClusterLoadAssignment { cluster_name: name, endpoints, ..Default::default() }),
+            resource: any(&ClusterLoadAssignment {
+                cluster_name: name,
+                endpoints,
+                ..Default::default()
+            }),
         });
     }
     out

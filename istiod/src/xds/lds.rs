@@ -12,8 +12,13 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use proto::pb::envoy::config::core::v3::TrafficDirection;
-use proto::pb::envoy::config::listener::v3::{Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, filter, listener_filter};
-use proto::pb::envoy::config::route::v3::{Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route, route_action, route_match};
+use proto::pb::envoy::config::listener::v3::{
+    Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, filter, listener_filter,
+};
+use proto::pb::envoy::config::route::v3::{
+    Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route, route_action,
+    route_match,
+};
 use proto::pb::envoy::extensions::filters::http::fault::v3::HttpFault;
 use proto::pb::envoy::extensions::filters::http::router::v3::Router;
 use proto::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
@@ -29,20 +34,30 @@ use proto::pb::google::protobuf::BoolValue;
 
 use super::cds::{inbound_name, outbound_name};
 use super::context::IstioContext;
-use super::util::{any, ads_source, duration, sds, socket, transport_socket};
+use super::util::{ads_source, any, duration, sds, socket, transport_socket};
 use super::{Proxy, Resource};
 use crate::model::istio::{CaptureMode, MtlsMode, OutboundMode};
 
 fn resource(l: Listener) -> Resource {
-    Resource { name: l.name.clone(), resource: any(&l) }
+    Resource {
+        name: l.name.clone(),
+        resource: any(&l),
+    }
 }
 
 fn network_filter<M: prost::Message + prost::Name>(name: &str, m: &M) -> Filter {
-    Filter { name: name.into(), config_type: Some(filter::ConfigType::TypedConfig(any(m))) }
+    Filter {
+        name: name.into(),
+        config_type: Some(filter::ConfigType::TypedConfig(any(m))),
+    }
 }
 
 fn http_filter<M: prost::Message + prost::Name>(name: &str, m: &M) -> HttpFilter {
-    HttpFilter { name: name.into(), config_type: Some(http_filter::ConfigType::TypedConfig(any(m))), ..Default::default() }
+    HttpFilter {
+        name: name.into(),
+        config_type: Some(http_filter::ConfigType::TypedConfig(any(m))),
+        ..Default::default()
+    }
 }
 
 fn tcp_proxy_to(stat_prefix: &str, cluster: &str) -> Filter {
@@ -84,33 +99,45 @@ fn inbound_hcm(target_port: u16) -> Filter {
         "envoy.filters.network.http_connection_manager",
         &HttpConnectionManager {
             stat_prefix: format!("inbound_0.0.0.0_{target_port}"),
-            route_specifier: Some(http_connection_manager::RouteSpecifier::RouteConfig(RouteConfiguration {
-                name: cluster.clone(),
-                virtual_hosts: vec![VirtualHost {
-                    name: format!("inbound|http|{target_port}"),
-                    domains: vec!["*".into()],
-                    routes: vec![Route {
-                        name: "default".into(),
-                        r#match: Some(RouteMatch { path_specifier: Some(route_match::PathSpecifier::Prefix("/".into())), ..Default::default() }),
-                        action: Some(route::Action::Route(RouteAction {
-                            cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(cluster.clone())),
-                            timeout: Some(duration(Duration::ZERO)),
+            route_specifier: Some(http_connection_manager::RouteSpecifier::RouteConfig(
+                RouteConfiguration {
+                    name: cluster.clone(),
+                    virtual_hosts: vec![VirtualHost {
+                        name: format!("inbound|http|{target_port}"),
+                        domains: vec!["*".into()],
+                        routes: vec![Route {
+                            name: "default".into(),
+                            r#match: Some(RouteMatch {
+                                path_specifier: Some(route_match::PathSpecifier::Prefix(
+                                    "/".into(),
+                                )),
+                                ..Default::default()
+                            }),
+                            action: Some(route::Action::Route(RouteAction {
+                                cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(
+                                    cluster.clone(),
+                                )),
+                                timeout: Some(duration(Duration::ZERO)),
+                                ..Default::default()
+                            })),
                             ..Default::default()
-                        })),
+                        }],
                         ..Default::default()
                     }],
+                    validate_clusters: Some(BoolValue { value: false }),
                     ..Default::default()
-                }],
-                validate_clusters: Some(BoolValue { value: false }),
-                ..Default::default()
-            })),
-            forward_client_cert_details: http_connection_manager::ForwardClientCertDetails::AppendForward.into(),
-            set_current_client_cert_details: Some(http_connection_manager::SetCurrentClientCertDetails {
-                subject: Some(BoolValue { value: true }),
-                dns: true,
-                uri: true,
-                ..Default::default()
-            }),
+                },
+            )),
+            forward_client_cert_details:
+                http_connection_manager::ForwardClientCertDetails::AppendForward.into(),
+            set_current_client_cert_details: Some(
+                http_connection_manager::SetCurrentClientCertDetails {
+                    subject: Some(BoolValue { value: true }),
+                    dns: true,
+                    uri: true,
+                    ..Default::default()
+                },
+            ),
             http_filters: vec![http_filter("envoy.filters.http.router", &Router::default())],
             ..Default::default()
         },
@@ -125,13 +152,17 @@ fn inbound_tls() -> proto::pb::envoy::config::core::v3::TransportSocket {
         &DownstreamTlsContext {
             common_tls_context: Some(CommonTlsContext {
                 tls_certificate_sds_secret_configs: vec![sds("default")],
-                validation_context_type: Some(common_tls_context::ValidationContextType::CombinedValidationContext(
-                    common_tls_context::CombinedCertificateValidationContext {
-                        default_validation_context: Some(CertificateValidationContext::default()),
-                        validation_context_sds_secret_config: Some(sds("ROOTCA")),
-                        ..Default::default()
-                    },
-                )),
+                validation_context_type: Some(
+                    common_tls_context::ValidationContextType::CombinedValidationContext(
+                        common_tls_context::CombinedCertificateValidationContext {
+                            default_validation_context: Some(
+                                CertificateValidationContext::default(),
+                            ),
+                            validation_context_sds_secret_config: Some(sds("ROOTCA")),
+                            ..Default::default()
+                        },
+                    ),
+                ),
                 alpn_protocols: vec!["h2".into(), "http/1.1".into()],
                 ..Default::default()
             }),
@@ -142,11 +173,24 @@ fn inbound_tls() -> proto::pb::envoy::config::core::v3::TransportSocket {
 }
 
 /// Filter chains for one inbound port, per its mTLS mode.
-fn inbound_chains(mode: MtlsMode, port: Option<u16>, target_port: u16, http: bool) -> Vec<FilterChain> {
-    let app = if http { inbound_hcm(target_port) } else { tcp_proxy_to(&inbound_name(target_port), &inbound_name(target_port)) };
+fn inbound_chains(
+    mode: MtlsMode,
+    port: Option<u16>,
+    target_port: u16,
+    http: bool,
+) -> Vec<FilterChain> {
+    let app = if http {
+        inbound_hcm(target_port)
+    } else {
+        tcp_proxy_to(&inbound_name(target_port), &inbound_name(target_port))
+    };
     let chain_match = |tls: bool| FilterChainMatch {
         destination_port: port.map(|p| super::util::u32v(p.into())),
-        transport_protocol: if tls { "tls".into() } else { "raw_buffer".into() },
+        transport_protocol: if tls {
+            "tls".into()
+        } else {
+            "raw_buffer".into()
+        },
         ..Default::default()
     };
     let tls = FilterChain {
@@ -174,13 +218,17 @@ fn listener_filters(original_dst: bool) -> Vec<ListenerFilter> {
     if original_dst {
         f.push(ListenerFilter {
             name: "envoy.filters.listener.original_dst".into(),
-            config_type: Some(listener_filter::ConfigType::TypedConfig(any(&OriginalDst {}))),
+            config_type: Some(listener_filter::ConfigType::TypedConfig(any(
+                &OriginalDst {},
+            ))),
             ..Default::default()
         });
     }
     f.push(ListenerFilter {
         name: "envoy.filters.listener.tls_inspector".into(),
-        config_type: Some(listener_filter::ConfigType::TypedConfig(any(&TlsInspector::default()))),
+        config_type: Some(listener_filter::ConfigType::TypedConfig(any(
+            &TlsInspector::default(),
+        ))),
         ..Default::default()
     });
     f
@@ -193,7 +241,11 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Resource> {
     let registry_only = sidecar
         .and_then(|s| s.spec.outbound_traffic_policy.as_ref())
         .is_some_and(|p| p.mode == OutboundMode::RegistryOnly);
-    let catch_all = if registry_only { "BlackHoleCluster" } else { "PassthroughCluster" };
+    let catch_all = if registry_only {
+        "BlackHoleCluster"
+    } else {
+        "PassthroughCluster"
+    };
     let services = ctx.services_for(proxy);
 
     // virtualOutbound: iptables sends outbound traffic here; per-port
@@ -223,7 +275,10 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Resource> {
                         bind_to_port: Some(BoolValue { value: false }),
                         traffic_direction: TrafficDirection::Outbound.into(),
                         filter_chains: vec![FilterChain {
-                            filters: vec![outbound_hcm(&format!("outbound_0.0.0.0_{}", port.port), &port.port.to_string())],
+                            filters: vec![outbound_hcm(
+                                &format!("outbound_0.0.0.0_{}", port.port),
+                                &port.port.to_string(),
+                            )],
                             ..Default::default()
                         }],
                         ..Default::default()
@@ -256,11 +311,19 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Resource> {
             continue;
         }
         let http = svc.port(service_port).is_some_and(|p| p.protocol.is_http());
-        chains.extend(inbound_chains(ctx.mtls_mode(proxy, target), Some(target), target, http));
+        chains.extend(inbound_chains(
+            ctx.mtls_mode(proxy, target),
+            Some(target),
+            target,
+            http,
+        ));
     }
     chains.push(FilterChain {
         name: "virtualInbound-catchall".into(),
-        filters: vec![tcp_proxy_to("InboundPassthroughCluster", "InboundPassthroughCluster")],
+        filters: vec![tcp_proxy_to(
+            "InboundPassthroughCluster",
+            "InboundPassthroughCluster",
+        )],
         ..Default::default()
     });
     out.push(resource(Listener {
@@ -274,16 +337,28 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Resource> {
 
     // Sidecar listeners with captureMode NONE: bound where the app connects.
     if let Some(sc) = sidecar {
-        for eg in sc.spec.egress.iter().filter(|e| e.capture_mode == CaptureMode::None) {
+        for eg in sc
+            .spec
+            .egress
+            .iter()
+            .filter(|e| e.capture_mode == CaptureMode::None)
+        {
             let Some(port) = &eg.port else { continue };
-            let bind = if eg.bind.is_empty() { "127.0.0.1" } else { eg.bind.as_str() };
+            let bind = if eg.bind.is_empty() {
+                "127.0.0.1"
+            } else {
+                eg.bind.as_str()
+            };
             let number = port.number as u16;
             let protocol = crate::model::service::Protocol::parse(&port.protocol);
             let filter = if protocol.is_http() {
                 outbound_hcm(&format!("outbound_{bind}_{number}"), &number.to_string())
             } else {
                 match services.iter().find(|s| s.port(number).is_some()) {
-                    Some(svc) => tcp_proxy_to(&outbound_name(number, "", &svc.hostname), &outbound_name(number, "", &svc.hostname)),
+                    Some(svc) => tcp_proxy_to(
+                        &outbound_name(number, "", &svc.hostname),
+                        &outbound_name(number, "", &svc.hostname),
+                    ),
                     None => tcp_proxy_to(catch_all, catch_all),
                 }
             };
@@ -291,13 +366,25 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Resource> {
                 name: format!("{bind}_{number}"),
                 address: Some(socket(bind, number.into())),
                 traffic_direction: TrafficDirection::Outbound.into(),
-                filter_chains: vec![FilterChain { filters: vec![filter], ..Default::default() }],
+                filter_chains: vec![FilterChain {
+                    filters: vec![filter],
+                    ..Default::default()
+                }],
                 ..Default::default()
             }));
         }
-        for ing in sc.spec.ingress.iter().filter(|i| i.capture_mode == CaptureMode::None) {
+        for ing in sc
+            .spec
+            .ingress
+            .iter()
+            .filter(|i| i.capture_mode == CaptureMode::None)
+        {
             let port = &ing.port;
-            let bind = if ing.bind.is_empty() { "0.0.0.0" } else { ing.bind.as_str() };
+            let bind = if ing.bind.is_empty() {
+                "0.0.0.0"
+            } else {
+                ing.bind.as_str()
+            };
             let number = port.number as u16;
             let target = ing
                 .default_endpoint

@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use prost::Message;
 use proto::pb::envoy::config::core::v3::{
-    Address, AggregatedConfigSource, ApiVersion, ConfigSource, DataSource, GrpcService, SocketAddress, TransportSocket,
-    address, api_config_source, config_source, data_source, grpc_service, socket_address, transport_socket,
+    Address, AggregatedConfigSource, ApiVersion, ConfigSource, DataSource, GrpcService,
+    SocketAddress, TransportSocket, address, api_config_source, config_source, data_source,
+    grpc_service, socket_address, transport_socket,
 };
 use proto::pb::envoy::extensions::transport_sockets::tls::v3::SdsSecretConfig;
 use proto::pb::google::protobuf::{self as pb, Any, Struct, Value, value::Kind};
@@ -47,7 +48,9 @@ pub fn ads_source() -> ConfigSource {
     ConfigSource {
         resource_api_version: ApiVersion::V3.into(),
         initial_fetch_timeout: Some(duration(Duration::ZERO)),
-        config_source_specifier: Some(config_source::ConfigSourceSpecifier::Ads(AggregatedConfigSource {})),
+        config_source_specifier: Some(config_source::ConfigSourceSpecifier::Ads(
+            AggregatedConfigSource {},
+        )),
         ..Default::default()
     }
 }
@@ -64,10 +67,12 @@ pub fn sds(name: &str) -> SdsSecretConfig {
                     set_node_on_first_message_only: true,
                     transport_api_version: ApiVersion::V3.into(),
                     grpc_services: vec![GrpcService {
-                        target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(grpc_service::EnvoyGrpc {
-                            cluster_name: "sds-grpc".into(),
-                            ..Default::default()
-                        })),
+                        target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(
+                            grpc_service::EnvoyGrpc {
+                                cluster_name: "sds-grpc".into(),
+                                ..Default::default()
+                            },
+                        )),
                         ..Default::default()
                     }],
                     ..Default::default()
@@ -96,7 +101,10 @@ pub fn string_value(s: &str) -> Value {
 /// A `Struct` of string fields.
 pub fn struct_of(fields: &[(&str, &str)]) -> Struct {
     Struct {
-        fields: fields.iter().map(|(k, v)| (k.to_string(), string_value(v))).collect(),
+        fields: fields
+            .iter()
+            .map(|(k, v)| (k.to_string(), string_value(v)))
+            .collect(),
     }
 }
 
