@@ -191,9 +191,8 @@ impl AggregatedDiscoveryService for XdsProxy {
         let mut responses = client
             .stream_aggregated_resources(upstream)
             .await
-            .map_err(|s| {
+            .inspect_err(|s| {
                 tracing::warn!(target: "xdsproxy", "upstream xDS stream to {} failed: {}", self.config.discovery_address, s.message());
-                s
             })?
             .into_inner();
         tracing::info!(target: "xdsproxy", "connected to upstream XDS server: {}", self.config.discovery_address);
@@ -280,9 +279,8 @@ impl AggregatedDiscoveryService for XdsProxy {
         let mut responses = client
             .delta_aggregated_resources(upstream)
             .await
-            .map_err(|s| {
+            .inspect_err(|s| {
                 tracing::warn!(target: "xdsproxy", "upstream delta xDS stream to {} failed: {}", self.config.discovery_address, s.message());
-                s
             })?
             .into_inner();
         tracing::info!(target: "xdsproxy", "connected to delta upstream XDS server: {}", self.config.discovery_address);

@@ -54,7 +54,6 @@ fn string_matcher(m: &StringMatch, ignore_case: bool) -> Option<StringMatcher> {
     Some(StringMatcher {
         match_pattern: Some(pattern),
         ignore_case,
-        ..Default::default()
     })
 }
 
