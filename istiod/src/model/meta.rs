@@ -267,8 +267,11 @@ impl Spec {
 }
 
 /// One typed object: Istio's `config.Config` (metadata + spec).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
+///
+/// Serializes in Kubernetes' shape (`apiVersion`, `kind`, `metadata`, then
+/// `spec` or the kind's top-level fields), so a dump reads like the input and
+/// decodes back to an equal object.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Object {
     /// The `apiVersion` the object was written with (e.g. `networking.istio.io/v1beta1`).
     pub api_version: String,
@@ -276,6 +279,29 @@ pub struct Object {
     pub metadata: ObjectMeta,
     /// The typed body.
     pub spec: Spec,
+}
+
+impl Serialize for Object {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{Error, SerializeMap};
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("apiVersion", &self.api_version)?;
+        map.serialize_entry("kind", self.kind().as_str())?;
+        map.serialize_entry("metadata", &self.metadata)?;
+        if self.kind().is_istio() {
+            map.serialize_entry("spec", &self.spec)?;
+        } else {
+            // Kubernetes kinds keep their own top-level fields (`spec`,
+            // `status`, or EndpointSlice's `endpoints` and `ports`).
+            let body = serde_json::to_value(&self.spec).map_err(S::Error::custom)?;
+            if let serde_json::Value::Object(fields) = body {
+                for (k, v) in fields {
+                    map.serialize_entry(&k, &v)?;
+                }
+            }
+        }
+        map.end()
+    }
 }
 
 impl Object {

@@ -332,6 +332,10 @@ spec:
             Some("/api")
         );
         assert!(http.r#match[0].headers["x-present"].matcher().is_none());
+        // Durations dump as Go prints them and decode back.
+        let json = serde_json::to_value(&o).unwrap();
+        assert_eq!(json["spec"]["http"][0]["timeout"], "1.5s");
+        assert_eq!(decode(json).unwrap(), Decoded::Object(o.clone()));
     }
 
     #[test]
@@ -410,6 +414,34 @@ metadata: {name: d}
             parsed.ignored,
             vec!["networking.istio.io/v1 Gateway", "apps/v1 Deployment"]
         );
+    }
+
+    #[test]
+    fn objects_serialize_in_kubernetes_shape_and_decode_back() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/mesh");
+        let mut count = 0;
+        for file in ["namespace.yaml", "sleep.yaml", "httpbin.yaml", "istio.yaml"] {
+            let text = std::fs::read_to_string(dir.join(file)).unwrap();
+            for object in parse_file(file, &text).unwrap().objects {
+                let json = serde_json::to_value(&object).unwrap();
+                assert_eq!(json["kind"], object.kind().as_str());
+                assert_eq!(json["metadata"]["name"], object.metadata.name.as_str());
+                match decode(json.clone()).unwrap() {
+                    Decoded::Object(back) => assert_eq!(back, object, "{json}"),
+                    other => panic!("{other:?}"),
+                }
+                count += 1;
+            }
+        }
+        assert_eq!(count, 11);
+        let slice = parse_file(
+            "s.yaml",
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s, namespace: n}\naddressType: IPv4\nendpoints: [{addresses: [10.244.0.1]}]\n",
+        )
+        .unwrap();
+        let json = serde_json::to_value(&slice.objects[0]).unwrap();
+        assert_eq!(json["endpoints"][0]["addresses"][0], "10.244.0.1");
+        assert_eq!(json["addressType"], "IPv4");
     }
 
     #[test]

@@ -397,7 +397,7 @@ pub struct ServiceRegistry {
 impl ServiceRegistry {
     /// Builds the registry from a snapshot.
     pub fn build(snapshot: &Snapshot, options: &RegistryOptions) -> Self {
-        let index = PodIndex::new(snapshot);
+        let index = JoinIndex::new(snapshot);
         let mut services: Vec<Arc<Service>> = Vec::new();
         for svc in snapshot.list::<kube::Service>() {
             services.push(Arc::new(kube_service(snapshot, &index, svc, options)));
@@ -432,13 +432,15 @@ impl ServiceRegistry {
     }
 }
 
-/// Pods by namespace/name and by IP, for joining endpoints with workloads.
-struct PodIndex<'a> {
+/// Pods by namespace/name and by IP, and EndpointSlices by the
+/// namespace/name of their Service, for joining endpoints with workloads.
+struct JoinIndex<'a> {
     by_name: HashMap<(&'a str, &'a str), Typed<'a, kube::Pod>>,
     by_ip: HashMap<&'a str, Typed<'a, kube::Pod>>,
+    slices: HashMap<(&'a str, &'a str), Vec<Typed<'a, kube::EndpointSlice>>>,
 }
 
-impl<'a> PodIndex<'a> {
+impl<'a> JoinIndex<'a> {
     fn new(snapshot: &'a Snapshot) -> Self {
         let mut by_name = HashMap::new();
         let mut by_ip = HashMap::new();
@@ -451,7 +453,21 @@ impl<'a> PodIndex<'a> {
                 }
             }
         }
-        Self { by_name, by_ip }
+        let mut slices: HashMap<_, Vec<_>> = HashMap::new();
+        for slice in snapshot.list::<kube::EndpointSlice>() {
+            let meta = &slice.object.metadata;
+            if let Some(service) = meta.labels.get(SERVICE_NAME_LABEL) {
+                slices
+                    .entry((meta.namespace.as_str(), service.as_str()))
+                    .or_default()
+                    .push(slice);
+            }
+        }
+        Self {
+            by_name,
+            by_ip,
+            slices,
+        }
     }
 }
 
@@ -483,7 +499,7 @@ fn identity(options: &RegistryOptions, namespace: &str, service_account: &str) -
 
 fn kube_service(
     snapshot: &Snapshot,
-    pods: &PodIndex<'_>,
+    pods: &JoinIndex<'_>,
     svc: Typed<'_, kube::Service>,
     options: &RegistryOptions,
 ) -> Service {
@@ -550,7 +566,7 @@ fn kube_service(
             }
         }
     } else {
-        slice_endpoints(snapshot, pods, svc, &ports, options, &mut endpoints);
+        slice_endpoints(pods, svc, &ports, options, &mut endpoints);
         workload_entry_endpoints(snapshot, svc, &ports, options, &mut endpoints);
     }
 
@@ -573,21 +589,20 @@ fn kube_service(
 /// `kubernetes.io/service-name`), each joined with its Pod (by `targetRef`,
 /// else by IP) for labels, identity and TLS mode.
 fn slice_endpoints(
-    snapshot: &Snapshot,
-    pods: &PodIndex<'_>,
+    pods: &JoinIndex<'_>,
     svc: Typed<'_, kube::Service>,
     ports: &[ServicePort],
     options: &RegistryOptions,
     out: &mut Vec<Endpoint>,
 ) {
     let meta = &svc.object.metadata;
-    for slice in snapshot.list::<kube::EndpointSlice>() {
+    let slices = pods
+        .slices
+        .get(&(meta.namespace.as_str(), meta.name.as_str()))
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    for slice in slices {
         let smeta = &slice.object.metadata;
-        if smeta.namespace != meta.namespace
-            || smeta.labels.get(SERVICE_NAME_LABEL) != Some(&meta.name)
-        {
-            continue;
-        }
         for ep in &slice.spec.endpoints {
             let Some(address) = ep.addresses.first() else {
                 continue;
