@@ -31,6 +31,7 @@ pub fn probe(
         .map_err(|e| format!("connect: {e}"))?;
     sock.set_read_timeout(Some(Duration::from_secs(5)))
         .map_err(|e| e.to_string())?;
+    sock.set_nodelay(true).map_err(|e| e.to_string())?;
     let mut tls = rustls::Stream::new(&mut conn, &mut sock);
     tls.write_all(b"GET / HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
         .map_err(|e| format!("TLS handshake or write: {e}"))?;
