@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 pub mod ads;
 pub mod envoy;
+pub mod mesh;
 pub mod netns;
 pub mod tls;
 
@@ -257,6 +258,19 @@ impl Istiod {
     pub fn start_in(ns: &netns::Netns, dir: &Path, env: &[(&str, &str)]) -> Istiod {
         let grpc: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         Self::start_full(dir, grpc, env, Some(ns.name.clone()))
+    }
+
+    /// Starts istiod in the hub namespace, listening on every address (Istio's
+    /// ports, `:15012` and `:15010`), with `--configDir config_dir`.
+    pub fn start_hub(ns: &netns::Netns, dir: &Path, config_dir: &Path) -> Istiod {
+        let cd = config_dir.display().to_string();
+        let grpc: SocketAddr = "0.0.0.0:15012".parse().unwrap();
+        Self::start_full(
+            dir,
+            grpc,
+            &[("TEST_ISTIOD_CONFIG_DIR", &cd)],
+            Some(ns.name.clone()),
+        )
     }
 
     /// Starts istiod inside `ns` with `--configDir config_dir`.
