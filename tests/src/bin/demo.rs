@@ -1,119 +1,133 @@
-//! The local demo: istiod's CA issues a workload certificate; pilot-agent
-//! starts a real Envoy with Istio's bootstrap and serves it the certificate
-//! over SDS; a client watches Envoy present it over TLS while it rotates.
-//! The Pod is a network namespace of its own, so Envoy keeps Istio's ports.
+//! The local mesh demo (the README's first command): istiod on the sample
+//! config, three Pods (sleep, httpbin v1 and v2) each with pilot-agent and a
+//! real Envoy in a network namespace of its own, a stream of requests from
+//! sleep to httpbin over mutual TLS, and a summary of what happened.
+//!
+//! `--seconds N` sets how long requests flow (default 20); `--keep` leaves
+//! the mesh running until Ctrl-C so the config directory can be edited live.
 
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use tests::netns::Netns;
-use tests::{Istiod, Pod, PodDir, TLS_PORT, wait_for};
+use tests::mesh::LocalMesh;
 
-const IDENTITY: &str = "spiffe://cluster.local/ns/default/sa/sleep";
+fn field<'a>(body: &'a str, key: &str) -> &'a str {
+    body.lines().find_map(|l| l.strip_prefix(key)).unwrap_or("")
+}
 
 fn main() {
-    let seconds: u64 = std::env::args()
-        .skip_while(|a| a != "--seconds")
+    let args: Vec<String> = std::env::args().collect();
+    let seconds: u64 = args
+        .iter()
+        .skip_while(|a| *a != "--seconds")
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(20);
+    let keep = args.iter().any(|a| a == "--keep");
+    // Ctrl-C ends the request loop, so the Pods and namespaces are cleaned up.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let _ = tokio::signal::ctrl_c().await;
+            });
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+    }
     let tmp = tempfile::Builder::new()
         .prefix("mesh-demo.")
         .tempdir()
         .unwrap();
-    println!("demo directory: {}", tmp.path().display());
-
-    let ns = Netns::new("demo-pod");
-    let istiod = Istiod::start_in(
-        &ns,
-        &tmp.path().join("istiod"),
-        &[("ISTIOD_CUSTOM_HOST", "127.0.0.1")],
-    );
+    println!("Starting the local mesh in {} ...", tmp.path().display());
+    let mesh = LocalMesh::start(tmp.path(), &[("SECRET_TTL", "1h")]);
     println!(
-        "istiod is ready: CA on {} (TLS), root in {}/etc/istio-ca-secret",
-        istiod.grpc,
-        istiod.dir.display()
+        "istiod: hub namespace {}, config from {}",
+        mesh.hub.ns.name,
+        mesh.config_dir.display()
     );
-    let root = istiod.root_pem();
-    let dir = PodDir::new(
-        &tmp.path().join("pod-sleep"),
-        &istiod.token("default", "sleep"),
-        Some(&root),
-    );
-    let ca = istiod.grpc.to_string();
-    let pod = Pod::start(
-        ns,
-        dir,
-        &[
-            ("POD_NAME", "sleep-1"),
-            ("POD_NAMESPACE", "default"),
-            ("SERVICE_ACCOUNT", "sleep"),
-            ("CA_ADDR", &ca),
-            ("SECRET_TTL", "10s"),
-        ],
-    );
-    println!(
-        "pilot-agent started for default/sleep in network namespace {} with 10s certificates; it wrote {} and launched Envoy",
-        pod.ns.name,
-        pod.dir.dir.join("etc/istio/proxy/envoy-rev.json").display()
-    );
-    println!(
-        "(istiod does not serve xDS yet: the demo hands Envoy its TLS listener from a small ADS server of its own on the agent's XDS socket)"
-    );
-    let first = pod.wait_served(&root, IDENTITY, Duration::from_secs(30));
-    println!(
-        "Envoy's TLS listener on :{TLS_PORT} presents URI SAN {:?}, verified against istiod's root",
-        first.uri_sans
-    );
-    let ready = wait_for("readiness", Duration::from_secs(10), || {
-        pod.ns.run(|| {
-            tests::http_get(
-                std::net::SocketAddr::from(([127, 0, 0, 1], 15021)),
-                "/healthz/ready",
-            )
-            .ok()
-        })
-    });
-    println!(
-        "Envoy's :15021/healthz/ready (through the agent's :15020) says {}",
-        ready.0
-    );
-
-    let mut serials = BTreeSet::new();
-    let (mut ok, mut failed) = (0u32, 0u32);
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(seconds) {
-        match pod.probe(&root, Some(IDENTITY)) {
-            Ok((info, _)) => {
-                ok += 1;
-                if serials.insert(info.serial.clone()) {
-                    println!(
-                        "  t={:>4.1}s  new certificate serial {}",
-                        start.elapsed().as_secs_f64(),
-                        info.serial
-                    );
-                }
-            }
-            Err(e) => {
-                failed += 1;
-                println!(
-                    "  t={:>4.1}s  handshake failed: {e}",
-                    start.elapsed().as_secs_f64()
-                );
-            }
-        }
-        std::thread::sleep(Duration::from_millis(100));
+    for (name, net, dir, agent) in &mesh.pods {
+        println!(
+            "  Pod {name:<11} {:<11} pilot-agent pid {} (Envoy bootstrap {})",
+            net.ip,
+            agent.pid(),
+            dir.dir.join("etc/istio/proxy/envoy-rev.json").display()
+        );
+    }
+    if keep {
+        println!(
+            "Edit {} to change the split; Ctrl-C to stop.",
+            mesh.config_dir.join("istio.yaml").display()
+        );
     }
     println!(
-        "summary: {ok} TLS requests answered, {failed} failed, {} certificates seen in {seconds}s, one Envoy process throughout (pid {})",
-        serials.len(),
-        pod.envoy_pid()
-            .map(|p| p.to_string())
-            .unwrap_or_else(|| "?".into())
+        "Sending requests from sleep-1 to httpbin:8000 for {seconds}s (VirtualService: 90% v1, 10% v2) ..."
     );
-    if failed > 0 {
+
+    let mut by_version: BTreeMap<String, usize> = BTreeMap::new();
+    let mut client_ids = BTreeMap::new();
+    let mut server_ids = BTreeMap::new();
+    let mut failed = 0usize;
+    let mut window: BTreeMap<String, usize> = BTreeMap::new();
+    let start = Instant::now();
+    let mut last_report = Instant::now();
+    while (start.elapsed() < Duration::from_secs(seconds) || keep)
+        && !stop.load(std::sync::atomic::Ordering::SeqCst)
+    {
+        match mesh.call_httpbin() {
+            Ok((200, body)) => {
+                let v = field(&body, "version=").to_string();
+                *by_version.entry(v.clone()).or_default() += 1;
+                *window.entry(v).or_default() += 1;
+                let xfcc = field(&body, "xfcc=");
+                for part in xfcc.split(';') {
+                    if let Some(uri) = part.strip_prefix("URI=") {
+                        *client_ids.entry(uri.to_string()).or_insert(0) += 1;
+                    }
+                    if let Some(by) = part.strip_prefix("By=") {
+                        *server_ids.entry(by.to_string()).or_insert(0) += 1;
+                    }
+                }
+            }
+            Ok(_) | Err(_) => failed += 1,
+        }
+        if last_report.elapsed() >= Duration::from_secs(5) {
+            println!(
+                "  t={:>3}s  last 5s: {:?}",
+                start.elapsed().as_secs(),
+                window
+            );
+            window.clear();
+            last_report = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let total: usize = by_version.values().sum();
+    println!("\nSummary");
+    println!("  requests answered: {total}, failed: {failed}");
+    for (v, n) in &by_version {
+        println!(
+            "  httpbin {v}: {n} ({:.1}%)",
+            *n as f64 * 100.0 / total.max(1) as f64
+        );
+    }
+    for (id, n) in &client_ids {
+        println!("  client identity as the server saw it (XFCC URI): {id} ({n} requests)");
+    }
+    for (id, n) in &server_ids {
+        println!("  server identity as its sidecar presented it (XFCC By): {id} ({n} requests)");
+    }
+    println!(
+        "\nTo watch the split change live: run `scripts/demo.sh --keep`, then edit the weights in\n  {} (VirtualService httpbin) while it runs; istiod pushes the change within a second. Ctrl-C stops it.",
+        mesh.config_dir.join("istio.yaml").display()
+    );
+    if failed > 0 || total == 0 {
         std::process::exit(1);
     }
 }
