@@ -115,3 +115,87 @@ fn weighted_routes_split_traffic_and_a_live_edit_changes_it_without_failures() {
         "50/50 expected after the edit, got {counts:?}"
     );
 }
+
+#[test]
+fn istiod_restart_while_requests_flow_fails_nothing_and_later_changes_still_arrive() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut mesh = LocalMesh::start(tmp.path(), &[]);
+    mesh.istiod.stop();
+    let down_at = Instant::now();
+    let mut failures = Vec::new();
+    let mut answered = 0;
+    while down_at.elapsed() < Duration::from_secs(4) {
+        match mesh.call_httpbin() {
+            Ok((200, _)) => answered += 1,
+            Ok((c, b)) => failures.push(format!("HTTP {c}: {b}")),
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    mesh.istiod.restart();
+    let up_at = Instant::now();
+    while up_at.elapsed() < Duration::from_secs(3) {
+        match mesh.call_httpbin() {
+            Ok((200, _)) => answered += 1,
+            Ok((c, b)) => failures.push(format!("HTTP {c}: {b}")),
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failed of {}: {:?}",
+        failures.len(),
+        answered + failures.len(),
+        &failures[..failures.len().min(3)]
+    );
+    assert!(answered > 50, "requests flowed: {answered}");
+
+    // A change made after the restart reaches the Pods: all traffic to v2.
+    let vs = mesh.config_dir.join("istio.yaml");
+    let text = std::fs::read_to_string(&vs).unwrap();
+    let edited =
+        text.replacen("weight: 90", "weight: 0", 1)
+            .replacen("weight: 10", "weight: 100", 1);
+    std::fs::write(mesh.config_dir.join(".istio.tmp"), &edited).unwrap();
+    std::fs::rename(mesh.config_dir.join(".istio.tmp"), &vs).unwrap();
+    tests::wait_for(
+        "the post-restart change at sleep's Envoy",
+        Duration::from_secs(20),
+        || {
+            let (counts, _) = split(&mesh, 20);
+            (counts.get("v2") == Some(&20)).then_some(())
+        },
+    );
+}
+
+#[test]
+fn certificates_rotate_several_times_during_a_request_stream() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mesh = LocalMesh::start(
+        tmp.path(),
+        &[("SECRET_TTL", "4s"), ("ECC_SIGNATURE_ALGORITHM", "ECDSA")],
+    );
+    let start = Instant::now();
+    let mut failures = Vec::new();
+    let mut answered = 0;
+    while start.elapsed() < Duration::from_secs(9) {
+        match mesh.call_httpbin() {
+            Ok((200, _)) => answered += 1,
+            Ok((c, b)) => failures.push(format!("HTTP {c}: {b}")),
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failed of {}: {:?}",
+        failures.len(),
+        answered + failures.len(),
+        &failures[..failures.len().min(3)]
+    );
+    for (name, _, _, agent) in &mesh.pods {
+        let rotations = agent
+            .log()
+            .matches("generated new workload certificate")
+            .count();
+        assert!(rotations >= 3, "{name} rotated {rotations} times");
+    }
+}
