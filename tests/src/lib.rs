@@ -486,6 +486,18 @@ impl PodDir {
         }
     }
 
+    /// Writes the Pod's labels where Istio's injection mounts them
+    /// (`./etc/istio/pod/labels`, downward-API format).
+    pub fn write_labels(&self, labels: &[(&str, &str)]) {
+        let dir = self.dir.join("etc/istio/pod");
+        fs::create_dir_all(&dir).unwrap();
+        let text: String = labels
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{v}\"\n"))
+            .collect();
+        fs::write(dir.join("labels"), text).unwrap();
+    }
+
     /// The SDS socket's absolute path.
     pub fn sds_socket(&self) -> PathBuf {
         self.dir.join("var/run/secrets/workload-spiffe-uds/socket")

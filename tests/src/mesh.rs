@@ -218,6 +218,8 @@ impl LocalMesh {
             }
             let pod_dir =
                 crate::PodDir::new(&dir.join(name), &istiod.token("demo", sa), Some(&root));
+            let app = if sa == "sleep" { "sleep" } else { "httpbin" };
+            pod_dir.write_labels(&[("app", app), ("version", app_version_label(name))]);
             let mut env = vec![
                 ("POD_NAME", name),
                 ("POD_NAMESPACE", "demo"),
@@ -254,6 +256,63 @@ impl LocalMesh {
             hub,
             dir: dir.to_path_buf(),
         }
+    }
+
+    /// Adds a Pod to the running mesh: its network, app, agent and Envoy
+    /// (its Kubernetes objects are the caller's to write).
+    pub fn add_pod(&mut self, name: &str, ip: &str, sa: &str, app_version: &str) {
+        let net = self.hub.pod("pod", ip);
+        serve_app(&net.ns, 9080, app_version);
+        let root = self.istiod.root_pem();
+        let pod_dir = crate::PodDir::new(
+            &self.dir.join(name),
+            &self.istiod.token("demo", sa),
+            Some(&root),
+        );
+        pod_dir.write_labels(&[("app", sa), ("version", app_version_label(name))]);
+        let env = [
+            ("POD_NAME", name),
+            ("POD_NAMESPACE", "demo"),
+            ("SERVICE_ACCOUNT", sa),
+            ("INSTANCE_IP", ip),
+            ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
+        ];
+        let mut agent = pod_dir.start_agent_with(&net.ns, &env, r#""statusPort": 15020"#);
+        crate::wait_for(
+            &format!("{name} ready"),
+            std::time::Duration::from_secs(60),
+            || {
+                assert!(agent.alive(), "{name}'s agent exited:\n{}", agent.log());
+                net.ns
+                    .run(|| {
+                        crate::http_get(
+                            std::net::SocketAddr::from(([127, 0, 0, 1], 15021)),
+                            "/healthz/ready",
+                        )
+                        .ok()
+                    })
+                    .filter(|(c, _)| *c == 200)
+            },
+        );
+        self.pods.push((name.to_string(), net, pod_dir, agent));
+    }
+
+    /// A counter from a Pod's Envoy `/stats`.
+    pub fn envoy_stat(&self, pod: &str, name: &str) -> u64 {
+        let name = name.to_string();
+        self.pod(pod).ns.run(move || {
+            let (_, body) = crate::http_get(
+                std::net::SocketAddr::from(([127, 0, 0, 1], 15000)),
+                "/stats",
+            )
+            .unwrap_or_default();
+            body.lines()
+                .find_map(|l| {
+                    l.strip_prefix(&format!("{name}: "))
+                        .and_then(|v| v.trim().parse().ok())
+                })
+                .unwrap_or(0)
+        })
     }
 
     /// The Pod named `name`.
@@ -294,4 +353,9 @@ impl LocalMesh {
             Ok((status, body))
         })
     }
+}
+
+/// The `version` label of a sample Pod (`httpbin-v1b` is a second v1 replica).
+fn app_version_label(pod: &str) -> &'static str {
+    if pod.contains("v2") { "v2" } else { "v1" }
 }

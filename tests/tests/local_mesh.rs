@@ -199,3 +199,58 @@ fn certificates_rotate_several_times_during_a_request_stream() {
         assert!(rotations >= 3, "{name} rotated {rotations} times");
     }
 }
+
+#[test]
+fn scaling_a_service_balances_to_the_new_endpoint_with_eds_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut mesh = LocalMesh::start(tmp.path(), &[]);
+    // A second v1 replica: its Pod (as the kubelet would report it)...
+    std::fs::write(
+        mesh.config_dir.join("httpbin-v1b.yaml"),
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: httpbin-v1b\n  namespace: demo\n  labels: {app: httpbin, version: v1, security.istio.io/tlsMode: istio}\nspec:\n  serviceAccountName: httpbin\nstatus:\n  phase: Running\n  podIP: 10.244.0.5\n",
+    )
+    .unwrap();
+    mesh.add_pod("httpbin-v1b", "10.244.0.5", "httpbin", "v1b");
+    std::thread::sleep(Duration::from_secs(1));
+    let cds = mesh.envoy_stat("sleep-1", "cluster_manager.cds.update_success");
+    let lds = mesh.envoy_stat("sleep-1", "listener_manager.lds.update_success");
+    let incremental = mesh.istiod.proc.log().matches("EDS: PUSH INC").count();
+    // ...then the EndpointSlice lists it once it is ready.
+    let slice = mesh.config_dir.join("httpbin.yaml");
+    let text = std::fs::read_to_string(&slice).unwrap();
+    let edited = text.replacen(
+        "- addresses: [10.244.0.4]",
+        "- addresses: [10.244.0.5]\n  conditions: {ready: true}\n  targetRef: {kind: Pod, namespace: demo, name: httpbin-v1b}\n- addresses: [10.244.0.4]",
+        1,
+    );
+    std::fs::write(mesh.config_dir.join(".httpbin.tmp"), edited).unwrap();
+    std::fs::rename(mesh.config_dir.join(".httpbin.tmp"), &slice).unwrap();
+    tests::wait_for("the new replica to answer", Duration::from_secs(20), || {
+        let (counts, _) = split(&mesh, 30);
+        counts.contains_key("v1b").then_some(())
+    });
+    let (counts, failures) = split(&mesh, 200);
+    assert!(failures.is_empty(), "{failures:?}");
+    let (a, b) = (
+        counts.get("v1").copied().unwrap_or(0),
+        counts.get("v1b").copied().unwrap_or(0),
+    );
+    assert!(
+        a > 40 && b > 40,
+        "v1 traffic balances across both replicas: {counts:?}"
+    );
+    assert_eq!(
+        mesh.envoy_stat("sleep-1", "cluster_manager.cds.update_success"),
+        cds,
+        "no CDS push"
+    );
+    assert_eq!(
+        mesh.envoy_stat("sleep-1", "listener_manager.lds.update_success"),
+        lds,
+        "no LDS push"
+    );
+    assert!(
+        mesh.istiod.proc.log().matches("EDS: PUSH INC").count() > incremental,
+        "istiod pushed EDS incrementally"
+    );
+}

@@ -48,6 +48,8 @@ pub struct IstioContext {
     pub peer_authentications: Vec<Named<PeerAuthentication>>,
     /// Sidecars.
     pub sidecars: Vec<Named<Sidecar>>,
+    /// Pod labels by Pod IP, for proxies whose Pod no Service lists yet.
+    pub pod_labels: std::collections::HashMap<String, Labels>,
 }
 
 fn collect<T: crate::model::meta::KindSpec + Clone>(snapshot: &Snapshot) -> Vec<Named<T>> {
@@ -92,6 +94,15 @@ impl IstioContext {
             virtual_services: collect(snapshot),
             peer_authentications: collect(snapshot),
             sidecars: collect(snapshot),
+            pod_labels: snapshot
+                .list::<crate::model::kube::Pod>()
+                .filter_map(|p| {
+                    Some((
+                        p.spec.status.pod_ip.clone()?,
+                        p.object.metadata.labels.clone(),
+                    ))
+                })
+                .collect(),
         }
     }
 
