@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 cargo build --workspace --bins --locked
-cargo test --workspace --locked
+cargo test --workspace --locked --no-fail-fast
