@@ -9,6 +9,8 @@ use std::process::Command;
 
 use crate::netns::Netns;
 
+static VETH_COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 /// istiod's address on the hub bridge.
 pub const HUB_IP: &str = "10.244.255.254";
 
@@ -56,8 +58,9 @@ impl Hub {
     /// A Pod namespace with `pod_ip` on `eth0`, cabled to the bridge.
     pub fn pod(&self, name: &str, pod_ip: &str) -> PodNet {
         let ns = Netns::new(name);
-        let n = self.counter.get();
-        self.counter.set(n + 1);
+        // Veth names live in the root namespace for a moment: unique per process.
+        let n = VETH_COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.counter.set(self.counter.get() + 1);
         let tag = format!("{}{n}", std::process::id() % 100_000);
         let (host_end, pod_end) = (format!("vh{tag}"), format!("vp{tag}"));
         ip(&[
