@@ -9,6 +9,16 @@ use std::time::{Duration, Instant};
 
 use tests::mesh::LocalMesh;
 
+/// The mesh tests each run istiod and three Pods with Envoy: on a two-core
+/// machine they run one at a time, so timing assertions stay meaningful.
+static ONE_MESH_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_MESH_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 const SLEEP: &str = "spiffe://cluster.local/ns/demo/sa/sleep";
 const HTTPBIN: &str = "spiffe://cluster.local/ns/demo/sa/httpbin";
 
@@ -35,6 +45,7 @@ fn split(mesh: &LocalMesh, n: usize) -> (BTreeMap<String, usize>, Vec<String>) {
 
 #[test]
 fn pods_talk_over_mtls_with_istiod_identities_and_strict_refuses_plaintext() {
+    let _serial = serial();
     let tmp = tempfile::tempdir().unwrap();
     let mesh = LocalMesh::start(tmp.path(), &[]);
     let (code, body) = mesh.call_httpbin().unwrap();
@@ -73,6 +84,7 @@ fn pods_talk_over_mtls_with_istiod_identities_and_strict_refuses_plaintext() {
 
 #[test]
 fn weighted_routes_split_traffic_and_a_live_edit_changes_it_without_failures() {
+    let _serial = serial();
     let tmp = tempfile::tempdir().unwrap();
     let mesh = LocalMesh::start(tmp.path(), &[]);
     let (counts, failures) = split(&mesh, 300);
@@ -118,6 +130,7 @@ fn weighted_routes_split_traffic_and_a_live_edit_changes_it_without_failures() {
 
 #[test]
 fn istiod_restart_while_requests_flow_fails_nothing_and_later_changes_still_arrive() {
+    let _serial = serial();
     let tmp = tempfile::tempdir().unwrap();
     let mut mesh = LocalMesh::start(tmp.path(), &[]);
     mesh.istiod.stop();
@@ -169,6 +182,7 @@ fn istiod_restart_while_requests_flow_fails_nothing_and_later_changes_still_arri
 
 #[test]
 fn certificates_rotate_several_times_during_a_request_stream() {
+    let _serial = serial();
     let tmp = tempfile::tempdir().unwrap();
     let mesh = LocalMesh::start(
         tmp.path(),
@@ -202,6 +216,7 @@ fn certificates_rotate_several_times_during_a_request_stream() {
 
 #[test]
 fn scaling_a_service_balances_to_the_new_endpoint_with_eds_only() {
+    let _serial = serial();
     let tmp = tempfile::tempdir().unwrap();
     let mut mesh = LocalMesh::start(tmp.path(), &[]);
     // A second v1 replica: its Pod (as the kubelet would report it)...
