@@ -2,7 +2,10 @@
 //! system `protoc` is needed, and shares the well-known types with `envoy-types`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/istio/v1/auth/ca.proto"];
+    let files = [
+        "proto/istio/v1/auth/ca.proto",
+        "proto/istio/networking/nds/v1/nds.proto",
+    ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }

@@ -6,6 +6,7 @@ pub mod cds;
 pub mod context;
 pub mod eds;
 pub mod lds;
+pub mod nds;
 pub mod proxy;
 pub mod rds;
 pub mod server;
@@ -32,7 +33,13 @@ pub const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteCon
 pub const NAME_TABLE_TYPE: &str = "type.googleapis.com/istio.networking.nds.v1.NameTable";
 
 /// Server-driven pushes send types in Istio's `PushOrder`.
-pub const PUSH_ORDER: [&str; 4] = [CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE];
+pub const PUSH_ORDER: [&str; 5] = [
+    CLUSTER_TYPE,
+    ENDPOINT_TYPE,
+    LISTENER_TYPE,
+    ROUTE_TYPE,
+    NAME_TABLE_TYPE,
+];
 
 /// Istio's short name of a type (`CDS`, `EDS`, ...), used in logs and metric labels.
 pub fn short_name(type_url: &str) -> &'static str {

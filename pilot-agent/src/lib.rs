@@ -6,6 +6,7 @@ pub mod app;
 pub mod bootstrap;
 pub mod ca_client;
 pub mod config;
+pub mod dns;
 pub mod envoy;
 pub mod proxy_config;
 pub mod sds;

@@ -11,5 +11,11 @@ pub mod istio_ca {
     tonic::include_proto!("istio.v1.auth");
 }
 
+/// `istio.networking.nds.v1`: the DNS name table istiod sends the agent.
+pub mod nds {
+    #![allow(missing_docs, clippy::all)]
+    tonic::include_proto!("istio.networking.nds.v1");
+}
+
 /// Envoy's `google.protobuf` well-known types, as the generated code uses them.
 pub use envoy_types::pb::google::protobuf;

@@ -280,6 +280,7 @@ impl PushContext for IstioContext {
             ENDPOINT_TYPE => super::eds::build(self, &proxy, names),
             LISTENER_TYPE => super::lds::build(self, &proxy),
             ROUTE_TYPE => super::rds::build(self, &proxy, names),
+            super::NAME_TABLE_TYPE => super::nds::build(self, &proxy),
             other => return Err(format!("no generator for {other}")),
         };
         Ok(if names.is_empty() || super::is_wildcard(type_url) {
