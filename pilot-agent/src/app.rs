@@ -211,6 +211,30 @@ pub async fn build(config: Arc<Config>, run: RunOptions) -> anyhow::Result<Bound
     });
     tracing::info!(target: "sds", "SDS server for workload certificates started, listening on {:?}", config.sds_socket);
 
+    // The DNS proxy, fed by the name table the xDS proxy takes from istiod.
+    let mut nds: Option<crate::xds_proxy::NdsHandler> = None;
+    if config.dns_capture {
+        let resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+        let guard = status.readiness_pending(
+            "istio DNS capture is turned ON and DNS lookup table is not ready yet",
+        );
+        let dns = crate::dns::DnsProxy::new(
+            &config.pod_namespace,
+            crate::dns::upstreams_from(&resolv),
+            Some(guard),
+        );
+        let udp = tokio::net::UdpSocket::bind(config.dns_proxy_addr)
+            .await
+            .with_context(|| format!("cannot listen for DNS (UDP) on {}", config.dns_proxy_addr))?;
+        let tcp = tokio::net::TcpListener::bind(config.dns_proxy_addr)
+            .await
+            .with_context(|| format!("cannot listen for DNS (TCP) on {}", config.dns_proxy_addr))?;
+        tokio::spawn(dns.clone().serve_udp(udp));
+        tokio::spawn(dns.clone().serve_tcp(tcp));
+        tracing::info!(target: "dns", "DNS proxy listening on {} (UDP and TCP)", config.dns_proxy_addr);
+        nds = Some(Arc::new(move |any| dns.update(any)));
+    }
+
     // 3. The xDS proxy Envoy connects to.
     let xds_listener = bind_uds(&config.xds_socket).with_context(|| {
         format!(
@@ -218,7 +242,7 @@ pub async fn build(config: Arc<Config>, run: RunOptions) -> anyhow::Result<Bound
             config.xds_socket.display()
         )
     })?;
-    let xds = crate::xds_proxy::XdsProxy::new(config.clone(), secrets.clone(), None).into_service();
+    let xds = crate::xds_proxy::XdsProxy::new(config.clone(), secrets.clone(), nds).into_service();
     let rx = shutdown_rx.clone();
     tasks.spawn(async move {
         tonic::transport::Server::builder()

@@ -92,6 +92,11 @@ pub const ENV_XDS_ROOT_CA: &str = "XDS_ROOT_CA";
 /// `XDS_HEADER_<NAME>`: extra gRPC metadata on the upstream xDS stream.
 pub const ENV_XDS_HEADER_PREFIX: &str = "XDS_HEADER_";
 
+/// `ISTIO_META_DNS_CAPTURE`: run the DNS proxy (sidecars).
+pub const ENV_DNS_CAPTURE: &str = "ISTIO_META_DNS_CAPTURE";
+/// `DNS_PROXY_ADDR`: where the DNS proxy listens (`localhost:15053`).
+pub const ENV_DNS_PROXY_ADDR: &str = "DNS_PROXY_ADDR";
+
 /// Istio's discovery address default.
 pub const DEFAULT_DISCOVERY_ADDRESS: &str = "istiod.istio-system.svc:15012";
 /// Istio's projected token path.
@@ -278,6 +283,10 @@ pub struct Config {
     pub xds_headers: Vec<(String, String)>,
     /// The xDS proxy's socket (`<configPath>/XDS`).
     pub xds_socket: PathBuf,
+    /// Whether the DNS proxy runs (`ISTIO_META_DNS_CAPTURE` on a sidecar).
+    pub dns_capture: bool,
+    /// The DNS proxy's address.
+    pub dns_proxy_addr: std::net::SocketAddr,
 }
 
 fn host_of(addr: &str) -> String {
@@ -609,6 +618,19 @@ impl Config {
             .map(|(k, v)| (k.to_ascii_lowercase(), v))
             .collect();
         let xds_socket = PathBuf::from(proxy.config_path()).join("XDS");
+        let dns_capture = r.bool(ENV_DNS_CAPTURE, false) && args.proxy_type == "sidecar";
+        let dns_addr =
+            r.string(ENV_DNS_PROXY_ADDR, "localhost:15053")
+                .replacen("localhost:", "127.0.0.1:", 1);
+        let dns_proxy_addr = match dns_addr.parse() {
+            Ok(a) => a,
+            Err(_) => {
+                r.error(format!(
+                    "{ENV_DNS_PROXY_ADDR}={dns_addr:?} is not an IP:port address"
+                ));
+                std::net::SocketAddr::from(([127, 0, 0, 1], 15053))
+            }
+        };
         let app_probers = r.opt_string(ENV_KUBE_APP_PROBERS);
         let prometheus_annotations = r.opt_string(ENV_PROMETHEUS_ANNOTATIONS);
         r.finish()?;
@@ -662,6 +684,8 @@ impl Config {
             xds_root_path,
             xds_headers,
             xds_socket,
+            dns_capture,
+            dns_proxy_addr,
         })
     }
 

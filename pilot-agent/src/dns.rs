@@ -23,10 +23,13 @@ const TTL: u32 = 30;
 /// `DNS_FORWARD_TIMEOUT`.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Lower-case name (no trailing dot) to its addresses.
+type Names = HashMap<String, Vec<IpAddr>>;
+
 /// The DNS proxy's state: the lookup table and the upstreams.
 #[derive(Clone)]
 pub struct DnsProxy {
-    names: Arc<RwLock<Arc<HashMap<String, Vec<IpAddr>>>>>,
+    names: Arc<RwLock<Arc<Names>>>,
     upstreams: Arc<Vec<SocketAddr>>,
     namespace: String,
     ready: Arc<std::sync::Mutex<Option<crate::status::ReadinessGuard>>>,

@@ -269,3 +269,111 @@ fn scaling_a_service_balances_to_the_new_endpoint_with_eds_only() {
         "istiod pushed EDS incrementally"
     );
 }
+
+/// A DNS query for `name` (type A) to `server` over UDP (or TCP); the answers.
+fn resolve(
+    ns: &tests::netns::Netns,
+    server: &'static str,
+    name: &'static str,
+    tcp: bool,
+) -> Vec<String> {
+    use hickory_proto::op::{Message, Query};
+    use hickory_proto::rr::{Name, RecordType};
+    ns.run(move || {
+        use std::io::{Read, Write};
+        let mut m = Message::query();
+        m.metadata.recursion_desired = true;
+        m.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+        let q = m.to_vec().unwrap();
+        let resp = if tcp {
+            let mut s = std::net::TcpStream::connect(server).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut out = (q.len() as u16).to_be_bytes().to_vec();
+            out.extend_from_slice(&q);
+            s.write_all(&out).unwrap();
+            let mut len = [0u8; 2];
+            s.read_exact(&mut len).unwrap();
+            let mut buf = vec![0u8; u16::from_be_bytes(len) as usize];
+            s.read_exact(&mut buf).unwrap();
+            buf
+        } else {
+            let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            s.send_to(&q, server).unwrap();
+            let mut buf = vec![0u8; 4096];
+            let n = s.recv(&mut buf).unwrap();
+            buf.truncate(n);
+            buf
+        };
+        Message::from_vec(&resp)
+            .unwrap()
+            .answers
+            .iter()
+            .map(|r| r.data.to_string())
+            .collect()
+    })
+}
+
+/// An upstream resolver inside the Pod (its resolv.conf says 127.0.0.1) that
+/// knows one outside name.
+fn fake_upstream(ns: &tests::netns::Netns) {
+    use hickory_proto::op::{Message, MessageType, OpCode};
+    use hickory_proto::rr::rdata::A;
+    use hickory_proto::rr::{RData, Record};
+    let sock = ns.run(|| std::net::UdpSocket::bind("127.0.0.1:53").unwrap());
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 4096];
+        for _ in 0..1000 {
+            let Ok((n, peer)) = sock.recv_from(&mut buf) else {
+                return;
+            };
+            let Ok(q) = Message::from_vec(&buf[..n]) else {
+                continue;
+            };
+            let mut r = Message::new(q.metadata.id, MessageType::Response, OpCode::Query);
+            if let Some(query) = q.queries.first() {
+                r.add_query(query.clone());
+                if query.name().to_ascii().trim_end_matches('.') == "example.test" {
+                    r.add_answer(Record::from_rdata(
+                        query.name().clone(),
+                        60,
+                        RData::A(A("192.0.2.10".parse().unwrap())),
+                    ));
+                }
+            }
+            let _ = sock.send_to(&r.to_vec().unwrap(), peer);
+        }
+    });
+}
+
+#[test]
+fn the_dns_proxy_answers_mesh_names_and_forwards_the_rest() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let mesh = LocalMesh::start(tmp.path(), &[("ISTIO_META_DNS_CAPTURE", "true")]);
+    let sleep = mesh.pod("sleep-1");
+    fake_upstream(&sleep.ns);
+    let vip = resolve(
+        &sleep.ns,
+        "127.0.0.1:15053",
+        "httpbin.demo.svc.cluster.local.",
+        false,
+    );
+    assert_eq!(vip.len(), 1, "{vip:?}");
+    assert!(vip[0].starts_with("10.96."), "the Service's VIP: {vip:?}");
+    assert_eq!(
+        resolve(&sleep.ns, "127.0.0.1:15053", "httpbin.", false),
+        vip,
+        "short name in the namespace"
+    );
+    assert_eq!(
+        resolve(&sleep.ns, "127.0.0.1:15053", "httpbin.demo.", true),
+        vip,
+        "over TCP too"
+    );
+    assert_eq!(
+        resolve(&sleep.ns, "127.0.0.1:15053", "example.test.", false),
+        ["192.0.2.10"],
+        "forwarded upstream"
+    );
+}
