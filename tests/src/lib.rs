@@ -273,6 +273,21 @@ impl Istiod {
         )
     }
 
+    /// Like [`Istiod::start_hub`], with the plaintext xDS port `:15010` open too.
+    pub fn start_hub_plaintext(ns: &netns::Netns, dir: &Path, config_dir: &Path) -> Istiod {
+        let cd = config_dir.display().to_string();
+        let grpc: SocketAddr = "0.0.0.0:15012".parse().unwrap();
+        Self::start_full(
+            dir,
+            grpc,
+            &[
+                ("TEST_ISTIOD_CONFIG_DIR", &cd),
+                ("TEST_ISTIOD_PLAINTEXT_ADDR", "0.0.0.0:15010"),
+            ],
+            Some(ns.name.clone()),
+        )
+    }
+
     /// Starts istiod inside `ns` with `--configDir config_dir`.
     pub fn start_with_config(
         ns: &netns::Netns,
@@ -354,7 +369,13 @@ impl Istiod {
             .arg(format!("--secureGRPCAddr={grpc}"))
             .arg(format!("--httpAddr={http}"))
             .arg(format!("--monitoringAddr={monitoring}"))
-            .arg("--grpcAddr=")
+            .arg(format!(
+                "--grpcAddr={}",
+                env.iter()
+                    .find(|(k, _)| k == "TEST_ISTIOD_PLAINTEXT_ADDR")
+                    .map(|(_, v)| v.as_str())
+                    .unwrap_or("")
+            ))
             .arg("--meshConfig=./mesh.yaml")
             .args(
                 env.iter()
