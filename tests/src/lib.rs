@@ -13,12 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod ads;
-pub mod envoy;
 pub mod mesh;
 pub mod netns;
 pub mod tls;
-
-pub use envoy::Envoy;
 
 /// The workspace's build output directory (`target/debug`).
 fn target_dir() -> PathBuf {
