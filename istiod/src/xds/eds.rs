@@ -35,13 +35,20 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy, names: &BTreeSet<String>) -> Vec
     } else {
         names.iter().cloned().collect()
     };
+    // The proxy's visible services, indexed once (not per cluster); the
+    // first service of a host name wins, as in the registry's order.
+    let services: std::collections::HashMap<&str, &std::sync::Arc<crate::model::service::Service>> =
+        ctx.services_for(proxy)
+            .into_iter()
+            .rev()
+            .map(|s| (s.hostname.as_str(), s))
+            .collect();
     let mut out = Vec::new();
     for name in wanted {
         let Some((port, subset, host)) = parse_cluster(&name) else {
             continue;
         };
-        let services = ctx.services_for(proxy);
-        let Some(svc) = services.iter().find(|s| s.hostname == host) else {
+        let Some(svc) = services.get(host).copied() else {
             // Unknown now: an empty assignment keeps Envoy from waiting.
             out.push(Resource {
                 name: name.clone(),
