@@ -12,7 +12,7 @@ use crate::netns::Netns;
 static VETH_COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// istiod's address on the hub bridge.
-pub const HUB_IP: &str = "10.244.255.254";
+pub const HUB_IP: &str = "198.18.255.254";
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip")
@@ -211,9 +211,9 @@ impl LocalMesh {
         let root = istiod.root_pem();
         let mut pods = Vec::new();
         for (name, ip, sa, app) in [
-            ("sleep-1", "10.244.0.2", "sleep", None),
-            ("httpbin-v1", "10.244.0.3", "httpbin", Some("v1")),
-            ("httpbin-v2", "10.244.0.4", "httpbin", Some("v2")),
+            ("sleep-1", "198.18.0.2", "sleep", None),
+            ("httpbin-v1", "198.18.0.3", "httpbin", Some("v1")),
+            ("httpbin-v2", "198.18.0.4", "httpbin", Some("v2")),
         ] {
             let net = hub.pod("pod", ip);
             if let Some(version) = app {

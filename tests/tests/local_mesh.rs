@@ -64,7 +64,7 @@ fn pods_talk_over_mtls_with_istiod_identities_and_strict_refuses_plaintext() {
     let plain = mesh.pod("sleep-1").ns.run(|| {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect_timeout(
-            &"10.244.0.3:8080".parse().unwrap(),
+            &"198.18.0.3:8080".parse().unwrap(),
             Duration::from_secs(2),
         )?;
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -222,10 +222,10 @@ fn scaling_a_service_balances_to_the_new_endpoint_with_eds_only() {
     // A second v1 replica: its Pod (as the kubelet would report it)...
     std::fs::write(
         mesh.config_dir.join("httpbin-v1b.yaml"),
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: httpbin-v1b\n  namespace: demo\n  labels: {app: httpbin, version: v1, security.istio.io/tlsMode: istio}\nspec:\n  serviceAccountName: httpbin\nstatus:\n  phase: Running\n  podIP: 10.244.0.5\n",
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: httpbin-v1b\n  namespace: demo\n  labels: {app: httpbin, version: v1, security.istio.io/tlsMode: istio}\nspec:\n  serviceAccountName: httpbin\nstatus:\n  phase: Running\n  podIP: 198.18.0.5\n",
     )
     .unwrap();
-    mesh.add_pod("httpbin-v1b", "10.244.0.5", "httpbin", "v1b");
+    mesh.add_pod("httpbin-v1b", "198.18.0.5", "httpbin", "v1b");
     std::thread::sleep(Duration::from_secs(1));
     let cds = mesh.envoy_stat("sleep-1", "cluster_manager.cds.update_success");
     let lds = mesh.envoy_stat("sleep-1", "listener_manager.lds.update_success");
@@ -234,8 +234,8 @@ fn scaling_a_service_balances_to_the_new_endpoint_with_eds_only() {
     let slice = mesh.config_dir.join("httpbin.yaml");
     let text = std::fs::read_to_string(&slice).unwrap();
     let edited = text.replacen(
-        "- addresses: [10.244.0.4]",
-        "- addresses: [10.244.0.5]\n  conditions: {ready: true}\n  targetRef: {kind: Pod, namespace: demo, name: httpbin-v1b}\n- addresses: [10.244.0.4]",
+        "- addresses: [198.18.0.4]",
+        "- addresses: [198.18.0.5]\n  conditions: {ready: true}\n  targetRef: {kind: Pod, namespace: demo, name: httpbin-v1b}\n- addresses: [198.18.0.4]",
         1,
     );
     std::fs::write(mesh.config_dir.join(".httpbin.tmp"), edited).unwrap();
@@ -360,7 +360,7 @@ fn the_dns_proxy_answers_mesh_names_and_forwards_the_rest() {
         false,
     );
     assert_eq!(vip.len(), 1, "{vip:?}");
-    assert!(vip[0].starts_with("10.96."), "the Service's VIP: {vip:?}");
+    assert!(vip[0].starts_with("198.19."), "the Service's VIP: {vip:?}");
     assert_eq!(
         resolve(&sleep.ns, "127.0.0.1:15053", "httpbin.", false),
         vip,

@@ -57,7 +57,7 @@ fn start() -> Mesh {
             ("POD_NAME", "sleep-1"),
             ("POD_NAMESPACE", "demo"),
             ("SERVICE_ACCOUNT", "sleep"),
-            ("INSTANCE_IP", "10.244.0.2"),
+            ("INSTANCE_IP", "198.18.0.2"),
             ("CA_ADDR", &addr),
         ],
         &format!(r#""discoveryAddress": "{addr}""#),
@@ -246,15 +246,15 @@ fn an_endpoint_only_change_updates_eds_without_cds_lds_or_rds() {
     // A third httpbin endpoint appears in the EndpointSlice.
     mesh.edit(
         "httpbin.yaml",
-        "- addresses: [10.244.0.4]",
-        "- addresses: [10.244.0.9]\n  conditions: {ready: true}\n- addresses: [10.244.0.4]",
+        "- addresses: [198.18.0.4]",
+        "- addresses: [198.18.0.9]\n  conditions: {ready: true}\n- addresses: [198.18.0.4]",
     );
     wait_for(
         "Envoy to get the new endpoint",
         Duration::from_secs(15),
         || {
             let dump = mesh.config_dump().to_string();
-            dump.contains("10.244.0.9").then_some(())
+            dump.contains("198.18.0.9").then_some(())
         },
     );
     std::thread::sleep(Duration::from_millis(500));

@@ -80,7 +80,7 @@ fn main() {
         // Through the agent. Each Pod gets an address of its own (a reused
         // address would wait for istiod's ARP entry to expire); INSTANCE_IP
         // stays sleep-1's, so the configuration is sleep-1's.
-        let net = hub.pod("pod", &format!("10.244.1.{}", round + 2));
+        let net = hub.pod("pod", &format!("198.18.1.{}", round + 2));
         let dir = PodDir::new(
             &tmp.path().join(format!("via-{round}")),
             &istiod.token("demo", "sleep"),
@@ -94,7 +94,7 @@ fn main() {
                 ("POD_NAME", "sleep-1"),
                 ("POD_NAMESPACE", "demo"),
                 ("SERVICE_ACCOUNT", "sleep"),
-                ("INSTANCE_IP", "10.244.0.2"),
+                ("INSTANCE_IP", "198.18.0.2"),
             ],
             r#""statusPort": 15020"#,
         );
@@ -119,7 +119,7 @@ fn main() {
             }
         }
         let via_net = net;
-        let net = hub.pod("pod", &format!("10.244.2.{}", round + 2));
+        let net = hub.pod("pod", &format!("198.18.2.{}", round + 2));
         let ddir = tmp.path().join(format!("direct-{round}"));
         std::fs::create_dir_all(&ddir).unwrap();
         std::fs::write(ddir.join("envoy.json"), json.to_string()).unwrap();
