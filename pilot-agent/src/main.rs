@@ -27,6 +27,10 @@ enum Command {
     Wait(WaitArgs),
     /// Send an HTTP request to a local proxy or agent port and print the answer.
     Request(RequestArgs),
+    /// Set up iptables rules for Istio Sidecar (Istio's `istio-iptables`).
+    IstioIptables(Box<pilot_agent::iptables::IptablesArgs>),
+    /// Clean up iptables rules for Istio Sidecar.
+    IstioCleanIptables(pilot_agent::iptables::CleanArgs),
     /// Print the version.
     Version,
 }
@@ -162,7 +166,14 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
-    if let Err(e) = common::log::init(&cli.log_output_level, cli.log_as_json) {
+    // The iptables commands log to stderr: their stdout is the dry-run output.
+    let logging = match cli.command {
+        Command::IstioIptables(_) | Command::IstioCleanIptables(_) => {
+            pilot_agent::iptables::init_logging(&cli.log_output_level, cli.log_as_json)
+        }
+        _ => common::log::init(&cli.log_output_level, cli.log_as_json),
+    };
+    if let Err(e) = logging {
         eprintln!("{e}");
         return ExitCode::from(255);
     }
@@ -172,6 +183,8 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Wait(a) => run_small(run_wait(a)),
         Command::Request(a) => run_small(run_request(a)),
+        Command::IstioIptables(a) => pilot_agent::iptables::main_istio_iptables(&a),
+        Command::IstioCleanIptables(a) => pilot_agent::iptables::main_istio_clean_iptables(&a),
         Command::Version => {
             println!("pilot-agent version {}", pilot_agent::VERSION);
             ExitCode::SUCCESS

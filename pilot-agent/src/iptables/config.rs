@@ -1,0 +1,1153 @@
+//! Flags and environment of `istio-iptables` and `istio-clean-iptables`, with
+//! Istio's names (`tools/istio-iptables/pkg/cmd/root.go`,
+//! `tools/common/config/config.go`).
+//!
+//! As in Istio, most flags also read an environment variable named after the
+//! flag (`--proxy-uid` reads `PROXY_UID`); a flag on the command line wins over
+//! the variable, and a few flags read a second, older variable that wins over
+//! the first (`ISTIO_META_DNS_CAPTURE` for `--redirect-dns`). Unlike Istio, a
+//! value that cannot be used is an error naming its flag or variable, not
+//! something silently ignored or passed on to `iptables`.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
+
+use common::env::Env;
+
+/// `ISTIO_OUTBOUND_OWNER_GROUPS`: groups whose outbound traffic is captured (`*`). Env only.
+pub const ENV_OWNER_GROUPS_INCLUDE: &str = "ISTIO_OUTBOUND_OWNER_GROUPS";
+/// `ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE`: groups whose outbound traffic is not captured. Env only.
+pub const ENV_OWNER_GROUPS_EXCLUDE: &str = "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE";
+/// `ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR`: the loopback range kept for the app (`127.0.0.1/32`). Env only.
+pub const ENV_HOST_IPV4_LOOPBACK_CIDR: &str = "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR";
+/// `INBOUND_INTERCEPTION_MODE`: the mode `istio-clean-iptables` reads (Istio's clean command only).
+pub const ENV_INBOUND_INTERCEPTION_MODE: &str = "INBOUND_INTERCEPTION_MODE";
+/// `INBOUND_TPROXY_MARK`: the mark `istio-clean-iptables` reads (Istio's clean command only).
+pub const ENV_INBOUND_TPROXY_MARK: &str = "INBOUND_TPROXY_MARK";
+/// `ENVOY_USER`: the user whose uid is the default `--proxy-uid` (`istio-proxy`).
+pub const ENV_ENVOY_USER: &str = "ENVOY_USER";
+
+/// Istio's `ENVOY_USER` default.
+pub const DEFAULT_ENVOY_USER: &str = "istio-proxy";
+/// Istio's `DefaultProxyUID`, used when `ENVOY_USER` is not a known user.
+pub const DEFAULT_PROXY_UID: &str = "1337";
+/// Istio's default `--iptables-probe-port`.
+pub const DEFAULT_PROBE_PORT: u16 = 15002;
+/// Istio's default `--probe-timeout`.
+pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Istio's limit on `ISTIO_OUTBOUND_OWNER_GROUPS` entries (they form one rule).
+pub const MAX_OWNER_GROUPS_INCLUDE: usize = 64;
+
+/// A flag's names: long, short, and the environment variables it reads.
+#[derive(Debug, Clone, Copy)]
+struct Flag {
+    long: &'static str,
+    short: Option<char>,
+    /// The variable `BindEnv` derives from the long name, when Istio binds one.
+    env: Option<&'static str>,
+    /// A second variable that wins over `env` (Istio's `AdditionalEnv`).
+    extra_env: Option<&'static str>,
+}
+
+impl Flag {
+    const fn new(long: &'static str, short: Option<char>, env: Option<&'static str>) -> Self {
+        Self {
+            long,
+            short,
+            env,
+            extra_env: None,
+        }
+    }
+
+    const fn extra(mut self, name: &'static str) -> Self {
+        self.extra_env = Some(name);
+        self
+    }
+}
+
+impl fmt::Display for Flag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.short {
+            Some(s) => write!(f, "--{} (-{s})", self.long),
+            None => write!(f, "--{}", self.long),
+        }
+    }
+}
+
+const ENVOY_PORT: Flag = Flag::new("envoy-port", Some('p'), None);
+const INBOUND_CAPTURE_PORT: Flag = Flag::new(
+    "inbound-capture-port",
+    Some('z'),
+    Some("INBOUND_CAPTURE_PORT"),
+);
+const INBOUND_TUNNEL_PORT: Flag = Flag::new(
+    "inbound-tunnel-port",
+    Some('e'),
+    Some("INBOUND_TUNNEL_PORT"),
+);
+const PROXY_UID: Flag = Flag::new("proxy-uid", Some('u'), Some("PROXY_UID"));
+const PROXY_GID: Flag = Flag::new("proxy-gid", Some('g'), Some("PROXY_GID"));
+const INTERCEPTION_MODE: Flag = Flag::new(
+    "istio-inbound-interception-mode",
+    Some('m'),
+    Some("ISTIO_INBOUND_INTERCEPTION_MODE"),
+);
+const INBOUND_PORTS: Flag = Flag::new(
+    "istio-inbound-ports",
+    Some('b'),
+    Some("ISTIO_INBOUND_PORTS"),
+);
+const LOCAL_EXCLUDE_PORTS: Flag = Flag::new(
+    "istio-local-exclude-ports",
+    Some('d'),
+    Some("ISTIO_LOCAL_EXCLUDE_PORTS"),
+);
+const EXCLUDE_INTERFACES: Flag = Flag::new(
+    "istio-exclude-interfaces",
+    Some('c'),
+    Some("ISTIO_EXCLUDE_INTERFACES"),
+);
+const SERVICE_CIDR: Flag = Flag::new("istio-service-cidr", Some('i'), Some("ISTIO_SERVICE_CIDR"));
+const SERVICE_EXCLUDE_CIDR: Flag = Flag::new(
+    "istio-service-exclude-cidr",
+    Some('x'),
+    Some("ISTIO_SERVICE_EXCLUDE_CIDR"),
+);
+const OUTBOUND_PORTS: Flag = Flag::new(
+    "istio-outbound-ports",
+    Some('q'),
+    Some("ISTIO_OUTBOUND_PORTS"),
+);
+const LOCAL_OUTBOUND_PORTS_EXCLUDE: Flag = Flag::new(
+    "istio-local-outbound-ports-exclude",
+    Some('o'),
+    Some("ISTIO_LOCAL_OUTBOUND_PORTS_EXCLUDE"),
+);
+const KUBE_VIRT_INTERFACES: Flag = Flag::new(
+    "kube-virt-interfaces",
+    Some('k'),
+    Some("KUBE_VIRT_INTERFACES"),
+);
+const TPROXY_MARK: Flag = Flag::new(
+    "istio-inbound-tproxy-mark",
+    Some('t'),
+    Some("ISTIO_INBOUND_TPROXY_MARK"),
+);
+const TPROXY_ROUTE_TABLE: Flag = Flag::new(
+    "istio-inbound-tproxy-route-table",
+    Some('r'),
+    Some("ISTIO_INBOUND_TPROXY_ROUTE_TABLE"),
+);
+const DRY_RUN: Flag = Flag::new("dry-run", Some('n'), Some("DRY_RUN"));
+const PROBE_PORT: Flag = Flag::new("iptables-probe-port", None, Some("IPTABLES_PROBE_PORT"));
+const PROBE_TIMEOUT: Flag = Flag::new("probe-timeout", None, Some("PROBE_TIMEOUT"));
+const SKIP_RULE_APPLY: Flag = Flag::new("skip-rule-apply", None, Some("SKIP_RULE_APPLY"));
+const RUN_VALIDATION: Flag = Flag::new("run-validation", None, Some("RUN_VALIDATION"));
+const REDIRECT_DNS: Flag =
+    Flag::new("redirect-dns", None, Some("REDIRECT_DNS")).extra("ISTIO_META_DNS_CAPTURE");
+const DROP_INVALID: Flag =
+    Flag::new("drop-invalid", None, Some("DROP_INVALID")).extra("INVALID_DROP");
+const DUAL_STACK: Flag =
+    Flag::new("dual-stack", None, Some("DUAL_STACK")).extra("ISTIO_DUAL_STACK");
+const CAPTURE_ALL_DNS: Flag = Flag::new("capture-all-dns", None, Some("CAPTURE_ALL_DNS"));
+const NETWORK_NAMESPACE: Flag = Flag::new("network-namespace", None, Some("NETWORK_NAMESPACE"));
+const CNI_MODE: Flag = Flag::new("cni-mode", None, Some("CNI_MODE"));
+const RECONCILE: Flag = Flag::new("reconcile", None, Some("RECONCILE"));
+const CLEANUP_ONLY: Flag = Flag::new("cleanup-only", None, Some("CLEANUP_ONLY"));
+const FORCE_APPLY: Flag = Flag::new("force-apply", None, Some("FORCE_APPLY"));
+const NATIVE_NFTABLES: Flag = Flag::new("native-nftables", None, Some("NATIVE_NFTABLES"));
+const FORCE_IPTABLES_BINARY: Flag =
+    Flag::new("force-iptables-binary", None, Some("FORCE_IPTABLES_BINARY"));
+
+/// The flags of `pilot-agent istio-iptables`, as Istio's `istio-iptables` has them.
+/// Values are kept as text here and checked by [`Config::from_args`], so one
+/// run reports every bad value, each naming its flag. As with pflag, a flag
+/// given twice takes the last value.
+#[derive(Debug, Clone, Default, clap::Args)]
+#[command(args_override_self = true)]
+pub struct IptablesArgs {
+    /// Specify the envoy port to which redirect all TCP traffic.
+    #[arg(short = 'p', long = "envoy-port")]
+    pub envoy_port: Option<String>,
+    /// Port to which all inbound TCP traffic to the pod/VM should be redirected to.
+    #[arg(short = 'z', long = "inbound-capture-port")]
+    pub inbound_capture_port: Option<String>,
+    /// Specify the istio tunnel port for inbound tcp traffic.
+    #[arg(short = 'e', long = "inbound-tunnel-port")]
+    pub inbound_tunnel_port: Option<String>,
+    /// Specify the UID of the user for which the redirection is not applied. Typically, this is the UID of the proxy container.
+    #[arg(short = 'u', long = "proxy-uid")]
+    pub proxy_uid: Option<String>,
+    /// Specify the GID of the user for which the redirection is not applied (same default value as -u param).
+    #[arg(short = 'g', long = "proxy-gid")]
+    pub proxy_gid: Option<String>,
+    /// The mode used to redirect inbound connections to Envoy, either "REDIRECT" or "TPROXY".
+    #[arg(short = 'm', long = "istio-inbound-interception-mode")]
+    pub inbound_interception_mode: Option<String>,
+    /// Comma separated list of inbound ports for which traffic is to be redirected to Envoy (optional). The wildcard character "*" can be used to configure redirection for all ports. An empty list will disable.
+    #[arg(short = 'b', long = "istio-inbound-ports")]
+    pub inbound_ports: Option<String>,
+    /// Comma separated list of inbound ports to be excluded from redirection to Envoy (optional). Only applies when all inbound traffic (i.e. "*") is being redirected.
+    #[arg(short = 'd', long = "istio-local-exclude-ports")]
+    pub local_exclude_ports: Option<String>,
+    /// Comma separated list of NIC (optional). Neither inbound nor outbound traffic will be captured.
+    #[arg(short = 'c', long = "istio-exclude-interfaces")]
+    pub exclude_interfaces: Option<String>,
+    /// Comma separated list of IP ranges in CIDR form to redirect to envoy (optional). The wildcard character "*" can be used to redirect all outbound traffic. An empty list will disable all outbound.
+    #[arg(short = 'i', long = "istio-service-cidr")]
+    pub service_cidr: Option<String>,
+    /// Comma separated list of IP ranges in CIDR form to be excluded from redirection. Only applies when all  outbound traffic (i.e. "*") is being redirected.
+    #[arg(short = 'x', long = "istio-service-exclude-cidr")]
+    pub service_exclude_cidr: Option<String>,
+    /// Comma separated list of outbound ports to be explicitly included for redirection to Envoy.
+    #[arg(short = 'q', long = "istio-outbound-ports")]
+    pub outbound_ports: Option<String>,
+    /// Comma separated list of outbound ports to be excluded from redirection to Envoy.
+    #[arg(short = 'o', long = "istio-local-outbound-ports-exclude")]
+    pub local_outbound_ports_exclude: Option<String>,
+    /// Comma separated list of virtual interfaces whose inbound traffic (from VM) will be treated as outbound.
+    #[arg(short = 'k', long = "kube-virt-interfaces")]
+    pub kube_virt_interfaces: Option<String>,
+    /// The packet mark TPROXY sets on inbound traffic.
+    #[arg(short = 't', long = "istio-inbound-tproxy-mark")]
+    pub inbound_tproxy_mark: Option<String>,
+    /// The routing table that sends TPROXY-marked packets to loopback.
+    #[arg(short = 'r', long = "istio-inbound-tproxy-route-table")]
+    pub inbound_tproxy_route_table: Option<String>,
+    /// Do not call any external dependencies like iptables.
+    #[arg(short = 'n', long = "dry-run", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
+    pub dry_run: Option<bool>,
+    /// Set listen port for failure detection.
+    #[arg(long = "iptables-probe-port")]
+    pub iptables_probe_port: Option<String>,
+    /// Failure detection timeout.
+    #[arg(long = "probe-timeout")]
+    pub probe_timeout: Option<String>,
+    /// Skip iptables apply.
+    #[arg(long = "skip-rule-apply", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
+    pub skip_rule_apply: Option<bool>,
+    /// Validate iptables.
+    #[arg(long = "run-validation", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
+    pub run_validation: Option<bool>,
+    /// Enable capture of dns traffic by istio-agent.
+    #[arg(long = "redirect-dns", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
+    pub redirect_dns: Option<bool>,
+    /// Enable invalid drop in the iptables rules.
+    #[arg(long = "drop-invalid", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
+    pub drop_invalid: Option<bool>,
+    /// Enable ipv4/ipv6 redirects for dual-stack.
+    #[arg(long = "dual-stack", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
+    pub dual_stack: Option<bool>,
+    /// Instead of only capturing DNS traffic to DNS server IP, capture all DNS traffic at port 53. This setting is only effective when redirect dns is enabled.
+    #[arg(long = "capture-all-dns", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
+    pub capture_all_dns: Option<bool>,
+    /// The network namespace that iptables rules should be applied to.
+    #[arg(long = "network-namespace")]
+    pub network_namespace: Option<String>,
+    /// Whether to run as CNI plugin.
+    #[arg(long = "cni-mode", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
+    pub cni_mode: Option<bool>,
+    /// Reconcile pre-existing and incompatible iptables rules instead of failing if drift is detected.
+    #[arg(long = "reconcile", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
+    pub reconcile: Option<bool>,
+    /// Perform a forced cleanup without creating new iptables chains or rules.
+    #[arg(long = "cleanup-only", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
+    pub cleanup_only: Option<bool>,
+    /// Apply iptables changes even if they appear to already be in place.
+    #[arg(long = "force-apply", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
+    pub force_apply: Option<bool>,
+    /// Use native nftables instead of iptables rules (not supported here).
+    #[arg(long = "native-nftables", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
+    pub native_nftables: Option<bool>,
+    /// Break glass option to choose which iptables binary to use: legacy or nft.
+    #[arg(long = "force-iptables-binary")]
+    pub force_iptables_binary: Option<String>,
+}
+
+/// The flags of `pilot-agent istio-clean-iptables`, as Istio's removed
+/// `istio-clean-iptables` had them.
+#[derive(Debug, Clone, Default, clap::Args)]
+#[command(args_override_self = true)]
+pub struct CleanArgs {
+    /// Do not call any external dependencies like iptables.
+    #[arg(short = 'n', long = "dry-run", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
+    pub dry_run: Option<bool>,
+    /// Specify the UID of the user for which the redirection is not applied. Typically, this is the UID of the proxy container.
+    #[arg(short = 'u', long = "proxy-uid")]
+    pub proxy_uid: Option<String>,
+    /// Specify the GID of the user for which the redirection is not applied (same default value as -u param).
+    #[arg(short = 'g', long = "proxy-gid")]
+    pub proxy_gid: Option<String>,
+    /// Enable capture of dns traffic by istio-agent.
+    #[arg(long = "redirect-dns", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
+    pub redirect_dns: Option<bool>,
+    /// Instead of only capturing DNS traffic to DNS server IP, capture all DNS traffic at port 53. This setting is only effective when redirect dns is enabled.
+    #[arg(long = "capture-all-dns", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
+    pub capture_all_dns: Option<bool>,
+    /// The mode used to redirect inbound connections to Envoy, either "REDIRECT" or "TPROXY".
+    #[arg(short = 'm', long = "istio-inbound-interception-mode")]
+    pub inbound_interception_mode: Option<String>,
+    /// The packet mark TPROXY sets on inbound traffic.
+    #[arg(short = 't', long = "istio-inbound-tproxy-mark")]
+    pub inbound_tproxy_mark: Option<String>,
+}
+
+impl CleanArgs {
+    /// The `istio-iptables` flags these stand for (the rest at their defaults).
+    /// The clean command also reads `INBOUND_INTERCEPTION_MODE` and
+    /// `INBOUND_TPROXY_MARK`, as Istio's did; here a flag still wins over them.
+    pub fn to_iptables_args(&self, env: &dyn Env) -> IptablesArgs {
+        let env_value = |name: &str| env.get(name).filter(|v| !v.is_empty());
+        IptablesArgs {
+            dry_run: self.dry_run,
+            proxy_uid: self.proxy_uid.clone(),
+            proxy_gid: self.proxy_gid.clone(),
+            redirect_dns: self.redirect_dns,
+            capture_all_dns: self.capture_all_dns,
+            inbound_interception_mode: self
+                .inbound_interception_mode
+                .clone()
+                .or_else(|| env_value(ENV_INBOUND_INTERCEPTION_MODE)),
+            inbound_tproxy_mark: self
+                .inbound_tproxy_mark
+                .clone()
+                .or_else(|| env_value(ENV_INBOUND_TPROXY_MARK)),
+            ..IptablesArgs::default()
+        }
+    }
+}
+
+/// How inbound connections reach Envoy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InterceptionMode {
+    /// NAT `REDIRECT` (Istio's default).
+    #[default]
+    Redirect,
+    /// `TPROXY` in the mangle table, keeping the original source address.
+    Tproxy,
+}
+
+/// Which iptables variant `--force-iptables-binary` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// `iptables-legacy` (x_tables).
+    Legacy,
+    /// `iptables-nft` (nf_tables).
+    Nft,
+}
+
+/// An IP prefix as Go's `netip.Prefix` prints it (the address as given).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    /// The address part.
+    pub addr: IpAddr,
+    /// The prefix length.
+    pub bits: u8,
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.bits)
+    }
+}
+
+impl Cidr {
+    /// Parses `addr/bits` as Go's `netip.ParsePrefix`; an IPv4-mapped IPv6
+    /// address stays IPv6.
+    pub fn parse(s: &str) -> Option<Self> {
+        let (addr, bits) = s.split_once('/')?;
+        let addr: IpAddr = addr.parse().ok()?;
+        if bits.is_empty() || !bits.bytes().all(|b| b.is_ascii_digit()) || bits.len() > 3 {
+            return None;
+        }
+        let bits: u8 = bits.parse().ok()?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        (bits <= max).then_some(Self { addr, bits })
+    }
+}
+
+/// One IP family's share of a CIDR list (Istio's `NetworkRange`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NetworkRange {
+    /// The list was `*`.
+    pub is_wildcard: bool,
+    /// The prefixes of this family, in the order given.
+    pub cidrs: Vec<Cidr>,
+    /// One of them is a loopback address.
+    pub has_loopback: bool,
+}
+
+/// A CIDR list split into IPv4 and IPv6 (Istio's `SeparateV4V6`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IpRanges {
+    /// IPv4 prefixes.
+    pub v4: NetworkRange,
+    /// IPv6 prefixes.
+    pub v6: NetworkRange,
+}
+
+impl IpRanges {
+    fn parse(list: &str) -> Result<Self, String> {
+        if list == "*" {
+            let all = NetworkRange {
+                is_wildcard: true,
+                ..NetworkRange::default()
+            };
+            return Ok(Self {
+                v4: all.clone(),
+                v6: all,
+            });
+        }
+        let mut out = Self::default();
+        for item in split(list) {
+            let cidr = Cidr::parse(item).ok_or_else(|| {
+                format!("{item:?} is not an IP range in CIDR form (e.g. 10.0.0.0/8)")
+            })?;
+            let range = if cidr.addr.is_ipv4() {
+                &mut out.v4
+            } else {
+                &mut out.v6
+            };
+            range.has_loopback |= cidr.addr.is_loopback();
+            range.cidrs.push(cidr);
+        }
+        Ok(out)
+    }
+}
+
+/// What the host says, beside the flags: Istio reads these from the Pod's
+/// interfaces and `/etc/resolv.conf`. [`HostFacts::detect`] reads them in
+/// real runs; tests build them directly.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostFacts {
+    /// The Pod's address Istio picked (first non-loopback, non-link-local).
+    pub host_ip: Option<IpAddr>,
+    /// Istio's `EnableIPv6`: the Pod address is IPv6 (with `--dual-stack`: any is).
+    pub enable_ipv6: bool,
+    /// IPv4 name servers, as Go prints them.
+    pub dns_servers_v4: Vec<String>,
+    /// IPv6 name servers, as Go prints them.
+    pub dns_servers_v6: Vec<String>,
+}
+
+/// The resolved configuration of one `istio-iptables` run.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `-p`: Envoy's outbound listener.
+    pub proxy_port: u16,
+    /// `-z`: Envoy's inbound listener.
+    pub inbound_capture_port: u16,
+    /// `-e`: the HBONE tunnel port, never captured.
+    pub inbound_tunnel_port: u16,
+    /// `-u`: comma-separated uids whose traffic is not captured.
+    pub proxy_uid: String,
+    /// `-g`: comma-separated gids whose traffic is not captured.
+    pub proxy_gid: String,
+    /// `-m`.
+    pub interception_mode: InterceptionMode,
+    /// `-t`.
+    pub inbound_tproxy_mark: u32,
+    /// `-r`.
+    pub inbound_tproxy_route_table: u32,
+    /// `-b`: `*`, a port list, or empty (no inbound capture).
+    pub inbound_ports_include: String,
+    /// `-d`: ports left alone when `-b` is `*`.
+    pub inbound_ports_exclude: String,
+    /// `ISTIO_OUTBOUND_OWNER_GROUPS`.
+    pub owner_groups_include: String,
+    /// `ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE`.
+    pub owner_groups_exclude: String,
+    /// `-q`.
+    pub outbound_ports_include: String,
+    /// `-o`.
+    pub outbound_ports_exclude: String,
+    /// `-i`, split by family.
+    pub outbound_ip_ranges_include: IpRanges,
+    /// `-x`, split by family.
+    pub outbound_ip_ranges_exclude: IpRanges,
+    /// `-k`.
+    pub reroute_virtual_interfaces: String,
+    /// `-c`.
+    pub exclude_interfaces: String,
+    /// `--iptables-probe-port`.
+    pub iptables_probe_port: u16,
+    /// `--probe-timeout`.
+    pub probe_timeout: Duration,
+    /// `-n`.
+    pub dry_run: bool,
+    /// `--skip-rule-apply`.
+    pub skip_rule_apply: bool,
+    /// `--run-validation`.
+    pub run_validation: bool,
+    /// `--redirect-dns`.
+    pub redirect_dns: bool,
+    /// `--drop-invalid`.
+    pub drop_invalid: bool,
+    /// `--capture-all-dns`.
+    pub capture_all_dns: bool,
+    /// `--dual-stack`.
+    pub dual_stack: bool,
+    /// `--network-namespace` (accepted; rules go to the namespace the command runs in).
+    pub network_namespace: String,
+    /// `--cni-mode` (accepted; no pod-scoped xtables lock is needed with nft).
+    pub cni_mode: bool,
+    /// `--reconcile`.
+    pub reconcile: bool,
+    /// `--cleanup-only`.
+    pub cleanup_only: bool,
+    /// `--force-apply`.
+    pub force_apply: bool,
+    /// `--force-iptables-binary`.
+    pub force_iptables_binary: Option<Backend>,
+    /// `ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR`.
+    pub host_ipv4_loopback_cidr: String,
+    /// Facts from the host (interfaces, resolv.conf).
+    pub host: HostFacts,
+}
+
+/// Why a configuration cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// One or more flags or variables have values that cannot be used.
+    #[error("invalid istio-iptables configuration:\n  {}", .0.join("\n  "))]
+    Invalid(Vec<String>),
+    /// Istio's `getLocalIP` found no usable address.
+    #[error(
+        "no valid local IP address found (the Pod needs a non-loopback, non-link-local address)"
+    )]
+    NoLocalIp,
+    /// The interfaces could not be listed.
+    #[error("failed to list the network interfaces' addresses: {0}")]
+    Interfaces(#[source] nix::Error),
+    /// `/etc/resolv.conf` could not be read while `--redirect-dns` needs it.
+    #[error("failed to load /etc/resolv.conf: {0}")]
+    ResolvConf(#[source] std::io::Error),
+}
+
+/// Istio's `config.Split`: comma-separated, empty items dropped.
+pub fn split(s: &str) -> Vec<&str> {
+    s.split(',').filter(|p| !p.is_empty()).collect()
+}
+
+/// Collects values with their origin and every problem found.
+struct Reader<'a> {
+    env: &'a dyn Env,
+    problems: Vec<String>,
+}
+
+impl Reader<'_> {
+    fn env_value(&self, name: Option<&'static str>) -> Option<(String, &'static str)> {
+        let name = name?;
+        let v = self.env.get(name).filter(|v| !v.is_empty())?;
+        Some((v, name))
+    }
+
+    /// The flag's value and where it came from: the command line wins, then
+    /// the additional variable, then the flag's own variable.
+    fn string(&self, cli: &Option<String>, flag: Flag) -> Option<(String, String)> {
+        if let Some(v) = cli {
+            return Some((v.clone(), flag.to_string()));
+        }
+        self.env_value(flag.extra_env)
+            .or_else(|| self.env_value(flag.env))
+            .map(|(v, name)| (v, format!("{name} (for {flag})")))
+    }
+
+    fn text(&self, cli: &Option<String>, flag: Flag, default: &str) -> String {
+        self.string(cli, flag)
+            .map(|(v, _)| v)
+            .unwrap_or_else(|| default.to_string())
+    }
+
+    fn bool(&mut self, cli: Option<bool>, flag: Flag) -> bool {
+        if let Some(v) = cli {
+            return v;
+        }
+        match self.string(&None, flag) {
+            None => false,
+            Some((v, origin)) => common::cli::parse_go_bool(&v).unwrap_or_else(|e| {
+                self.problems.push(format!("{origin}: {e}"));
+                false
+            }),
+        }
+    }
+
+    fn number<T: std::str::FromStr>(
+        &mut self,
+        cli: &Option<String>,
+        flag: Flag,
+        default: T,
+        what: &str,
+    ) -> T {
+        match self.string(cli, flag) {
+            None => default,
+            Some((v, origin)) => v.trim().parse().unwrap_or_else(|_| {
+                self.problems.push(format!("{origin} {v:?}: not {what}"));
+                default
+            }),
+        }
+    }
+
+    /// A comma list whose every item passes `check`; returns the text as given.
+    fn list(
+        &mut self,
+        cli: &Option<String>,
+        flag: Flag,
+        default: &str,
+        wildcard: bool,
+        check: fn(&str) -> Result<(), String>,
+    ) -> String {
+        let Some((v, origin)) = self.string(cli, flag) else {
+            return default.to_string();
+        };
+        if wildcard && v == "*" {
+            return v;
+        }
+        for item in split(&v) {
+            if let Err(e) = check(item) {
+                self.problems.push(format!("{origin} {v:?}: {e}"));
+                break;
+            }
+        }
+        v
+    }
+}
+
+fn check_port(item: &str) -> Result<(), String> {
+    let ok = |p: &str| {
+        !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok()
+    };
+    let valid = match item.split_once(':') {
+        Some((a, b)) => ok(a) && ok(b),
+        None => ok(item),
+    };
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "{item:?} is not a port (0-65535) or a port range (a:b)"
+        ))
+    }
+}
+
+fn check_owner(item: &str) -> Result<(), String> {
+    let valid = item
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'$'));
+    if valid && !item.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{item:?} is not a numeric id or a user/group name"))
+    }
+}
+
+fn check_interface(item: &str) -> Result<(), String> {
+    let valid = item.len() <= 15
+        && !item.is_empty()
+        && !item.contains('/')
+        && !item.chars().any(char::is_whitespace);
+    if valid {
+        Ok(())
+    } else {
+        Err(format!("{item:?} is not a network interface name"))
+    }
+}
+
+impl Config {
+    /// Resolves flags and environment as Istio does, reporting every bad value
+    /// at once. Reads `/etc/passwd` only when no `--proxy-uid` is given (to
+    /// look up `ENVOY_USER`). The host facts are left empty: see
+    /// [`HostFacts::detect`].
+    pub fn from_args(args: &IptablesArgs, env: &dyn Env) -> Result<Self, ConfigError> {
+        let mut r = Reader {
+            env,
+            problems: Vec::new(),
+        };
+        let port = "a port number (0-65535)";
+        let proxy_port = r.number(&args.envoy_port, ENVOY_PORT, 15001u16, port);
+        let inbound_capture_port = r.number(
+            &args.inbound_capture_port,
+            INBOUND_CAPTURE_PORT,
+            15006u16,
+            port,
+        );
+        let inbound_tunnel_port = r.number(
+            &args.inbound_tunnel_port,
+            INBOUND_TUNNEL_PORT,
+            15008u16,
+            port,
+        );
+        let mut proxy_uid = r.list(&args.proxy_uid, PROXY_UID, "", false, check_owner);
+        if proxy_uid.is_empty() {
+            let user = env
+                .get(ENV_ENVOY_USER)
+                .filter(|u| !u.is_empty())
+                .unwrap_or_else(|| DEFAULT_ENVOY_USER.to_string());
+            proxy_uid = lookup_uid(&user).unwrap_or_else(|| DEFAULT_PROXY_UID.to_string());
+        }
+        let mut proxy_gid = r.list(&args.proxy_gid, PROXY_GID, "", false, check_owner);
+        if proxy_gid.is_empty() {
+            proxy_gid = proxy_uid.clone();
+        }
+        let interception_mode = match r.string(&args.inbound_interception_mode, INTERCEPTION_MODE) {
+            None => InterceptionMode::Redirect,
+            Some((v, origin)) => match v.as_str() {
+                "REDIRECT" => InterceptionMode::Redirect,
+                "TPROXY" => InterceptionMode::Tproxy,
+                _ => {
+                    r.problems
+                        .push(format!("{origin} {v:?}: use REDIRECT or TPROXY"));
+                    InterceptionMode::Redirect
+                }
+            },
+        };
+        let mark = "a packet mark (a number)";
+        let inbound_tproxy_mark = r.number(&args.inbound_tproxy_mark, TPROXY_MARK, 1337u32, mark);
+        let inbound_tproxy_route_table = r.number(
+            &args.inbound_tproxy_route_table,
+            TPROXY_ROUTE_TABLE,
+            133u32,
+            "a routing table number",
+        );
+        let inbound_ports_include =
+            r.list(&args.inbound_ports, INBOUND_PORTS, "", true, check_port);
+        let inbound_ports_exclude = r.list(
+            &args.local_exclude_ports,
+            LOCAL_EXCLUDE_PORTS,
+            "",
+            false,
+            check_port,
+        );
+        let outbound_ports_include =
+            r.list(&args.outbound_ports, OUTBOUND_PORTS, "", false, check_port);
+        let outbound_ports_exclude = r.list(
+            &args.local_outbound_ports_exclude,
+            LOCAL_OUTBOUND_PORTS_EXCLUDE,
+            "",
+            false,
+            check_port,
+        );
+        let reroute_virtual_interfaces = r.list(
+            &args.kube_virt_interfaces,
+            KUBE_VIRT_INTERFACES,
+            "",
+            false,
+            check_interface,
+        );
+        let exclude_interfaces = r.list(
+            &args.exclude_interfaces,
+            EXCLUDE_INTERFACES,
+            "",
+            false,
+            check_interface,
+        );
+        let outbound_ip_ranges_include = r.ranges(&args.service_cidr, SERVICE_CIDR, false);
+        let outbound_ip_ranges_exclude =
+            r.ranges(&args.service_exclude_cidr, SERVICE_EXCLUDE_CIDR, true);
+        let iptables_probe_port = r.number(
+            &args.iptables_probe_port,
+            PROBE_PORT,
+            DEFAULT_PROBE_PORT,
+            port,
+        );
+        let probe_timeout = match r.string(&args.probe_timeout, PROBE_TIMEOUT) {
+            None => DEFAULT_PROBE_TIMEOUT,
+            Some((v, origin)) => common::duration::parse(&v).unwrap_or_else(|e| {
+                r.problems.push(format!("{origin}: {e}"));
+                DEFAULT_PROBE_TIMEOUT
+            }),
+        };
+        let force_iptables_binary =
+            match r.string(&args.force_iptables_binary, FORCE_IPTABLES_BINARY) {
+                None => None,
+                Some((v, origin)) => match v.as_str() {
+                    "legacy" => Some(Backend::Legacy),
+                    "nft" => Some(Backend::Nft),
+                    _ => {
+                        r.problems.push(format!(
+                        "{origin}: invalid FORCE_IPTABLES_BINARY value {v:?} (use legacy or nft)"
+                    ));
+                        None
+                    }
+                },
+            };
+        let owner_groups_include = env
+            .get(ENV_OWNER_GROUPS_INCLUDE)
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| "*".to_string());
+        let owner_groups_exclude = env.get(ENV_OWNER_GROUPS_EXCLUDE).unwrap_or_default();
+        check_owner_groups(
+            &owner_groups_include,
+            &owner_groups_exclude,
+            &mut r.problems,
+        );
+        let host_ipv4_loopback_cidr = env
+            .get(ENV_HOST_IPV4_LOOPBACK_CIDR)
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| "127.0.0.1/32".to_string());
+        if let Err(e) = check_ipv4_loopback_cidr(&host_ipv4_loopback_cidr) {
+            r.problems
+                .push(format!("{ENV_HOST_IPV4_LOOPBACK_CIDR}: {e}"));
+        }
+        let cfg = Config {
+            proxy_port,
+            inbound_capture_port,
+            inbound_tunnel_port,
+            proxy_uid,
+            proxy_gid,
+            interception_mode,
+            inbound_tproxy_mark,
+            inbound_tproxy_route_table,
+            inbound_ports_include,
+            inbound_ports_exclude,
+            owner_groups_include,
+            owner_groups_exclude,
+            outbound_ports_include,
+            outbound_ports_exclude,
+            outbound_ip_ranges_include,
+            outbound_ip_ranges_exclude,
+            reroute_virtual_interfaces,
+            exclude_interfaces,
+            iptables_probe_port,
+            probe_timeout,
+            dry_run: r.bool(args.dry_run, DRY_RUN),
+            skip_rule_apply: r.bool(args.skip_rule_apply, SKIP_RULE_APPLY),
+            run_validation: r.bool(args.run_validation, RUN_VALIDATION),
+            redirect_dns: r.bool(args.redirect_dns, REDIRECT_DNS),
+            drop_invalid: r.bool(args.drop_invalid, DROP_INVALID),
+            capture_all_dns: r.bool(args.capture_all_dns, CAPTURE_ALL_DNS),
+            dual_stack: r.bool(args.dual_stack, DUAL_STACK),
+            network_namespace: r.text(&args.network_namespace, NETWORK_NAMESPACE, ""),
+            cni_mode: r.bool(args.cni_mode, CNI_MODE),
+            reconcile: r.bool(args.reconcile, RECONCILE),
+            cleanup_only: r.bool(args.cleanup_only, CLEANUP_ONLY),
+            force_apply: r.bool(args.force_apply, FORCE_APPLY),
+            force_iptables_binary,
+            host_ipv4_loopback_cidr,
+            host: HostFacts::default(),
+        };
+        if r.bool(args.native_nftables, NATIVE_NFTABLES) {
+            r.problems.push(format!(
+                "{NATIVE_NFTABLES}: native nftables rules are not supported by this pilot-agent; drop the flag to use iptables"
+            ));
+        }
+        if r.problems.is_empty() {
+            Ok(cfg)
+        } else {
+            Err(ConfigError::Invalid(r.problems))
+        }
+    }
+
+    /// The values Istio's `Config.Print` logs, one `NAME=value` per line.
+    pub fn summary(&self) -> String {
+        let mode = match self.interception_mode {
+            InterceptionMode::Redirect => "REDIRECT",
+            InterceptionMode::Tproxy => "TPROXY",
+        };
+        let h = &self.host;
+        [
+            format!("PROXY_PORT={}", self.proxy_port),
+            format!("PROXY_INBOUND_CAPTURE_PORT={}", self.inbound_capture_port),
+            format!("PROXY_TUNNEL_PORT={}", self.inbound_tunnel_port),
+            format!("PROXY_UID={}", self.proxy_uid),
+            format!("PROXY_GID={}", self.proxy_gid),
+            format!("INBOUND_INTERCEPTION_MODE={mode}"),
+            format!("INBOUND_TPROXY_MARK={}", self.inbound_tproxy_mark),
+            format!(
+                "INBOUND_TPROXY_ROUTE_TABLE={}",
+                self.inbound_tproxy_route_table
+            ),
+            format!("INBOUND_PORTS_INCLUDE={}", self.inbound_ports_include),
+            format!("INBOUND_PORTS_EXCLUDE={}", self.inbound_ports_exclude),
+            format!(
+                "OUTBOUND_OWNER_GROUPS_INCLUDE={}",
+                self.owner_groups_include
+            ),
+            format!(
+                "OUTBOUND_OWNER_GROUPS_EXCLUDE={}",
+                self.owner_groups_exclude
+            ),
+            format!("OUTBOUND_PORTS_INCLUDE={}", self.outbound_ports_include),
+            format!("OUTBOUND_PORTS_EXCLUDE={}", self.outbound_ports_exclude),
+            format!("KUBE_VIRT_INTERFACES={}", self.reroute_virtual_interfaces),
+            format!("ENABLE_INBOUND_IPV6={}", h.enable_ipv6),
+            format!("DUAL_STACK={}", self.dual_stack),
+            format!("DNS_CAPTURE={}", self.redirect_dns),
+            format!("DROP_INVALID={}", self.drop_invalid),
+            format!("CAPTURE_ALL_DNS={}", self.capture_all_dns),
+            format!("DNS_SERVERS={:?},{:?}", h.dns_servers_v4, h.dns_servers_v6),
+            format!("NETWORK_NAMESPACE={}", self.network_namespace),
+            format!("CNI_MODE={}", self.cni_mode),
+            format!("EXCLUDE_INTERFACES={}", self.exclude_interfaces),
+            format!("RECONCILE={}", self.reconcile),
+            format!("CLEANUP_ONLY={}", self.cleanup_only),
+            format!("FORCE_APPLY={}", self.force_apply),
+        ]
+        .join("\n")
+    }
+}
+
+impl Reader<'_> {
+    fn ranges(&mut self, cli: &Option<String>, flag: Flag, exclude: bool) -> IpRanges {
+        let Some((v, origin)) = self.string(cli, flag) else {
+            return IpRanges::default();
+        };
+        if exclude && v == "*" {
+            // Istio: "invalid value for OUTBOUND_IP_RANGES_EXCLUDE".
+            self.problems.push(format!(
+                "{origin} \"*\": invalid value for OUTBOUND_IP_RANGES_EXCLUDE (a wildcard cannot be excluded)"
+            ));
+            return IpRanges::default();
+        }
+        IpRanges::parse(&v).unwrap_or_else(|e| {
+            self.problems.push(format!("{origin} {v:?}: {e}"));
+            IpRanges::default()
+        })
+    }
+}
+
+/// Istio's `ValidateOwnerGroups`.
+fn check_owner_groups(include: &str, exclude: &str, problems: &mut Vec<String>) {
+    if include != "*" {
+        let values = split(include);
+        if values.len() > MAX_OWNER_GROUPS_INCLUDE {
+            problems.push(format!(
+                "{ENV_OWNER_GROUPS_INCLUDE}: number of owner groups whose outgoing traffic should be redirected to Envoy cannot exceed {MAX_OWNER_GROUPS_INCLUDE}, got {}: {values:?}",
+                values.len()
+            ));
+        }
+    }
+    for (name, list) in [
+        (ENV_OWNER_GROUPS_INCLUDE, include),
+        (ENV_OWNER_GROUPS_EXCLUDE, exclude),
+    ] {
+        if list == "*" {
+            continue;
+        }
+        for item in split(list) {
+            if let Err(e) = check_owner(item) {
+                problems.push(format!("{name}: {e}"));
+            }
+        }
+    }
+}
+
+/// Istio's `ValidateIPv4LoopbackCidr`.
+fn check_ipv4_loopback_cidr(cidr: &str) -> Result<(), String> {
+    let p = Cidr::parse(cidr).ok_or_else(|| format!("failed to parse CIDR {cidr}"))?;
+    if !p.addr.is_ipv4() || !p.addr.is_loopback() {
+        return Err(format!(
+            "expected valid IPv4 loopback address in CIDR {cidr}; found {}",
+            p.addr
+        ));
+    }
+    if !(8..=32).contains(&p.bits) {
+        return Err(format!(
+            "expected CIDR {cidr} to have mask in range [8, 32]; found {}",
+            p.bits
+        ));
+    }
+    Ok(())
+}
+
+/// The uid of `user` in `/etc/passwd` (Go's pure `os/user.Lookup`, which
+/// Istio's static build uses).
+fn lookup_uid(user: &str) -> Option<String> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let mut f = line.split(':');
+        (f.next()? == user).then_some(())?;
+        f.next()?;
+        Some(f.next()?.to_string())
+    })
+}
+
+impl HostFacts {
+    /// Reads what Istio's `FillConfigFromEnvironment` reads: the interfaces'
+    /// addresses (is the Pod IPv6?) and, when DNS is captured per server, the
+    /// name servers in `/etc/resolv.conf`.
+    pub fn detect(cfg: &Config) -> Result<Self, ConfigError> {
+        let addrs: Vec<IpAddr> = nix::ifaddrs::getifaddrs()
+            .map_err(ConfigError::Interfaces)?
+            .filter_map(|ifa| {
+                let a = ifa.address?;
+                if let Some(v4) = a.as_sockaddr_in() {
+                    Some(IpAddr::V4(v4.ip()))
+                } else {
+                    a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
+                }
+            })
+            .collect();
+        let (host_ip, enable_ipv6) = local_ip(&addrs, cfg.dual_stack)?;
+        let mut facts = HostFacts {
+            host_ip: Some(host_ip),
+            enable_ipv6,
+            ..HostFacts::default()
+        };
+        if cfg.redirect_dns && !cfg.capture_all_dns {
+            let conf =
+                std::fs::read_to_string("/etc/resolv.conf").map_err(ConfigError::ResolvConf)?;
+            (facts.dns_servers_v4, facts.dns_servers_v6) = name_servers(&conf);
+        }
+        Ok(facts)
+    }
+}
+
+/// Istio's `getLocalIP`: the first address that is not loopback or
+/// link-local decides; with dual stack, any IPv6 address turns IPv6 on.
+pub fn local_ip(addrs: &[IpAddr], dual_stack: bool) -> Result<(IpAddr, bool), ConfigError> {
+    let mut found = Vec::new();
+    let mut is_ipv6 = false;
+    for a in addrs {
+        let a = unmap(*a);
+        if a.is_loopback() || is_link_local_unicast(a) || is_link_local_multicast(a) {
+            continue;
+        }
+        is_ipv6 = a.is_ipv6();
+        if !dual_stack {
+            return Ok((a, is_ipv6));
+        }
+        found.push(a);
+        if is_ipv6 {
+            break;
+        }
+    }
+    found
+        .first()
+        .map(|a| (*a, is_ipv6))
+        .ok_or(ConfigError::NoLocalIp)
+}
+
+fn unmap(a: IpAddr) -> IpAddr {
+    match a {
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map(IpAddr::V4)
+            .unwrap_or(IpAddr::V6(v6)),
+        v4 => v4,
+    }
+}
+
+fn is_link_local_unicast(a: IpAddr) -> bool {
+    match a {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+    }
+}
+
+fn is_link_local_multicast(a: IpAddr) -> bool {
+    match a {
+        IpAddr::V4(v4) => v4.octets()[..3] == [224, 0, 0],
+        IpAddr::V6(v6) => {
+            let o = v6.octets();
+            o[0] == 0xff && (o[1] & 0x0f) == 0x02
+        }
+    }
+}
+
+/// The `nameserver` lines of a resolv.conf, split by family and printed as Go
+/// prints addresses (Istio's `IPsSplitV4V6`); unparsable entries are skipped.
+pub fn name_servers(conf: &str) -> (Vec<String>, Vec<String>) {
+    let mut v4 = Vec::new();
+    let mut v6 = Vec::new();
+    for line in conf.lines() {
+        let mut f = line.split_whitespace();
+        if f.next() != Some("nameserver") {
+            continue;
+        }
+        match f.next().map(str::parse::<IpAddr>) {
+            Some(Ok(IpAddr::V4(a))) => v4.push(a.to_string()),
+            Some(Ok(IpAddr::V6(a))) => v6.push(a.to_string()),
+            _ => {}
+        }
+    }
+    (v4, v6)
+}
+
+/// The loopback address of the Pod's family (the validator listens there).
+pub fn loopback(ipv6: bool) -> IpAddr {
+    if ipv6 {
+        IpAddr::V6(Ipv6Addr::LOCALHOST)
+    } else {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use common::env::MapEnv;
+
+    fn args(f: impl FnOnce(&mut IptablesArgs)) -> IptablesArgs {
+        let mut a = IptablesArgs {
+            proxy_uid: Some("1337".into()),
+            ..IptablesArgs::default()
+        };
+        f(&mut a);
+        a
+    }
+
+    #[test]
+    fn every_bad_value_is_reported_with_its_flag() {
+        let a = args(|a| {
+            a.envoy_port = Some("abc".into());
+            a.inbound_interception_mode = Some("NAT".into());
+            a.service_cidr = Some("10.0.0.0".into());
+            a.inbound_ports = Some("80,http".into());
+        });
+        let env = MapEnv::from_pairs([("PROBE_TIMEOUT", "soon")]);
+        let err = Config::from_args(&a, &env).unwrap_err().to_string();
+        for needle in [
+            "--envoy-port (-p) \"abc\"",
+            "--istio-inbound-interception-mode (-m) \"NAT\"",
+            "--istio-service-cidr (-i)",
+            "--istio-inbound-ports (-b)",
+            "PROBE_TIMEOUT (for --probe-timeout)",
+        ] {
+            assert!(err.contains(needle), "{needle} missing in {err}");
+        }
+    }
+
+    #[test]
+    fn flag_wins_over_env_and_extra_env_over_env() {
+        let env = MapEnv::from_pairs([
+            ("INBOUND_CAPTURE_PORT", "16006"),
+            ("REDIRECT_DNS", "false"),
+            ("ISTIO_META_DNS_CAPTURE", "true"),
+        ]);
+        let cfg = Config::from_args(&args(|_| {}), &env).unwrap();
+        assert_eq!(cfg.inbound_capture_port, 16006);
+        assert!(cfg.redirect_dns);
+        let cfg = Config::from_args(
+            &args(|a| a.inbound_capture_port = Some("17006".into())),
+            &env,
+        )
+        .unwrap();
+        assert_eq!(cfg.inbound_capture_port, 17006);
+        assert_eq!(cfg.proxy_gid, "1337");
+    }
+
+    #[test]
+    fn local_ip_follows_istio() {
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        let ll: IpAddr = "fe80::1".parse().unwrap();
+        let v4: IpAddr = "10.0.0.5".parse().unwrap();
+        let v6: IpAddr = "fd00::5".parse().unwrap();
+        assert!(matches!(
+            local_ip(&[lo, ll], false),
+            Err(ConfigError::NoLocalIp)
+        ));
+        assert_eq!(local_ip(&[lo, v4, v6], false).unwrap(), (v4, false));
+        assert_eq!(local_ip(&[lo, v4, v6], true).unwrap(), (v4, true));
+        assert_eq!(local_ip(&[v6, v4], false).unwrap(), (v6, true));
+    }
+
+    #[test]
+    fn name_servers_split_by_family() {
+        let (v4, v6) =
+            name_servers("search x\nnameserver 10.96.0.10\nnameserver fd00::a\nnameserver bad\n");
+        assert_eq!(v4, ["10.96.0.10"]);
+        assert_eq!(v6, ["fd00::a"]);
+    }
+}
