@@ -1,10 +1,11 @@
 //! Traffic capture: `pilot-agent istio-iptables` writes Istio's iptables rules
 //! into the Pod's network namespace (the `istio-init` container), and
 //! `pilot-agent istio-clean-iptables` removes them. Rooms follow Istio's
-//! `tools/istio-iptables`: `config` (flags and environment), `builder` (rules
-//! to restore input), `capture` (which rules), `dep` (running iptables and
-//! choosing its variant), `apply`, `cleanup`, `tproxy` (routes) and
-//! `validation` (`--run-validation`).
+//! `tools/istio-iptables`: `args` (the command lines), `config` (flags and
+//! environment), `host` (what the Pod's interfaces and resolv.conf say),
+//! `builder` (rules to restore input), `capture` (which rules), `dep`
+//! (running iptables and choosing its variant), `apply`, `cleanup`, `tproxy`
+//! (routes) and `validation` (`--run-validation`).
 //!
 //! Exit codes are Istio's: 0 on success, 1 for a bad configuration or a
 //! failed iptables step, 126 when validation fails. A dry run (`-n`) prints
@@ -17,11 +18,13 @@ macro_rules! ipt_args {
 }
 
 pub mod apply;
+pub mod args;
 pub mod builder;
 pub mod capture;
 pub mod cleanup;
 pub mod config;
 pub mod dep;
+pub mod host;
 pub mod tproxy;
 pub mod validation;
 
@@ -144,6 +147,14 @@ pub fn run_istio_clean_iptables(cfg: &Config, out: &mut dyn Write) -> Result<(),
     }
     let backends = apply::Backends::detect(cfg)?;
     cleanup::clean(&rb, &backends);
+    if cfg.interception_mode != config::InterceptionMode::Tproxy {
+        // TPROXY's marks in built-in chains carry no ISTIO_ name for the
+        // sweep to find: undo them too, in case the rules were made with -m TPROXY.
+        let mut tproxy = cfg.clone();
+        tproxy.interception_mode = config::InterceptionMode::Tproxy;
+        tproxy.inbound_ports_include = "*".to_string();
+        cleanup::clean(&capture::build(&tproxy), &backends);
+    }
     apply::log_final_state(&backends, true);
     Ok(())
 }

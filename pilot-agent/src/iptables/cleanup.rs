@@ -7,8 +7,9 @@
 //! jump into an `ISTIO_` chain and every `ISTIO_` chain (Istio's CNI
 //! `cleanupIstioLeftovers`), so nothing named `ISTIO_` is left even when the
 //! flags differ from the ones the rules were made with. Rules without an
-//! `ISTIO_` name in built-in chains (TPROXY marks, `-c`/`-k` short cuts) go
-//! only when the flags describe them, as in Istio.
+//! `ISTIO_` name in built-in chains (`-c`/`-k` short cuts, TPROXY marks) go
+//! only when the flags describe them, as in Istio; `istio-clean-iptables`
+//! also undoes the TPROXY marks when run without `-m TPROXY`.
 
 use std::io::Write;
 

@@ -10,10 +10,13 @@
 //! something silently ignored or passed on to `iptables`.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::time::Duration;
 
 use common::env::Env;
+
+pub use super::args::{CleanArgs, IptablesArgs};
+pub use super::host::HostFacts;
 
 /// `ISTIO_OUTBOUND_OWNER_GROUPS`: groups whose outbound traffic is captured (`*`). Env only.
 pub const ENV_OWNER_GROUPS_INCLUDE: &str = "ISTIO_OUTBOUND_OWNER_GROUPS";
@@ -160,164 +163,6 @@ const NATIVE_NFTABLES: Flag = Flag::new("native-nftables", None, Some("NATIVE_NF
 const FORCE_IPTABLES_BINARY: Flag =
     Flag::new("force-iptables-binary", None, Some("FORCE_IPTABLES_BINARY"));
 
-/// The flags of `pilot-agent istio-iptables`, as Istio's `istio-iptables` has them.
-/// Values are kept as text here and checked by [`Config::from_args`], so one
-/// run reports every bad value, each naming its flag. As with pflag, a flag
-/// given twice takes the last value.
-#[derive(Debug, Clone, Default, clap::Args)]
-#[command(args_override_self = true)]
-pub struct IptablesArgs {
-    /// Specify the envoy port to which redirect all TCP traffic.
-    #[arg(short = 'p', long = "envoy-port")]
-    pub envoy_port: Option<String>,
-    /// Port to which all inbound TCP traffic to the pod/VM should be redirected to.
-    #[arg(short = 'z', long = "inbound-capture-port")]
-    pub inbound_capture_port: Option<String>,
-    /// Specify the istio tunnel port for inbound tcp traffic.
-    #[arg(short = 'e', long = "inbound-tunnel-port")]
-    pub inbound_tunnel_port: Option<String>,
-    /// Specify the UID of the user for which the redirection is not applied. Typically, this is the UID of the proxy container.
-    #[arg(short = 'u', long = "proxy-uid")]
-    pub proxy_uid: Option<String>,
-    /// Specify the GID of the user for which the redirection is not applied (same default value as -u param).
-    #[arg(short = 'g', long = "proxy-gid")]
-    pub proxy_gid: Option<String>,
-    /// The mode used to redirect inbound connections to Envoy, either "REDIRECT" or "TPROXY".
-    #[arg(short = 'm', long = "istio-inbound-interception-mode")]
-    pub inbound_interception_mode: Option<String>,
-    /// Comma separated list of inbound ports for which traffic is to be redirected to Envoy (optional). The wildcard character "*" can be used to configure redirection for all ports. An empty list will disable.
-    #[arg(short = 'b', long = "istio-inbound-ports")]
-    pub inbound_ports: Option<String>,
-    /// Comma separated list of inbound ports to be excluded from redirection to Envoy (optional). Only applies when all inbound traffic (i.e. "*") is being redirected.
-    #[arg(short = 'd', long = "istio-local-exclude-ports")]
-    pub local_exclude_ports: Option<String>,
-    /// Comma separated list of NIC (optional). Neither inbound nor outbound traffic will be captured.
-    #[arg(short = 'c', long = "istio-exclude-interfaces")]
-    pub exclude_interfaces: Option<String>,
-    /// Comma separated list of IP ranges in CIDR form to redirect to envoy (optional). The wildcard character "*" can be used to redirect all outbound traffic. An empty list will disable all outbound.
-    #[arg(short = 'i', long = "istio-service-cidr")]
-    pub service_cidr: Option<String>,
-    /// Comma separated list of IP ranges in CIDR form to be excluded from redirection. Only applies when all  outbound traffic (i.e. "*") is being redirected.
-    #[arg(short = 'x', long = "istio-service-exclude-cidr")]
-    pub service_exclude_cidr: Option<String>,
-    /// Comma separated list of outbound ports to be explicitly included for redirection to Envoy.
-    #[arg(short = 'q', long = "istio-outbound-ports")]
-    pub outbound_ports: Option<String>,
-    /// Comma separated list of outbound ports to be excluded from redirection to Envoy.
-    #[arg(short = 'o', long = "istio-local-outbound-ports-exclude")]
-    pub local_outbound_ports_exclude: Option<String>,
-    /// Comma separated list of virtual interfaces whose inbound traffic (from VM) will be treated as outbound.
-    #[arg(short = 'k', long = "kube-virt-interfaces")]
-    pub kube_virt_interfaces: Option<String>,
-    /// The packet mark TPROXY sets on inbound traffic.
-    #[arg(short = 't', long = "istio-inbound-tproxy-mark")]
-    pub inbound_tproxy_mark: Option<String>,
-    /// The routing table that sends TPROXY-marked packets to loopback.
-    #[arg(short = 'r', long = "istio-inbound-tproxy-route-table")]
-    pub inbound_tproxy_route_table: Option<String>,
-    /// Do not call any external dependencies like iptables.
-    #[arg(short = 'n', long = "dry-run", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
-    pub dry_run: Option<bool>,
-    /// Set listen port for failure detection.
-    #[arg(long = "iptables-probe-port")]
-    pub iptables_probe_port: Option<String>,
-    /// Failure detection timeout.
-    #[arg(long = "probe-timeout")]
-    pub probe_timeout: Option<String>,
-    /// Skip iptables apply.
-    #[arg(long = "skip-rule-apply", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
-    pub skip_rule_apply: Option<bool>,
-    /// Validate iptables.
-    #[arg(long = "run-validation", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
-    pub run_validation: Option<bool>,
-    /// Enable capture of dns traffic by istio-agent.
-    #[arg(long = "redirect-dns", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
-    pub redirect_dns: Option<bool>,
-    /// Enable invalid drop in the iptables rules.
-    #[arg(long = "drop-invalid", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
-    pub drop_invalid: Option<bool>,
-    /// Enable ipv4/ipv6 redirects for dual-stack.
-    #[arg(long = "dual-stack", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
-    pub dual_stack: Option<bool>,
-    /// Instead of only capturing DNS traffic to DNS server IP, capture all DNS traffic at port 53. This setting is only effective when redirect dns is enabled.
-    #[arg(long = "capture-all-dns", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
-    pub capture_all_dns: Option<bool>,
-    /// The network namespace that iptables rules should be applied to.
-    #[arg(long = "network-namespace")]
-    pub network_namespace: Option<String>,
-    /// Whether to run as CNI plugin.
-    #[arg(long = "cni-mode", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
-    pub cni_mode: Option<bool>,
-    /// Reconcile pre-existing and incompatible iptables rules instead of failing if drift is detected.
-    #[arg(long = "reconcile", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
-    pub reconcile: Option<bool>,
-    /// Perform a forced cleanup without creating new iptables chains or rules.
-    #[arg(long = "cleanup-only", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
-    pub cleanup_only: Option<bool>,
-    /// Apply iptables changes even if they appear to already be in place.
-    #[arg(long = "force-apply", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
-    pub force_apply: Option<bool>,
-    /// Use native nftables instead of iptables rules (not supported here).
-    #[arg(long = "native-nftables", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
-    pub native_nftables: Option<bool>,
-    /// Break glass option to choose which iptables binary to use: legacy or nft.
-    #[arg(long = "force-iptables-binary")]
-    pub force_iptables_binary: Option<String>,
-}
-
-/// The flags of `pilot-agent istio-clean-iptables`, as Istio's removed
-/// `istio-clean-iptables` had them.
-#[derive(Debug, Clone, Default, clap::Args)]
-#[command(args_override_self = true)]
-pub struct CleanArgs {
-    /// Do not call any external dependencies like iptables.
-    #[arg(short = 'n', long = "dry-run", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
-    pub dry_run: Option<bool>,
-    /// Specify the UID of the user for which the redirection is not applied. Typically, this is the UID of the proxy container.
-    #[arg(short = 'u', long = "proxy-uid")]
-    pub proxy_uid: Option<String>,
-    /// Specify the GID of the user for which the redirection is not applied (same default value as -u param).
-    #[arg(short = 'g', long = "proxy-gid")]
-    pub proxy_gid: Option<String>,
-    /// Enable capture of dns traffic by istio-agent.
-    #[arg(long = "redirect-dns", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
-    pub redirect_dns: Option<bool>,
-    /// Instead of only capturing DNS traffic to DNS server IP, capture all DNS traffic at port 53. This setting is only effective when redirect dns is enabled.
-    #[arg(long = "capture-all-dns", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
-    pub capture_all_dns: Option<bool>,
-    /// The mode used to redirect inbound connections to Envoy, either "REDIRECT" or "TPROXY".
-    #[arg(short = 'm', long = "istio-inbound-interception-mode")]
-    pub inbound_interception_mode: Option<String>,
-    /// The packet mark TPROXY sets on inbound traffic.
-    #[arg(short = 't', long = "istio-inbound-tproxy-mark")]
-    pub inbound_tproxy_mark: Option<String>,
-}
-
-impl CleanArgs {
-    /// The `istio-iptables` flags these stand for (the rest at their defaults).
-    /// The clean command also reads `INBOUND_INTERCEPTION_MODE` and
-    /// `INBOUND_TPROXY_MARK`, as Istio's did; here a flag still wins over them.
-    pub fn to_iptables_args(&self, env: &dyn Env) -> IptablesArgs {
-        let env_value = |name: &str| env.get(name).filter(|v| !v.is_empty());
-        IptablesArgs {
-            dry_run: self.dry_run,
-            proxy_uid: self.proxy_uid.clone(),
-            proxy_gid: self.proxy_gid.clone(),
-            redirect_dns: self.redirect_dns,
-            capture_all_dns: self.capture_all_dns,
-            inbound_interception_mode: self
-                .inbound_interception_mode
-                .clone()
-                .or_else(|| env_value(ENV_INBOUND_INTERCEPTION_MODE)),
-            inbound_tproxy_mark: self
-                .inbound_tproxy_mark
-                .clone()
-                .or_else(|| env_value(ENV_INBOUND_TPROXY_MARK)),
-            ..IptablesArgs::default()
-        }
-    }
-}
-
 /// How inbound connections reach Envoy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum InterceptionMode {
@@ -414,21 +259,6 @@ impl IpRanges {
         }
         Ok(out)
     }
-}
-
-/// What the host says, beside the flags: Istio reads these from the Pod's
-/// interfaces and `/etc/resolv.conf`. [`HostFacts::detect`] reads them in
-/// real runs; tests build them directly.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HostFacts {
-    /// The Pod's address Istio picked (first non-loopback, non-link-local).
-    pub host_ip: Option<IpAddr>,
-    /// Istio's `EnableIPv6`: the Pod address is IPv6 (with `--dual-stack`: any is).
-    pub enable_ipv6: bool,
-    /// IPv4 name servers, as Go prints them.
-    pub dns_servers_v4: Vec<String>,
-    /// IPv6 name servers, as Go prints them.
-    pub dns_servers_v6: Vec<String>,
 }
 
 /// The resolved configuration of one `istio-iptables` run.
@@ -678,30 +508,8 @@ impl Config {
             15008u16,
             port,
         );
-        let mut proxy_uid = r.list(&args.proxy_uid, PROXY_UID, "", false, check_owner);
-        if proxy_uid.is_empty() {
-            let user = env
-                .get(ENV_ENVOY_USER)
-                .filter(|u| !u.is_empty())
-                .unwrap_or_else(|| DEFAULT_ENVOY_USER.to_string());
-            proxy_uid = lookup_uid(&user).unwrap_or_else(|| DEFAULT_PROXY_UID.to_string());
-        }
-        let mut proxy_gid = r.list(&args.proxy_gid, PROXY_GID, "", false, check_owner);
-        if proxy_gid.is_empty() {
-            proxy_gid = proxy_uid.clone();
-        }
-        let interception_mode = match r.string(&args.inbound_interception_mode, INTERCEPTION_MODE) {
-            None => InterceptionMode::Redirect,
-            Some((v, origin)) => match v.as_str() {
-                "REDIRECT" => InterceptionMode::Redirect,
-                "TPROXY" => InterceptionMode::Tproxy,
-                _ => {
-                    r.problems
-                        .push(format!("{origin} {v:?}: use REDIRECT or TPROXY"));
-                    InterceptionMode::Redirect
-                }
-            },
-        };
+        let (proxy_uid, proxy_gid) = r.owners(args);
+        let interception_mode = r.interception_mode(args);
         let mark = "a packet mark (a number)";
         let inbound_tproxy_mark = r.number(&args.inbound_tproxy_mark, TPROXY_MARK, 1337u32, mark);
         let inbound_tproxy_route_table = r.number(
@@ -751,45 +559,10 @@ impl Config {
             DEFAULT_PROBE_PORT,
             port,
         );
-        let probe_timeout = match r.string(&args.probe_timeout, PROBE_TIMEOUT) {
-            None => DEFAULT_PROBE_TIMEOUT,
-            Some((v, origin)) => common::duration::parse(&v).unwrap_or_else(|e| {
-                r.problems.push(format!("{origin}: {e}"));
-                DEFAULT_PROBE_TIMEOUT
-            }),
-        };
-        let force_iptables_binary =
-            match r.string(&args.force_iptables_binary, FORCE_IPTABLES_BINARY) {
-                None => None,
-                Some((v, origin)) => match v.as_str() {
-                    "legacy" => Some(Backend::Legacy),
-                    "nft" => Some(Backend::Nft),
-                    _ => {
-                        r.problems.push(format!(
-                        "{origin}: invalid FORCE_IPTABLES_BINARY value {v:?} (use legacy or nft)"
-                    ));
-                        None
-                    }
-                },
-            };
-        let owner_groups_include = env
-            .get(ENV_OWNER_GROUPS_INCLUDE)
-            .filter(|v| !v.is_empty())
-            .unwrap_or_else(|| "*".to_string());
-        let owner_groups_exclude = env.get(ENV_OWNER_GROUPS_EXCLUDE).unwrap_or_default();
-        check_owner_groups(
-            &owner_groups_include,
-            &owner_groups_exclude,
-            &mut r.problems,
-        );
-        let host_ipv4_loopback_cidr = env
-            .get(ENV_HOST_IPV4_LOOPBACK_CIDR)
-            .filter(|v| !v.is_empty())
-            .unwrap_or_else(|| "127.0.0.1/32".to_string());
-        if let Err(e) = check_ipv4_loopback_cidr(&host_ipv4_loopback_cidr) {
-            r.problems
-                .push(format!("{ENV_HOST_IPV4_LOOPBACK_CIDR}: {e}"));
-        }
+        let probe_timeout = r.probe_timeout(args);
+        let force_iptables_binary = r.force_binary(args);
+        let (owner_groups_include, owner_groups_exclude) = r.owner_groups();
+        let host_ipv4_loopback_cidr = r.loopback_cidr();
         let cfg = Config {
             proxy_port,
             inbound_capture_port,
@@ -889,6 +662,90 @@ impl Config {
 }
 
 impl Reader<'_> {
+    /// `-u` (default: `ENVOY_USER`'s uid, else 1337) and `-g` (default: `-u`).
+    fn owners(&mut self, args: &IptablesArgs) -> (String, String) {
+        let mut uid = self.list(&args.proxy_uid, PROXY_UID, "", false, check_owner);
+        if uid.is_empty() {
+            let user = self
+                .env
+                .get(ENV_ENVOY_USER)
+                .filter(|u| !u.is_empty())
+                .unwrap_or_else(|| DEFAULT_ENVOY_USER.to_string());
+            uid = super::host::lookup_uid(&user).unwrap_or_else(|| DEFAULT_PROXY_UID.to_string());
+        }
+        let mut gid = self.list(&args.proxy_gid, PROXY_GID, "", false, check_owner);
+        if gid.is_empty() {
+            gid = uid.clone();
+        }
+        (uid, gid)
+    }
+
+    fn interception_mode(&mut self, args: &IptablesArgs) -> InterceptionMode {
+        let Some((v, origin)) = self.string(&args.inbound_interception_mode, INTERCEPTION_MODE)
+        else {
+            return InterceptionMode::Redirect;
+        };
+        match v.as_str() {
+            "REDIRECT" => InterceptionMode::Redirect,
+            "TPROXY" => InterceptionMode::Tproxy,
+            _ => {
+                self.problems
+                    .push(format!("{origin} {v:?}: use REDIRECT or TPROXY"));
+                InterceptionMode::Redirect
+            }
+        }
+    }
+
+    fn probe_timeout(&mut self, args: &IptablesArgs) -> Duration {
+        let Some((v, origin)) = self.string(&args.probe_timeout, PROBE_TIMEOUT) else {
+            return DEFAULT_PROBE_TIMEOUT;
+        };
+        common::duration::parse(&v).unwrap_or_else(|e| {
+            self.problems.push(format!("{origin}: {e}"));
+            DEFAULT_PROBE_TIMEOUT
+        })
+    }
+
+    fn force_binary(&mut self, args: &IptablesArgs) -> Option<Backend> {
+        let (v, origin) = self.string(&args.force_iptables_binary, FORCE_IPTABLES_BINARY)?;
+        match v.as_str() {
+            "legacy" => Some(Backend::Legacy),
+            "nft" => Some(Backend::Nft),
+            _ => {
+                self.problems.push(format!(
+                    "{origin}: invalid FORCE_IPTABLES_BINARY value {v:?} (use legacy or nft)"
+                ));
+                None
+            }
+        }
+    }
+
+    /// `ISTIO_OUTBOUND_OWNER_GROUPS` (`*`) and `..._EXCLUDE`, checked as Istio's `ValidateOwnerGroups`.
+    fn owner_groups(&mut self) -> (String, String) {
+        let include = self
+            .env
+            .get(ENV_OWNER_GROUPS_INCLUDE)
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| "*".to_string());
+        let exclude = self.env.get(ENV_OWNER_GROUPS_EXCLUDE).unwrap_or_default();
+        check_owner_groups(&include, &exclude, &mut self.problems);
+        (include, exclude)
+    }
+
+    /// `ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR` (`127.0.0.1/32`).
+    fn loopback_cidr(&mut self) -> String {
+        let cidr = self
+            .env
+            .get(ENV_HOST_IPV4_LOOPBACK_CIDR)
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| "127.0.0.1/32".to_string());
+        if let Err(e) = check_ipv4_loopback_cidr(&cidr) {
+            self.problems
+                .push(format!("{ENV_HOST_IPV4_LOOPBACK_CIDR}: {e}"));
+        }
+        cidr
+    }
+
     fn ranges(&mut self, cli: &Option<String>, flag: Flag, exclude: bool) -> IpRanges {
         let Some((v, origin)) = self.string(cli, flag) else {
             return IpRanges::default();
@@ -951,129 +808,6 @@ fn check_ipv4_loopback_cidr(cidr: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The uid of `user` in `/etc/passwd` (Go's pure `os/user.Lookup`, which
-/// Istio's static build uses).
-fn lookup_uid(user: &str) -> Option<String> {
-    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
-    passwd.lines().find_map(|line| {
-        let mut f = line.split(':');
-        (f.next()? == user).then_some(())?;
-        f.next()?;
-        Some(f.next()?.to_string())
-    })
-}
-
-impl HostFacts {
-    /// Reads what Istio's `FillConfigFromEnvironment` reads: the interfaces'
-    /// addresses (is the Pod IPv6?) and, when DNS is captured per server, the
-    /// name servers in `/etc/resolv.conf`.
-    pub fn detect(cfg: &Config) -> Result<Self, ConfigError> {
-        let addrs: Vec<IpAddr> = nix::ifaddrs::getifaddrs()
-            .map_err(ConfigError::Interfaces)?
-            .filter_map(|ifa| {
-                let a = ifa.address?;
-                if let Some(v4) = a.as_sockaddr_in() {
-                    Some(IpAddr::V4(v4.ip()))
-                } else {
-                    a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
-                }
-            })
-            .collect();
-        let (host_ip, enable_ipv6) = local_ip(&addrs, cfg.dual_stack)?;
-        let mut facts = HostFacts {
-            host_ip: Some(host_ip),
-            enable_ipv6,
-            ..HostFacts::default()
-        };
-        if cfg.redirect_dns && !cfg.capture_all_dns {
-            let conf =
-                std::fs::read_to_string("/etc/resolv.conf").map_err(ConfigError::ResolvConf)?;
-            (facts.dns_servers_v4, facts.dns_servers_v6) = name_servers(&conf);
-        }
-        Ok(facts)
-    }
-}
-
-/// Istio's `getLocalIP`: the first address that is not loopback or
-/// link-local decides; with dual stack, any IPv6 address turns IPv6 on.
-pub fn local_ip(addrs: &[IpAddr], dual_stack: bool) -> Result<(IpAddr, bool), ConfigError> {
-    let mut found = Vec::new();
-    let mut is_ipv6 = false;
-    for a in addrs {
-        let a = unmap(*a);
-        if a.is_loopback() || is_link_local_unicast(a) || is_link_local_multicast(a) {
-            continue;
-        }
-        is_ipv6 = a.is_ipv6();
-        if !dual_stack {
-            return Ok((a, is_ipv6));
-        }
-        found.push(a);
-        if is_ipv6 {
-            break;
-        }
-    }
-    found
-        .first()
-        .map(|a| (*a, is_ipv6))
-        .ok_or(ConfigError::NoLocalIp)
-}
-
-fn unmap(a: IpAddr) -> IpAddr {
-    match a {
-        IpAddr::V6(v6) => v6
-            .to_ipv4_mapped()
-            .map(IpAddr::V4)
-            .unwrap_or(IpAddr::V6(v6)),
-        v4 => v4,
-    }
-}
-
-fn is_link_local_unicast(a: IpAddr) -> bool {
-    match a {
-        IpAddr::V4(v4) => v4.is_link_local(),
-        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
-    }
-}
-
-fn is_link_local_multicast(a: IpAddr) -> bool {
-    match a {
-        IpAddr::V4(v4) => v4.octets()[..3] == [224, 0, 0],
-        IpAddr::V6(v6) => {
-            let o = v6.octets();
-            o[0] == 0xff && (o[1] & 0x0f) == 0x02
-        }
-    }
-}
-
-/// The `nameserver` lines of a resolv.conf, split by family and printed as Go
-/// prints addresses (Istio's `IPsSplitV4V6`); unparsable entries are skipped.
-pub fn name_servers(conf: &str) -> (Vec<String>, Vec<String>) {
-    let mut v4 = Vec::new();
-    let mut v6 = Vec::new();
-    for line in conf.lines() {
-        let mut f = line.split_whitespace();
-        if f.next() != Some("nameserver") {
-            continue;
-        }
-        match f.next().map(str::parse::<IpAddr>) {
-            Some(Ok(IpAddr::V4(a))) => v4.push(a.to_string()),
-            Some(Ok(IpAddr::V6(a))) => v6.push(a.to_string()),
-            _ => {}
-        }
-    }
-    (v4, v6)
-}
-
-/// The loopback address of the Pod's family (the validator listens there).
-pub fn loopback(ipv6: bool) -> IpAddr {
-    if ipv6 {
-        IpAddr::V6(Ipv6Addr::LOCALHOST)
-    } else {
-        IpAddr::V4(Ipv4Addr::LOCALHOST)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1126,28 +860,5 @@ mod tests {
         .unwrap();
         assert_eq!(cfg.inbound_capture_port, 17006);
         assert_eq!(cfg.proxy_gid, "1337");
-    }
-
-    #[test]
-    fn local_ip_follows_istio() {
-        let lo: IpAddr = "127.0.0.1".parse().unwrap();
-        let ll: IpAddr = "fe80::1".parse().unwrap();
-        let v4: IpAddr = "10.0.0.5".parse().unwrap();
-        let v6: IpAddr = "fd00::5".parse().unwrap();
-        assert!(matches!(
-            local_ip(&[lo, ll], false),
-            Err(ConfigError::NoLocalIp)
-        ));
-        assert_eq!(local_ip(&[lo, v4, v6], false).unwrap(), (v4, false));
-        assert_eq!(local_ip(&[lo, v4, v6], true).unwrap(), (v4, true));
-        assert_eq!(local_ip(&[v6, v4], false).unwrap(), (v6, true));
-    }
-
-    #[test]
-    fn name_servers_split_by_family() {
-        let (v4, v6) =
-            name_servers("search x\nnameserver 10.96.0.10\nnameserver fd00::a\nnameserver bad\n");
-        assert_eq!(v4, ["10.96.0.10"]);
-        assert_eq!(v6, ["fd00::a"]);
     }
 }

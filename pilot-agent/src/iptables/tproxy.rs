@@ -30,7 +30,8 @@ pub enum RouteError {
     },
 }
 
-fn ip(args: &[&str]) -> Result<(), RouteError> {
+/// Runs `ip args`; "File exists" counts as success. Returns standard output.
+fn ip(args: &[&str]) -> Result<String, RouteError> {
     let joined = args.join(" ");
     tracing::debug!("Running command: ip {joined}");
     let out = Command::new("ip")
@@ -42,11 +43,30 @@ fn ip(args: &[&str]) -> Result<(), RouteError> {
         })?;
     let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
     if out.status.success() || stderr.to_lowercase().contains("file exists") {
-        return Ok(());
+        return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
     }
     Err(RouteError::Failed {
         args: joined,
         stderr,
+    })
+}
+
+/// Whether `ip rule show` output has `fwmark <mark> lookup <table>`. `ip rule
+/// add` adds a duplicate rather than failing, so the rule is looked for first.
+fn has_mark_rule(rules: &str, mark: u32, table: &str) -> bool {
+    let hex = format!("{mark:#x}");
+    rules.lines().any(|line| {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let after = |key: &str| {
+            words
+                .iter()
+                .position(|w| *w == key)
+                .and_then(|i| words.get(i + 1))
+                .copied()
+        };
+        let mark_ok =
+            after("fwmark").is_some_and(|m| m == hex || m.starts_with(&format!("{hex}/")));
+        mark_ok && after("lookup") == Some(table)
     })
 }
 
@@ -73,7 +93,10 @@ pub fn configure_routes(cfg: &Config) -> Result<(), RouteError> {
     }
     // Packets marked in ISTIO_DIVERT use the TPROXY table ...
     for (family, _) in &families {
-        ip(&[family, "rule", "add", "fwmark", &mark, "lookup", &table])?;
+        let rules = ip(&[family, "rule", "show"])?;
+        if !has_mark_rule(&rules, cfg.inbound_tproxy_mark, &table) {
+            ip(&[family, "rule", "add", "fwmark", &mark, "lookup", &table])?;
+        }
     }
     // ... whose one route delivers everything locally through loopback.
     for (family, all) in &families {
@@ -82,4 +105,22 @@ pub fn configure_routes(cfg: &Config) -> Result<(), RouteError> {
         ])?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_mark_rule_as_ip_prints_it() {
+        let rules = "0:\tfrom all lookup local\n32765:\tfrom all fwmark 0x539 lookup 133\n32766:\tfrom all lookup main\n";
+        assert!(has_mark_rule(rules, 1337, "133"));
+        assert!(!has_mark_rule(rules, 1337, "134"));
+        assert!(!has_mark_rule(rules, 1338, "133"));
+        assert!(has_mark_rule(
+            "1: from all fwmark 0x539/0xffffffff lookup 133",
+            1337,
+            "133"
+        ));
+    }
 }

@@ -22,7 +22,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::mpsc;
 
-use super::config::{Config, loopback};
+use super::config::Config;
+use super::host::loopback;
 
 /// Istio's exit code for a failed validation.
 pub const VALIDATION_ERROR_CODE: u8 = 126;
