@@ -8,6 +8,7 @@ use std::time::Duration;
 use common::env::{Env, Reader};
 
 use crate::ca::authn::JwtRule;
+use crate::model::istio::OutboundMode;
 
 /// `JWT_RULE`: a JSON `{"issuer","jwks_uri","audiences"}` trusted for CA and xDS callers.
 pub const ENV_JWT_RULE: &str = "JWT_RULE";
@@ -148,6 +149,8 @@ pub struct Config {
     pub cluster_id: String,
     /// SPIFFE trust domain (mesh config `trustDomain`).
     pub trust_domain: String,
+    /// What the generators apply from the mesh config file.
+    pub mesh: MeshConfig,
     /// `JWT_RULE`, if set.
     pub jwt_rule: Option<JwtRule>,
     /// `XDS_AUTH`.
@@ -203,11 +206,80 @@ pub fn parse_listen_addr(flag: &str, s: &str) -> Result<Option<SocketAddr>, Stri
         .map_err(|_| format!("--{flag}={s:?} is not a listen address (use :PORT or IP:PORT)"))
 }
 
+/// The parts of Istio's `MeshConfig` (the `--meshConfig` YAML file) that the
+/// xDS generators apply; `trustDomain` is [`Config::trust_domain`].
+///
+/// Read once at start-up: istiod does not watch the mesh config file, so an
+/// edit takes effect when istiod restarts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MeshConfig {
+    /// `outboundTrafficPolicy.mode`: where traffic to destinations outside
+    /// the registry goes (`ALLOW_ANY`, the default, or `REGISTRY_ONLY`). A
+    /// Sidecar's `outboundTrafficPolicy` overrides it for its workloads.
+    pub outbound_traffic_policy: OutboundMode,
+}
+
 #[derive(serde::Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 struct MeshConfigFile {
     #[serde(default)]
     trust_domain: Option<String>,
+    #[serde(default)]
+    outbound_traffic_policy: Option<MeshOutboundTrafficPolicy>,
+}
+
+/// Istio's `MeshConfig.OutboundTrafficPolicy`: only `mode` exists there.
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct MeshOutboundTrafficPolicy {
+    #[serde(default)]
+    mode: Option<String>,
+}
+
+/// `outboundTrafficPolicy.mode` of the mesh config, Istio's spellings; a
+/// missing mode keeps Istio's default, `ALLOW_ANY`.
+fn outbound_mode(mode: Option<&str>) -> Result<OutboundMode, String> {
+    match mode {
+        None | Some("ALLOW_ANY") => Ok(OutboundMode::AllowAny),
+        Some("REGISTRY_ONLY") => Ok(OutboundMode::RegistryOnly),
+        Some("ALLOW_ANY_DYNAMIC_DNS") => Err(
+            "outboundTrafficPolicy.mode ALLOW_ANY_DYNAMIC_DNS is not supported (it needs Istio's dynamic forward proxy set-up; use ALLOW_ANY or REGISTRY_ONLY)".into(),
+        ),
+        Some(other) => Err(format!(
+            "outboundTrafficPolicy.mode {other:?} is not a mode (use ALLOW_ANY or REGISTRY_ONLY)"
+        )),
+    }
+}
+
+/// Reads the mesh config file; a missing file is Istio's defaults.
+fn read_mesh_config(path: &std::path::Path, r: &mut Reader<'_>) -> (Option<String>, MeshConfig) {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return (None, MeshConfig::default());
+    };
+    let file = match serde_yaml_ng::from_str::<Option<MeshConfigFile>>(&text) {
+        Ok(m) => m.unwrap_or_default(),
+        Err(e) => {
+            r.error(format!("--meshConfig {}: {e}", path.display()));
+            return (None, MeshConfig::default());
+        }
+    };
+    let mode = file
+        .outbound_traffic_policy
+        .as_ref()
+        .and_then(|p| p.mode.as_deref());
+    let outbound_traffic_policy = match outbound_mode(mode) {
+        Ok(m) => m,
+        Err(e) => {
+            r.error(format!("--meshConfig {}: {e}", path.display()));
+            OutboundMode::AllowAny
+        }
+    };
+    (
+        file.trust_domain.filter(|t| !t.is_empty()),
+        MeshConfig {
+            outbound_traffic_policy,
+        },
+    )
 }
 
 impl Config {
@@ -226,17 +298,9 @@ impl Config {
         let http_addr = addr("httpAddr", &args.http_addr, &mut r);
         let monitoring_addr = addr("monitoringAddr", &args.monitoring_addr, &mut r);
 
-        let trust_domain = match std::fs::read_to_string(&args.mesh_config) {
-            Ok(text) => match serde_yaml_ng::from_str::<MeshConfigFile>(&text) {
-                Ok(m) => m.trust_domain.filter(|t| !t.is_empty()),
-                Err(e) => {
-                    r.error(format!("--meshConfig {}: {e}", args.mesh_config.display()));
-                    None
-                }
-            },
-            Err(_) => None,
-        }
-        .unwrap_or_else(|| common::identity::DEFAULT_TRUST_DOMAIN.to_string());
+        let (trust_domain, mesh) = read_mesh_config(&args.mesh_config, &mut r);
+        let trust_domain =
+            trust_domain.unwrap_or_else(|| common::identity::DEFAULT_TRUST_DOMAIN.to_string());
 
         let jwt_rule = match r.opt_string(ENV_JWT_RULE) {
             None => None,
@@ -313,6 +377,7 @@ impl Config {
             namespace: args.namespace.clone(),
             cluster_id: args.cluster_id.clone(),
             trust_domain,
+            mesh,
             jwt_rule,
             xds_auth,
             default_cert_ttl,
@@ -359,6 +424,41 @@ mod tests {
             c.istiod_sans
                 .contains(&"istiod.istio-system.svc".to_string())
         );
+    }
+
+    fn with_mesh(yaml: &str) -> Result<Config, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mesh");
+        std::fs::write(&path, yaml).unwrap();
+        let t = T::parse_from(["istiod", "--meshConfig", path.to_str().unwrap()]);
+        Config::from_args(&t.a, &MapEnv::default())
+    }
+
+    #[test]
+    fn outbound_traffic_policy_comes_from_the_mesh_config() {
+        let c = with_mesh("trustDomain: example.org\n").unwrap();
+        assert_eq!(c.trust_domain, "example.org");
+        assert_eq!(c.mesh.outbound_traffic_policy, OutboundMode::AllowAny);
+        let c = with_mesh("outboundTrafficPolicy: {mode: REGISTRY_ONLY}\n").unwrap();
+        assert_eq!(c.mesh.outbound_traffic_policy, OutboundMode::RegistryOnly);
+        let c = with_mesh("outboundTrafficPolicy: {}\n").unwrap();
+        assert_eq!(c.mesh.outbound_traffic_policy, OutboundMode::AllowAny);
+        let c = with_mesh("").unwrap();
+        assert_eq!(c.mesh, MeshConfig::default());
+    }
+
+    #[test]
+    fn unsupported_outbound_traffic_policies_are_refused() {
+        let err = with_mesh("outboundTrafficPolicy: {mode: ALLOW_ANY_DYNAMIC_DNS}\n").unwrap_err();
+        assert!(
+            err.contains("ALLOW_ANY_DYNAMIC_DNS is not supported"),
+            "{err}"
+        );
+        let err = with_mesh("outboundTrafficPolicy: {mode: DENY}\n").unwrap_err();
+        assert!(err.contains("\"DENY\" is not a mode"), "{err}");
+        let err = with_mesh("outboundTrafficPolicy: {mode: ALLOW_ANY, egressProxy: {host: x}}\n")
+            .unwrap_err();
+        assert!(err.contains("egressProxy"), "{err}");
     }
 
     #[test]

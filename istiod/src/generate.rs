@@ -123,12 +123,10 @@ pub async fn start_sources(
     }
 
     let builder_store = store.clone();
+    let mesh = config.mesh;
     let builder: Box<dyn FnMut(String) -> Arc<dyn PushContext> + Send> = Box::new(move |version| {
-        Arc::new(IstioContext::new(
-            version,
-            &builder_store.snapshot(),
-            &options,
-        )) as Arc<dyn PushContext>
+        Arc::new(IstioContext::new(version, &builder_store.snapshot(), &options).with_mesh(mesh))
+            as Arc<dyn PushContext>
     });
     let configz: Arc<dyn Fn() -> Value + Send + Sync> = Arc::new(move || {
         let snapshot = store.snapshot();

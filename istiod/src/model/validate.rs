@@ -892,7 +892,22 @@ fn sidecar(sc: &Sidecar, e: &mut Errors) {
     if let Some(otp) = &sc.outbound_traffic_policy
         && let Some(proxy) = &otp.egress_proxy
     {
-        destination("spec.outboundTrafficPolicy.egressProxy", proxy, e);
+        let field = "spec.outboundTrafficPolicy.egressProxy";
+        destination(field, proxy, e);
+        // Istio's rules: the egress proxy takes what ALLOW_ANY would pass
+        // through, at a port of the proxy's service.
+        if otp.mode != super::istio::OutboundMode::AllowAny {
+            e.add(
+                field,
+                "is only used with mode ALLOW_ANY (set mode: ALLOW_ANY, or remove egressProxy)",
+            );
+        }
+        if proxy.port.is_none() {
+            e.add(
+                format!("{field}.port"),
+                "is required (the egress proxy's service port, e.g. {number: 3128})",
+            );
+        }
     }
 }
 

@@ -1,17 +1,18 @@
 //! Istio's push context: one immutable snapshot of services, endpoints and
 //! Istio config per push, with the per-proxy lookups the generators use
 //! (Sidecar scope, `exportTo`, DestinationRule and VirtualService selection,
-//! PeerAuthentication mode).
+//! PeerAuthentication mode, outbound traffic policy, inbound ports).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use crate::config::MeshConfig;
 use crate::model::istio::{
-    DestinationRule, Labels, MtlsMode, PeerAuthentication, Sidecar, VirtualService,
-    WorkloadSelector,
+    CaptureMode, DestinationRule, IstioEgressListener, Labels, MtlsMode, OutboundMode,
+    PeerAuthentication, Sidecar, VirtualService, WorkloadSelector,
 };
 use crate::model::service::{
-    Service, ServiceRegistry, egress_host_matches, host_matches, is_exported_to,
+    Protocol, Service, ServiceRegistry, egress_host_matches, host_matches, is_exported_to,
 };
 use crate::model::store::Snapshot;
 
@@ -50,6 +51,51 @@ pub struct IstioContext {
     pub sidecars: Vec<Named<Sidecar>>,
     /// Pod labels by Pod IP, for proxies whose Pod no Service lists yet.
     pub pod_labels: std::collections::HashMap<String, Labels>,
+    /// What the generators apply from the mesh config.
+    pub mesh: MeshConfig,
+}
+
+/// Where a proxy's traffic to destinations outside the registry goes
+/// (Istio's `SidecarScope.OutboundTrafficPolicy`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboundPolicy {
+    /// `ALLOW_ANY` (else `REGISTRY_ONLY`).
+    pub allow_any: bool,
+    /// `PassthroughCluster`, the Sidecar's `egressProxy` cluster under
+    /// `ALLOW_ANY`, or `BlackHoleCluster` under `REGISTRY_ONLY`.
+    pub cluster: String,
+}
+
+/// One inbound port of a proxy's workload (Istio's `inboundChainConfig`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InboundPort {
+    /// The port traffic arrives on, which names the chain and the cluster
+    /// (`inbound|<port>||`): the endpoint's target port, or a Sidecar
+    /// ingress port.
+    pub port: u16,
+    /// The service port (the inbound virtual host is `inbound|http|<port>`).
+    pub service_port: u16,
+    /// The protocol, which picks the chains.
+    pub protocol: Protocol,
+    /// The host in trace decorators: the service's, or `<sidecar>.<namespace>`.
+    pub hostname: String,
+    /// A Sidecar ingress `bind`; empty for the wildcard.
+    pub bind: String,
+    /// A listener of its own bound to the port (Sidecar `captureMode: NONE`,
+    /// or a proxy without interception) instead of a `virtualInbound` chain.
+    pub bind_to_port: bool,
+    /// A Sidecar ingress `defaultEndpoint`; empty: the original destination.
+    pub default_endpoint: String,
+}
+
+/// One egress scope of a proxy: a Sidecar egress listener, or the implicit
+/// catch-all (every visible host, every port) when there is none.
+#[derive(Debug, Clone, Copy)]
+pub struct EgressScope<'a> {
+    /// The Sidecar's listener; `None` for the implicit catch-all.
+    pub listener: Option<&'a IstioEgressListener>,
+    /// The Sidecar's namespace (resolves `.` in hosts).
+    pub namespace: &'a str,
 }
 
 fn collect<T: crate::model::meta::KindSpec + Clone>(snapshot: &Snapshot) -> Vec<Named<T>> {
@@ -103,7 +149,161 @@ impl IstioContext {
                     ))
                 })
                 .collect(),
+            mesh: MeshConfig::default(),
         }
+    }
+
+    /// The context with these mesh config settings.
+    pub fn with_mesh(mut self, mesh: MeshConfig) -> Self {
+        self.mesh = mesh;
+        self
+    }
+
+    /// Istio's outbound traffic policy for `proxy`: its Sidecar's
+    /// `outboundTrafficPolicy` when set, else the mesh config's mode.
+    pub fn outbound_policy(&self, proxy: &Proxy) -> OutboundPolicy {
+        let blackhole = || OutboundPolicy {
+            allow_any: false,
+            cluster: super::util::BLACKHOLE_CLUSTER.into(),
+        };
+        let passthrough = |cluster: String| OutboundPolicy {
+            allow_any: true,
+            cluster,
+        };
+        let sidecar = self.sidecar_for(proxy);
+        match sidecar.and_then(|s| s.spec.outbound_traffic_policy.as_ref()) {
+            Some(p) if p.mode == OutboundMode::RegistryOnly => blackhole(),
+            Some(p) => passthrough(match (&p.egress_proxy, sidecar) {
+                (Some(dest), Some(sc)) => {
+                    let host = resolve_host(&dest.host, &sc.namespace, &self.domain);
+                    let port = dest.port.as_ref().map(|p| p.number as u16).unwrap_or(0);
+                    super::cds::outbound_name(port, &dest.subset, &host)
+                }
+                _ => super::util::PASSTHROUGH_CLUSTER.into(),
+            }),
+            None => match self.mesh.outbound_traffic_policy {
+                OutboundMode::RegistryOnly => blackhole(),
+                OutboundMode::AllowAny => passthrough(super::util::PASSTHROUGH_CLUSTER.into()),
+            },
+        }
+    }
+
+    /// The proxy's egress scopes in order: its Sidecar's egress listeners,
+    /// or one catch-all when it has none.
+    pub fn egress_scopes<'a>(&'a self, proxy: &'a Proxy) -> Vec<EgressScope<'a>> {
+        match self.sidecar_for(proxy) {
+            Some(sc) if !sc.spec.egress.is_empty() => sc
+                .spec
+                .egress
+                .iter()
+                .map(|l| EgressScope {
+                    listener: Some(l),
+                    namespace: &sc.namespace,
+                })
+                .collect(),
+            _ => vec![EgressScope {
+                listener: None,
+                namespace: &proxy.namespace,
+            }],
+        }
+    }
+
+    /// Services visible to `proxy` through one egress scope.
+    pub fn scope_services<'a>(
+        &'a self,
+        proxy: &'a Proxy,
+        scope: EgressScope<'a>,
+    ) -> Vec<&'a Arc<Service>> {
+        self.registry
+            .visible_to(&proxy.namespace)
+            .filter(|svc| {
+                scope.listener.is_none_or(|l| {
+                    l.hosts.iter().any(|h| {
+                        egress_host_matches(h, scope.namespace, &svc.namespace, &svc.hostname)
+                    })
+                })
+            })
+            .collect()
+    }
+
+    /// The workload's inbound ports, sorted: its Sidecar's `ingress` when it
+    /// has any, else the target ports of the services that select it (the
+    /// first service wins a shared port), none for a proxy without
+    /// interception and without Sidecar ingress (Istio's rule).
+    pub fn inbound_ports(&self, proxy: &Proxy) -> Vec<InboundPort> {
+        let none_mode = proxy.interception_mode == "NONE";
+        let mut ports: Vec<InboundPort> = Vec::new();
+        let mut push = |p: InboundPort| {
+            if p.protocol != Protocol::Udp && !ports.iter().any(|q| q.port == p.port) {
+                ports.push(p);
+            }
+        };
+        match self
+            .sidecar_for(proxy)
+            .filter(|s| !s.spec.ingress.is_empty())
+        {
+            Some(sc) => {
+                for ing in &sc.spec.ingress {
+                    let port = ing.port.number as u16;
+                    push(InboundPort {
+                        port,
+                        service_port: port,
+                        protocol: Protocol::parse(&ing.port.protocol),
+                        hostname: format!("{}.{}", sc.name, sc.namespace),
+                        bind: ing.bind.clone(),
+                        bind_to_port: match ing.capture_mode {
+                            CaptureMode::Default => none_mode,
+                            CaptureMode::None => true,
+                            CaptureMode::Iptables => false,
+                        },
+                        default_endpoint: ing.default_endpoint.clone(),
+                    });
+                }
+            }
+            None if none_mode => {}
+            None => {
+                for (svc, service_port, target) in self.inbound_for(proxy) {
+                    push(InboundPort {
+                        port: target,
+                        service_port,
+                        protocol: svc
+                            .port(service_port)
+                            .map(|p| p.protocol)
+                            .unwrap_or(Protocol::Unsupported),
+                        hostname: svc.hostname.clone(),
+                        bind: String::new(),
+                        bind_to_port: false,
+                        default_endpoint: String::new(),
+                    });
+                }
+            }
+        }
+        ports.sort_by_key(|p| p.port);
+        ports
+    }
+
+    /// Ports with their own mode in the workload's PeerAuthentication
+    /// (Istio's `PortLevelSetting`): unnamed by any inbound port, they get
+    /// passthrough chains of their own.
+    pub fn port_level_mtls_ports(&self, proxy: &Proxy) -> Vec<u16> {
+        self.peer_authentications
+            .iter()
+            .filter(|p| p.namespace == proxy.namespace)
+            .find(|pa| {
+                pa.spec
+                    .selector
+                    .as_ref()
+                    .is_some_and(|s| !s.labels.is_empty())
+                    && selects(&pa.spec.selector, &proxy.labels)
+            })
+            .map(|pa| {
+                pa.spec
+                    .port_level_mtls
+                    .keys()
+                    .filter_map(|p| u16::try_from(*p).ok())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// The Sidecar resource that applies to `proxy`: selector match in its

@@ -1,4 +1,5 @@
-//! Small constructors for the Envoy protos the generators build.
+//! Small constructors for the Envoy protos the generators build, and the
+//! names Istio gives the built-in resources.
 
 use std::time::Duration;
 
@@ -10,6 +11,86 @@ use proto::pb::envoy::config::core::v3::{
 };
 use proto::pb::envoy::extensions::transport_sockets::tls::v3::SdsSecretConfig;
 use proto::pb::google::protobuf::{self as pb, Any, Struct, Value, value::Kind};
+
+/// The cluster for traffic to destinations outside the registry (`ALLOW_ANY`).
+pub const PASSTHROUGH_CLUSTER: &str = "PassthroughCluster";
+/// The cluster that drops traffic (`REGISTRY_ONLY`, loops, unknown hosts).
+pub const BLACKHOLE_CLUSTER: &str = "BlackHoleCluster";
+/// The cluster for inbound traffic to Pod ports no Service names.
+pub const INBOUND_PASSTHROUGH_CLUSTER: &str = "InboundPassthroughCluster";
+/// The outbound listener iptables redirects to (`ProxyListenPort`).
+pub const VIRTUAL_OUTBOUND: &str = "virtualOutbound";
+/// The inbound listener iptables redirects to (`ProxyInboundListenPort`).
+pub const VIRTUAL_INBOUND: &str = "virtualInbound";
+/// `virtualOutbound`'s port.
+pub const VIRTUAL_OUTBOUND_PORT: u16 = 15001;
+/// `virtualInbound`'s port.
+pub const VIRTUAL_INBOUND_PORT: u16 = 15006;
+/// The default chain of outbound port listeners, for what no chain matches.
+pub const PASSTHROUGH_FILTER_CHAIN: &str = "PassthroughFilterChain";
+/// Source address of Envoy's connections to its own workload, which the
+/// iptables rule `-o lo -s 127.0.0.6/32 -j RETURN` keeps from being captured.
+pub const INBOUND_PASSTHROUGH_BIND_V4: &str = "127.0.0.6";
+/// The IPv6 form of [`INBOUND_PASSTHROUGH_BIND_V4`].
+pub const INBOUND_PASSTHROUGH_BIND_V6: &str = "::6";
+/// Istio's ceiling on direct responses (1 MiB).
+pub const MAX_DIRECT_RESPONSE_BODY_BYTES: u32 = 1024 * 1024;
+
+/// The IP families of a proxy's workload (Istio's `IPMode`, from the node's
+/// `INSTANCE_IPS`): it picks wildcards, localhost and the passthrough source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpMode {
+    /// IPv4 only (also when no address parses).
+    V4,
+    /// IPv6 only.
+    V6,
+    /// Both.
+    Dual,
+}
+
+impl IpMode {
+    /// The mode of these addresses.
+    pub fn of(ips: &[String]) -> Self {
+        let parsed: Vec<std::net::IpAddr> = ips.iter().filter_map(|i| i.parse().ok()).collect();
+        let v4 = parsed.iter().any(std::net::IpAddr::is_ipv4);
+        let v6 = parsed.iter().any(std::net::IpAddr::is_ipv6);
+        match (v4, v6) {
+            (true, true) => IpMode::Dual,
+            (false, true) => IpMode::V6,
+            _ => IpMode::V4,
+        }
+    }
+
+    /// The wildcard listeners bind (`0.0.0.0`, `::` for IPv6 only).
+    pub fn wildcard(self) -> &'static str {
+        match self {
+            IpMode::V6 => "::",
+            _ => "0.0.0.0",
+        }
+    }
+
+    /// Localhost (`127.0.0.1`, `::1` for IPv6 only).
+    pub fn localhost(self) -> &'static str {
+        match self {
+            IpMode::V6 => "::1",
+            _ => "127.0.0.1",
+        }
+    }
+
+    /// The passthrough source address (`127.0.0.6`, `::6` for IPv6 only).
+    pub fn passthrough_bind(self) -> &'static str {
+        match self {
+            IpMode::V6 => INBOUND_PASSTHROUGH_BIND_V6,
+            _ => INBOUND_PASSTHROUGH_BIND_V4,
+        }
+    }
+}
+
+/// Istio's stat prefix delimiter: `<prefix>;` lets the bootstrap's stats
+/// tags extract names that contain dots.
+pub fn delimited(prefix: &str) -> String {
+    format!("{prefix};")
+}
 
 /// Packs a message as `Any`.
 pub fn any<M: Message + prost::Name>(m: &M) -> Any {
