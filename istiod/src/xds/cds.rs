@@ -1,23 +1,26 @@
 //! CDS for sidecars, with Istio's names: `outbound|<port>|<subset>|<host>`
-//! EDS clusters (DestinationRule policy, auto mTLS), `inbound|<port>||`,
-//! `BlackHoleCluster`, `PassthroughCluster`, `InboundPassthroughCluster`.
+//! EDS clusters (DestinationRule policy, auto mTLS), and in [`inbound`]
+//! `inbound|<port>||`, `BlackHoleCluster`, `PassthroughCluster` and
+//! `InboundPassthroughCluster`.
 
-use std::collections::BTreeSet;
+mod inbound;
+
 use std::time::Duration;
 
 use proto::pb::envoy::config::cluster::v3::{
     CircuitBreakers, Cluster, OutlierDetection as EnvoyOutlier, circuit_breakers, cluster,
 };
 use proto::pb::envoy::config::core::v3::{
-    BindConfig, Http2ProtocolOptions, RoutingPriority, SocketAddress, socket_address,
+    Http1ProtocolOptions, Http2ProtocolOptions, HttpProtocolOptions as CommonHttpOptions,
+    RoutingPriority,
 };
 use proto::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
 };
 use proto::pb::envoy::extensions::transport_sockets::raw_buffer::v3::RawBuffer;
 use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
-    CertificateValidationContext, CommonTlsContext, SubjectAltNameMatcher, UpstreamTlsContext,
-    common_tls_context, subject_alt_name_matcher,
+    CertificateValidationContext, CommonTlsContext, SubjectAltNameMatcher, TlsParameters,
+    UpstreamTlsContext, common_tls_context, subject_alt_name_matcher, tls_parameters,
 };
 use proto::pb::envoy::extensions::upstreams::http::v3::{
     HttpProtocolOptions, http_protocol_options,
@@ -25,10 +28,12 @@ use proto::pb::envoy::extensions::upstreams::http::v3::{
 use proto::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher};
 
 use super::context::IstioContext;
-use super::util::{ads_source, any, duration, sds, socket, struct_of, transport_socket, u32v};
+use super::util::{
+    ads_source, any, delimited, duration, sds, socket, struct_of, transport_socket, u32v,
+};
 use super::{Proxy, Resource};
 use crate::model::istio::{SimpleLb, Subset, TlsMode, TrafficPolicy};
-use crate::model::service::{Service, ServicePort, ServiceResolution};
+use crate::model::service::{Protocol, Service, ServicePort, ServiceResolution};
 
 /// Istio's mesh default `connectTimeout`.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -78,55 +83,8 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Resource> {
             }
         }
     }
-    let mut inbound_ports = BTreeSet::new();
-    for (_, _, target) in ctx.inbound_for(proxy) {
-        if inbound_ports.insert(target) {
-            out.push(resource(inbound(target)));
-        }
-    }
-    // Sidecar ingress listeners (captureMode NONE) reach the app through these too.
-    if let Some(sc) = ctx.sidecar_for(proxy) {
-        for ing in &sc.spec.ingress {
-            let target = ing
-                .default_endpoint
-                .rsplit_once(':')
-                .and_then(|(_, p)| p.parse().ok())
-                .unwrap_or(ing.port.number as u16);
-            if inbound_ports.insert(target) {
-                out.push(resource(inbound(target)));
-            }
-        }
-    }
-    out.push(resource(Cluster {
-        name: "BlackHoleCluster".into(),
-        cluster_discovery_type: kind(cluster::DiscoveryType::Static),
-        connect_timeout: Some(duration(CONNECT_TIMEOUT)),
-        ..Default::default()
-    }));
-    out.push(resource(Cluster {
-        name: "PassthroughCluster".into(),
-        cluster_discovery_type: kind(cluster::DiscoveryType::OriginalDst),
-        lb_policy: cluster::LbPolicy::ClusterProvided.into(),
-        connect_timeout: Some(duration(CONNECT_TIMEOUT)),
-        circuit_breakers: Some(unlimited_breakers()),
-        ..Default::default()
-    }));
-    out.push(resource(Cluster {
-        name: "InboundPassthroughCluster".into(),
-        cluster_discovery_type: kind(cluster::DiscoveryType::OriginalDst),
-        lb_policy: cluster::LbPolicy::ClusterProvided.into(),
-        connect_timeout: Some(duration(CONNECT_TIMEOUT)),
-        // Istio's inbound source address, excluded from interception.
-        upstream_bind_config: Some(BindConfig {
-            source_address: Some(SocketAddress {
-                address: "127.0.0.6".into(),
-                port_specifier: Some(socket_address::PortSpecifier::PortValue(0)),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }));
+    out.extend(inbound::clusters(ctx, proxy).into_iter().map(resource));
+    out.extend(inbound::builtin(proxy).into_iter().map(resource));
     out
 }
 
@@ -181,6 +139,7 @@ fn outbound(
     let name = outbound_name(port.port, subset, &svc.hostname);
     let mut c = Cluster {
         name: name.clone(),
+        alt_stat_name: delimited(&name),
         connect_timeout: Some(duration(
             policy
                 .and_then(|p| p.connection_pool.as_ref())
@@ -267,20 +226,9 @@ fn outbound(
             ..Default::default()
         });
     }
-    if port.protocol.is_http2() {
-        c.typed_extension_protocol_options.insert(
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions".into(),
-            any(&HttpProtocolOptions {
-                upstream_protocol_options: Some(http_protocol_options::UpstreamProtocolOptions::ExplicitHttpConfig(
-                    http_protocol_options::ExplicitHttpConfig {
-                        protocol_config: Some(http_protocol_options::explicit_http_config::ProtocolConfig::Http2ProtocolOptions(
-                            Http2ProtocolOptions::default(),
-                        )),
-                    },
-                )),
-                ..Default::default()
-            }),
-        );
+    if let Some(options) = upstream_protocol(port.protocol) {
+        c.typed_extension_protocol_options
+            .insert(HTTP_PROTOCOL_OPTIONS.into(), any(&options));
     }
     let tls_mode = policy.and_then(|p| p.tls.as_ref()).map(|t| t.mode);
     let sans: Vec<String> = match policy
@@ -296,7 +244,7 @@ fn outbound(
         Some(TlsMode::IstioMutual) => {
             c.transport_socket = Some(transport_socket(
                 "envoy.transport_sockets.tls",
-                &istio_mutual(&sans, &sni),
+                &istio_mutual(&sans, &sni, port.protocol),
             ));
         }
         None if !svc.mesh_external => {
@@ -307,7 +255,7 @@ fn outbound(
                     r#match: Some(struct_of(&[("tlsMode", "istio")])),
                     transport_socket: Some(transport_socket(
                         "envoy.transport_sockets.tls",
-                        &istio_mutual(&sans, &sni),
+                        &istio_mutual(&sans, &sni, port.protocol),
                     )),
                 },
                 cluster::TransportSocketMatch {
@@ -327,11 +275,85 @@ fn outbound(
     c
 }
 
+/// The key of a cluster's HTTP protocol options.
+const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+
+/// Istio's upstream protocol for a port: HTTP/2 for `http2`/`grpc`, the
+/// downstream's protocol for ports whose protocol is detected.
+fn upstream_protocol(protocol: Protocol) -> Option<HttpProtocolOptions> {
+    use http_protocol_options::UpstreamProtocolOptions;
+    let upstream = if protocol.is_http2() {
+        UpstreamProtocolOptions::ExplicitHttpConfig(http_protocol_options::ExplicitHttpConfig {
+            protocol_config: Some(
+                http_protocol_options::explicit_http_config::ProtocolConfig::Http2ProtocolOptions(
+                    Http2ProtocolOptions::default(),
+                ),
+            ),
+        })
+    } else if protocol.is_unsupported() {
+        use_downstream_protocol()
+    } else {
+        return None;
+    };
+    Some(HttpProtocolOptions {
+        upstream_protocol_options: Some(upstream),
+        ..Default::default()
+    })
+}
+
+/// HTTP/1 or HTTP/2 upstream, as the downstream spoke.
+fn use_downstream_protocol() -> http_protocol_options::UpstreamProtocolOptions {
+    http_protocol_options::UpstreamProtocolOptions::UseDownstreamProtocolConfig(
+        http_protocol_options::UseDownstreamHttpConfig {
+            http_protocol_options: Some(Http1ProtocolOptions::default()),
+            http2_protocol_options: Some(Http2ProtocolOptions::default()),
+            ..Default::default()
+        },
+    )
+}
+
+/// The passthrough clusters' protocol options: the downstream's protocol,
+/// idle connections closed after five minutes.
+fn passthrough_protocol_options() -> HttpProtocolOptions {
+    HttpProtocolOptions {
+        common_http_protocol_options: Some(CommonHttpOptions {
+            idle_timeout: Some(duration(Duration::from_secs(300))),
+            ..Default::default()
+        }),
+        upstream_protocol_options: Some(use_downstream_protocol()),
+        ..Default::default()
+    }
+}
+
+/// The ALPN our `ISTIO_MUTUAL` clients offer: Istio's set without metadata
+/// exchange (`istio`, plus `h2` for HTTP/2 ports). Upstream Envoy has no
+/// `istio.metadata_exchange` filter, so offering `istio-peer-exchange` would
+/// let an Istio server start an exchange this client cannot answer.
+pub const ALPN_IN_MESH: &[&str] = &["istio"];
+/// [`ALPN_IN_MESH`] for HTTP/2 ports.
+pub const ALPN_IN_MESH_H2: &[&str] = &["istio", "h2"];
+
+/// Istio's TLS versions for mesh mTLS: 1.2 to 1.3.
+pub fn mesh_tls_params(cipher_suites: &[&str]) -> TlsParameters {
+    TlsParameters {
+        tls_minimum_protocol_version: tls_parameters::TlsProtocol::TlSv12.into(),
+        tls_maximum_protocol_version: tls_parameters::TlsProtocol::TlSv13.into(),
+        cipher_suites: cipher_suites.iter().map(|c| c.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
 /// Istio's `ISTIO_MUTUAL` upstream TLS: the workload certificate and root
 /// from the agent's SDS, the peer's SPIFFE identity verified.
-pub fn istio_mutual(sans: &[String], sni: &str) -> UpstreamTlsContext {
+pub fn istio_mutual(sans: &[String], sni: &str, protocol: Protocol) -> UpstreamTlsContext {
+    let alpn = if protocol.is_http2() {
+        ALPN_IN_MESH_H2
+    } else {
+        ALPN_IN_MESH
+    };
     UpstreamTlsContext {
         common_tls_context: Some(CommonTlsContext {
+            tls_params: Some(mesh_tls_params(&[])),
             tls_certificate_sds_secret_configs: vec![sds("default")],
             validation_context_type: Some(
                 common_tls_context::ValidationContextType::CombinedValidationContext(
@@ -357,35 +379,10 @@ pub fn istio_mutual(sans: &[String], sni: &str) -> UpstreamTlsContext {
                     },
                 ),
             ),
-            alpn_protocols: vec!["istio-peer-exchange".into(), "istio".into()],
+            alpn_protocols: alpn.iter().map(|a| a.to_string()).collect(),
             ..Default::default()
         }),
         sni: sni.to_string(),
-        ..Default::default()
-    }
-}
-
-fn inbound(target_port: u16) -> Cluster {
-    let name = inbound_name(target_port);
-    Cluster {
-        name: name.clone(),
-        cluster_discovery_type: kind(cluster::DiscoveryType::Static),
-        connect_timeout: Some(duration(CONNECT_TIMEOUT)),
-        circuit_breakers: Some(unlimited_breakers()),
-        load_assignment: Some(ClusterLoadAssignment {
-            cluster_name: name,
-            endpoints: vec![LocalityLbEndpoints {
-                lb_endpoints: vec![LbEndpoint {
-                    host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
-                        address: Some(socket("127.0.0.1", target_port.into())),
-                        ..Default::default()
-                    })),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
         ..Default::default()
     }
 }
