@@ -1,0 +1,380 @@
+//! Outbound listeners (Istio's `buildSidecarOutboundListeners`): one per
+//! bind and port, built from the proxy's egress scopes. HTTP ports share
+//! `0.0.0.0_<port>` (HTTP inspector, RDS `"<port>"`, the rest through
+//! `PassthroughFilterChain`); TCP ports get `<vip>_<port>`; ports whose
+//! protocol is detected get `<vip>_<port>` with an HTTP chain (RDS
+//! `"<host>:<port>"`) beside the TCP one. Conflicts on one listener merge as
+//! Istio merges them. `virtualOutbound` (15001) takes what iptables captured.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use proto::pb::envoy::config::core::v3::TrafficDirection;
+use proto::pb::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener};
+use proto::pb::google::protobuf::BoolValue;
+
+use super::super::Proxy;
+use super::super::cds::outbound_name;
+use super::super::context::{EgressScope, IstioContext};
+use super::super::util::{
+    BLACKHOLE_CLUSTER, IpMode, PASSTHROUGH_FILTER_CHAIN, VIRTUAL_OUTBOUND, VIRTUAL_OUTBOUND_PORT,
+    delimited, duration, socket, u32v,
+};
+use super::{
+    PLAINTEXT_HTTP_ALPNS, http_inspector, no_interception, outbound_hcm, tcp_proxy_to, tproxy,
+};
+use crate::model::istio::CaptureMode;
+use crate::model::service::{Protocol, Service};
+
+const VIRTUAL_OUTBOUND_BLACKHOLE: &str = "virtualOutbound-blackhole";
+const VIRTUAL_OUTBOUND_CATCHALL_TCP: &str = "virtualOutbound-catchall-tcp";
+
+/// A listener's protocol (Istio's `le.protocol`): detected once it holds
+/// both an HTTP and a TCP chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Http,
+    Tcp,
+    Detect,
+}
+
+impl Class {
+    fn of(p: Protocol) -> Option<Class> {
+        if p.is_http() {
+            Some(Class::Http)
+        } else if p.is_unsupported() {
+            Some(Class::Detect)
+        } else if p == Protocol::Udp {
+            None
+        } else {
+            Some(Class::Tcp)
+        }
+    }
+}
+
+/// The HTTP chain of a listener.
+#[derive(Debug, Clone)]
+struct HttpChain {
+    route: String,
+    /// Matches plain-text HTTP found by the HTTP inspector; else matches all.
+    sniffed: bool,
+}
+
+/// One listener being planned (Istio's `outboundListenerEntry`).
+#[derive(Debug, Clone)]
+struct Entry {
+    class: Class,
+    bind_to_port: bool,
+    http: Option<HttpChain>,
+    /// The cluster of the match-all TCP chain (one per listener: a second
+    /// would conflict, and the first kept wins as in Istio).
+    tcp: Option<String>,
+    /// Built before the catch-all scope (for a port-specific Sidecar egress
+    /// listener): the catch-all adds nothing to it.
+    locked: bool,
+}
+
+impl Entry {
+    /// Adds chains without replacing any (Istio's `mergeTCPFilterChains`).
+    fn merge(&mut self, other: Entry) {
+        if self.tcp.is_none() {
+            self.tcp = other.tcp;
+        }
+        if self.http.is_none() {
+            self.http = other.http;
+        }
+    }
+}
+
+/// The listeners planned so far, by bind address and port.
+struct Plan {
+    ip: IpMode,
+    entries: BTreeMap<(String, u16), Entry>,
+}
+
+/// How a scope's listeners bind.
+struct Binding {
+    /// The Sidecar's `bind`, localhost when binding without one, else empty
+    /// (the service VIP for TCP, the wildcard for HTTP).
+    bind: String,
+    bind_to_port: bool,
+}
+
+impl Plan {
+    /// Istio's `buildSidecarOutboundListener` for one service port.
+    fn add(&mut self, b: &Binding, svc: &Service, port: u16, protocol: Protocol) {
+        let Some(class) = Class::of(protocol) else {
+            return;
+        };
+        let wildcard = self.ip.wildcard();
+        let bind = match class {
+            _ if !b.bind.is_empty() => b.bind.clone(),
+            Class::Http => wildcard.to_string(),
+            // Services without an address (headless) get no TCP listener here.
+            Class::Tcp | Class::Detect => match svc.addresses.first() {
+                Some(vip) => vip.clone(),
+                None => return,
+            },
+        };
+        let tcp = || Some(outbound_name(port, "", &svc.hostname));
+        let key = (bind.clone(), port);
+        let existing = self.entries.get(&key).map(|e| (e.class, e.locked));
+        if existing.is_some_and(|(_, locked)| locked) {
+            return;
+        }
+        let entry = match class {
+            Class::Http => {
+                if existing.is_some_and(|(c, _)| c != Class::Tcp) {
+                    return;
+                }
+                let sniffed = bind == wildcard;
+                Entry {
+                    class: if sniffed { Class::Detect } else { Class::Http },
+                    bind_to_port: b.bind_to_port,
+                    http: Some(HttpChain {
+                        route: port.to_string(),
+                        sniffed,
+                    }),
+                    tcp: None,
+                    locked: false,
+                }
+            }
+            Class::Tcp => Entry {
+                class,
+                bind_to_port: b.bind_to_port,
+                http: None,
+                tcp: tcp(),
+                locked: false,
+            },
+            Class::Detect => {
+                let route = if bind != wildcard {
+                    format!("{}:{port}", svc.hostname)
+                } else {
+                    port.to_string()
+                };
+                let over_detect = existing.is_some_and(|(c, _)| c == Class::Detect);
+                Entry {
+                    class,
+                    bind_to_port: b.bind_to_port,
+                    // Over a detected listener only the TCP chain is merged.
+                    http: (!over_detect).then_some(HttpChain {
+                        route,
+                        sniffed: true,
+                    }),
+                    tcp: tcp(),
+                    locked: false,
+                }
+            }
+        };
+        match (existing.map(|(c, _)| c), class) {
+            // New, or detection replacing an HTTP listener.
+            (None, _) | (Some(Class::Http), Class::Detect) => {
+                self.entries.insert(key, entry);
+            }
+            (Some(current), _) => {
+                let Some(e) = self.entries.get_mut(&key) else {
+                    return;
+                };
+                // HTTP and TCP on one listener: detect which by inspection.
+                if current != class || class == Class::Detect {
+                    e.class = Class::Detect;
+                }
+                e.merge(entry);
+            }
+        }
+    }
+}
+
+/// The listener plan of a proxy, from its egress scopes in order.
+fn plan(ctx: &IstioContext, proxy: &Proxy) -> Plan {
+    let ip = IpMode::of(&proxy.ips);
+    let mut plan = Plan {
+        ip,
+        entries: BTreeMap::new(),
+    };
+    for scope in ctx.egress_scopes(proxy) {
+        let l = scope.listener;
+        let capture_none = l.is_some_and(|l| l.capture_mode == CaptureMode::None);
+        let bind = l.map(|l| l.bind.as_str()).unwrap_or_default();
+        if bind.starts_with("unix://") {
+            // Unix domain socket listeners are not generated.
+            continue;
+        }
+        let bind_to_port = no_interception(proxy) || capture_none;
+        let binding = Binding {
+            bind: match bind {
+                "" if bind_to_port => ip.localhost().to_string(),
+                b => b.to_string(),
+            },
+            bind_to_port,
+        };
+        let services = ctx.scope_services(proxy, scope);
+        add_scope(&mut plan, &binding, scope, &services);
+    }
+    plan
+}
+
+fn add_scope(
+    plan: &mut Plan,
+    binding: &Binding,
+    scope: EgressScope<'_>,
+    services: &[&std::sync::Arc<Service>],
+) {
+    match scope
+        .listener
+        .and_then(|l| l.port.as_ref())
+        .filter(|p| p.number != 0)
+    {
+        // A port-specific listener: the services with that port, with the
+        // listener's protocol.
+        Some(port) => {
+            let number = port.number as u16;
+            let protocol = Protocol::parse(&port.protocol);
+            for svc in services.iter().filter(|s| s.port(number).is_some()) {
+                plan.add(binding, svc, number, protocol);
+            }
+        }
+        // The catch-all: every port of every service, where the listeners
+        // of port-specific scopes left it free.
+        None => {
+            for e in plan.entries.values_mut() {
+                e.locked = true;
+            }
+            for svc in services {
+                for p in &svc.ports {
+                    plan.add(binding, svc, p.port, p.protocol);
+                }
+            }
+        }
+    }
+}
+
+/// The catch-all chain's TCP proxy: Istio's `PassthroughFilterChain` and
+/// `virtualOutbound-catchall-tcp` filters.
+fn catch_all(ctx: &IstioContext, proxy: &Proxy) -> proto::pb::envoy::config::listener::v3::Filter {
+    tcp_proxy_to(&ctx.outbound_policy(proxy).cluster)
+}
+
+/// Istio's `buildListenerFromEntry`.
+fn listener(ctx: &IstioContext, proxy: &Proxy, bind: &str, port: u16, e: &Entry) -> Listener {
+    let name = format!("{bind}_{port}");
+    let mut chains = Vec::new();
+    let mut default = None;
+    if let Some(tcp) = &e.tcp {
+        default = Some(FilterChain {
+            filters: vec![tcp_proxy_to(tcp)],
+            ..Default::default()
+        });
+    }
+    let mut inspect = false;
+    if let Some(h) = &e.http {
+        let chain = FilterChain {
+            filters: vec![outbound_hcm(
+                &delimited(&format!("outbound_{name}")),
+                &h.route,
+            )],
+            ..Default::default()
+        };
+        if h.sniffed {
+            inspect = true;
+            chains.push(FilterChain {
+                filter_chain_match: Some(FilterChainMatch {
+                    transport_protocol: "raw_buffer".into(),
+                    application_protocols: PLAINTEXT_HTTP_ALPNS
+                        .iter()
+                        .map(|a| a.to_string())
+                        .collect(),
+                    ..Default::default()
+                }),
+                ..chain
+            });
+        } else {
+            default = Some(chain);
+        }
+    }
+    // A lone match-all chain is the listener's only chain; without one, what
+    // no chain takes goes where the outbound traffic policy says.
+    let default_filter_chain = match default {
+        Some(d) if chains.is_empty() => {
+            chains.push(d);
+            None
+        }
+        Some(d) => Some(d),
+        None => Some(FilterChain {
+            name: PASSTHROUGH_FILTER_CHAIN.into(),
+            filter_chain_match: Some(FilterChainMatch::default()),
+            filters: vec![catch_all(ctx, proxy)],
+            ..Default::default()
+        }),
+    };
+    Listener {
+        name,
+        address: Some(socket(bind, port.into())),
+        bind_to_port: (!e.bind_to_port).then_some(BoolValue { value: false }),
+        traffic_direction: TrafficDirection::Outbound.into(),
+        continue_on_listener_filters_timeout: true,
+        listener_filters: if inspect {
+            vec![http_inspector()]
+        } else {
+            Vec::new()
+        },
+        listener_filters_timeout: Some(duration(Duration::ZERO)),
+        filter_chains: chains,
+        default_filter_chain,
+        ..Default::default()
+    }
+}
+
+/// The outbound per-port listeners of a proxy.
+pub(super) fn listeners(ctx: &IstioContext, proxy: &Proxy) -> Vec<Listener> {
+    plan(ctx, proxy)
+        .entries
+        .iter()
+        .map(|((bind, port), e)| listener(ctx, proxy, bind, *port, e))
+        .collect()
+}
+
+/// The RDS names the outbound listeners of a proxy use: `"<port>"`, and
+/// `"<host>:<port>"` for detected-protocol listeners on a service address.
+pub fn route_names(ctx: &IstioContext, proxy: &Proxy) -> BTreeSet<String> {
+    plan(ctx, proxy)
+        .entries
+        .values()
+        .filter_map(|e| e.http.as_ref().map(|h| h.route.clone()))
+        .collect()
+}
+
+/// `virtualOutbound`: where iptables sends outbound connections. Each goes
+/// to the listener of its original destination (`use_original_dst`); the
+/// rest to `virtualOutbound-catchall-tcp`, except connections to 15001
+/// itself, which would loop (`virtualOutbound-blackhole`).
+pub(super) fn virtual_outbound(ctx: &IstioContext, proxy: &Proxy) -> Option<Listener> {
+    if no_interception(proxy) {
+        return None;
+    }
+    let ip = IpMode::of(&proxy.ips);
+    Some(Listener {
+        name: VIRTUAL_OUTBOUND.into(),
+        address: Some(socket(ip.wildcard(), VIRTUAL_OUTBOUND_PORT.into())),
+        use_original_dst: Some(BoolValue { value: true }),
+        transparent: tproxy(proxy).then_some(BoolValue { value: true }),
+        traffic_direction: TrafficDirection::Outbound.into(),
+        filter_chains: vec![
+            FilterChain {
+                name: VIRTUAL_OUTBOUND_BLACKHOLE.into(),
+                filter_chain_match: Some(FilterChainMatch {
+                    destination_port: Some(u32v(VIRTUAL_OUTBOUND_PORT.into())),
+                    ..Default::default()
+                }),
+                filters: vec![tcp_proxy_to(BLACKHOLE_CLUSTER)],
+                ..Default::default()
+            },
+            FilterChain {
+                name: VIRTUAL_OUTBOUND_CATCHALL_TCP.into(),
+                filters: vec![catch_all(ctx, proxy)],
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    })
+}
