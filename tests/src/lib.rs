@@ -561,6 +561,32 @@ impl PodDir {
         Proc::spawn("pilot-agent", cmd, &self.dir.join("agent.log"))
     }
 
+    /// Starts the agent as Istio's `istio-proxy` container runs it: inside
+    /// the Pod's network as the proxy user (uid/gid 1337), so the Pod's
+    /// iptables rules let its own traffic (and Envoy's) through uncaptured.
+    /// `pilot_agent` must be executable by that user, and this directory
+    /// its own.
+    pub fn start_agent_as_proxy(
+        &self,
+        net: &mesh::PodNet,
+        pilot_agent: &Path,
+        env: &[(&str, &str)],
+        proxy_config_fields: &str,
+    ) -> Proc {
+        let proxy_config = format!(
+            r#"{{"binaryPath": "{}", {proxy_config_fields}}}"#,
+            envoy_bin().display()
+        );
+        let mut cmd = net.command_as(mesh::PROXY_UID, pilot_agent);
+        cmd.current_dir(&self.dir)
+            .args(["proxy", "sidecar", "--concurrency", "1"])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("PROXY_CONFIG", proxy_config)
+            .envs(env.iter().copied());
+        Proc::spawn("pilot-agent", cmd, &self.dir.join("agent.log"))
+    }
+
     /// The agent's xDS socket, where Envoy asks for configuration.
     pub fn xds_socket(&self) -> PathBuf {
         self.dir.join("etc/istio/proxy/XDS")

@@ -3,8 +3,17 @@
 //! a veth pair, its address from the sample mesh. Each Pod resolves
 //! `istiod.istio-system.svc` through its own hosts file, as a cluster's DNS
 //! would. Everything is removed on drop.
+//!
+//! Pods run as Istio runs them ([`Capture::Iptables`]): the init step
+//! (`pilot-agent istio-iptables` with the injection template's arguments)
+//! writes Istio's rules into the Pod's namespace, then pilot-agent and Envoy
+//! run as Istio's proxy user (uid/gid 1337) while the apps, unaware of the
+//! mesh, run as other users: servers listen on their Pod port, clients call
+//! `http://httpbin:8000/`, and names resolve through the agent's DNS proxy.
+//! [`Capture::None`] keeps the Sidecar `captureMode: NONE` path.
 
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::netns::Netns;
@@ -13,6 +22,38 @@ static VETH_COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32
 
 /// istiod's address on the hub bridge.
 pub const HUB_IP: &str = "198.18.255.254";
+/// Service `httpbin`'s cluster IP in the sample mesh.
+pub const HTTPBIN_VIP: &str = "198.19.0.10";
+/// Istio's proxy user and group (the injection template's `runAsUser`).
+pub const PROXY_UID: u32 = 1337;
+/// The user the apps run as: anyone but the proxy.
+pub const APP_UID: u32 = 1000;
+/// The nameserver in each captured Pod's `resolv.conf`. Nothing listens
+/// there: the Pod's DNS redirection hands queries to the agent, so an answer
+/// proves it came from the agent.
+pub const POD_NAMESERVER: &str = "127.0.0.53";
+
+/// The injection template's `istio-init` arguments (REDIRECT mode).
+pub const ISTIO_INIT_ARGS: &[&str] = &[
+    "istio-iptables",
+    "-p",
+    "15001",
+    "-z",
+    "15006",
+    "-u",
+    "1337",
+    "-m",
+    "REDIRECT",
+    "-i",
+    "*",
+    "-x",
+    "",
+    "-b",
+    "*",
+    "-d",
+    "15090,15021,15020",
+    "--log_output_level=default:info",
+];
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip")
@@ -27,11 +68,20 @@ fn ip(args: &[&str]) {
     );
 }
 
+/// How a Pod's traffic reaches its Envoy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Capture {
+    /// Istio's default: `istio-iptables` redirects the Pod's traffic.
+    Iptables,
+    /// No iptables: Sidecar `captureMode: NONE` listeners
+    /// (`istiod/samples/capture-none/`); apps call `127.0.0.1:8000`.
+    None,
+}
+
 /// The hub: a namespace with a bridge and istiod's address.
 pub struct Hub {
     /// The hub namespace.
     pub ns: Netns,
-    counter: std::cell::Cell<u32>,
 }
 
 impl Hub {
@@ -49,18 +99,15 @@ impl Hub {
             "br0",
         ]);
         ip(&["-n", &ns.name, "link", "set", "br0", "up"]);
-        Hub {
-            ns,
-            counter: std::cell::Cell::new(0),
-        }
+        Hub { ns }
     }
 
-    /// A Pod namespace with `pod_ip` on `eth0`, cabled to the bridge.
+    /// A Pod namespace with `pod_ip` on `eth0`, cabled to the bridge, its
+    /// default route through the hub (which routes nowhere further).
     pub fn pod(&self, name: &str, pod_ip: &str) -> PodNet {
         let ns = Netns::new(name);
         // Veth names live in the root namespace for a moment: unique per process.
         let n = VETH_COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.counter.set(self.counter.get() + 1);
         let tag = format!("{}{n}", std::process::id() % 100_000);
         let (host_end, pod_end) = (format!("vh{tag}"), format!("vp{tag}"));
         ip(&[
@@ -89,6 +136,9 @@ impl Hub {
             "eth0",
         ]);
         ip(&["-n", &ns.name, "link", "set", "eth0", "up"]);
+        // Service VIPs (198.19.0.0/16) are routed like any address outside
+        // the Pod network, as in a cluster; iptables takes them first.
+        ip(&["-n", &ns.name, "route", "add", "default", "via", HUB_IP]);
         // The Pod's own hosts file and resolver (`ip netns exec` mounts them).
         let etc = PathBuf::from("/etc/netns").join(&ns.name);
         std::fs::create_dir_all(&etc).expect("create /etc/netns/<pod>");
@@ -97,16 +147,13 @@ impl Hub {
             format!("127.0.0.1 localhost\n::1 localhost\n{HUB_IP} istiod.istio-system.svc\n"),
         )
         .expect("write the Pod's hosts file");
-        std::fs::write(
-            etc.join("resolv.conf"),
-            "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n",
-        )
-        .expect("write the Pod's resolv.conf");
-        PodNet {
+        let net = PodNet {
             ns,
             etc,
             ip: pod_ip.to_string(),
-        }
+        };
+        net.write_resolv_conf("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n");
+        net
     }
 }
 
@@ -125,20 +172,71 @@ pub struct PodNet {
     etc: PathBuf,
 }
 
+impl PodNet {
+    /// Replaces the Pod's `/etc/resolv.conf` (what `ip netns exec` mounts).
+    pub fn write_resolv_conf(&self, text: &str) {
+        std::fs::write(self.etc.join("resolv.conf"), text).expect("write the Pod's resolv.conf");
+    }
+
+    /// A command run inside the Pod as `uid`/`gid`, with the Pod's
+    /// `/etc/hosts` and `/etc/resolv.conf`: what a container of the Pod
+    /// running as that user would do.
+    pub fn command_as(&self, uid: u32, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = self.ns.command("setpriv");
+        c.args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            "--clear-groups",
+            "--pdeathsig=KILL",
+            "--",
+        ])
+        .arg(program);
+        c
+    }
+
+    /// `iptables-save` inside the Pod.
+    pub fn iptables_save(&self) -> String {
+        let out = self
+            .ns
+            .command("iptables-save")
+            .output()
+            .expect("iptables is installed (scripts/setup.sh)");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs the injection template's `istio-init` step in the Pod (plus
+    /// `--redirect-dns` when `dns` is set), as the init container does.
+    pub fn istio_init(&self, pilot_agent: &Path, dns: bool) {
+        let mut cmd = self.ns.command(pilot_agent);
+        cmd.args(ISTIO_INIT_ARGS);
+        if dns {
+            cmd.arg("--redirect-dns");
+        }
+        let out = cmd.output().expect("run pilot-agent istio-iptables");
+        assert!(
+            out.status.success(),
+            "istio-init in {}: {}{}",
+            self.ns.name,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 impl Drop for PodNet {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.etc);
     }
 }
 
-/// A small HTTP application inside a Pod: answers every request on
-/// `127.0.0.1:port` with its version and the `X-Forwarded-Client-Cert`
-/// header its sidecar added (who called, as the server side saw it).
-pub fn serve_app(ns: &Netns, port: u16, version: &str) {
+/// A small HTTP application inside a Pod: answers every request on `addr`
+/// with its version, the `X-Forwarded-Client-Cert` header its sidecar added
+/// (who called, as the server side saw it) and the peer address of the
+/// connection it was given.
+pub fn serve_app(ns: &Netns, addr: SocketAddr, version: &str) {
     use std::io::{Read, Write};
-    let listener = ns.run(move || {
-        std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind the app's port")
-    });
+    let listener =
+        ns.run(move || std::net::TcpListener::bind(addr).expect("bind the app's port"));
     let version = version.to_string();
     std::thread::spawn(move || {
         for conn in listener.incoming().take(100_000) {
@@ -146,6 +244,7 @@ pub fn serve_app(ns: &Netns, port: u16, version: &str) {
             let version = version.clone();
             std::thread::spawn(move || {
                 let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+                let peer = c.peer_addr().map(|a| a.ip().to_string()).unwrap_or_default();
                 let mut buf = Vec::new();
                 let mut chunk = [0u8; 4096];
                 // One request per connection is enough here; Envoy opens more as needed.
@@ -167,7 +266,7 @@ pub fn serve_app(ns: &Netns, port: u16, version: &str) {
                             .then(|| v.trim().to_string())
                     })
                     .unwrap_or_default();
-                let body = format!("version={version}\nxfcc={xfcc}\n");
+                let body = format!("version={version}\nxfcc={xfcc}\npeer={peer}\n");
                 let _ = write!(
                     c,
                     "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -178,6 +277,82 @@ pub fn serve_app(ns: &Netns, port: u16, version: &str) {
     });
 }
 
+/// One HTTP/1.1 request on a fresh connection to `addr` from inside `ns`
+/// (as the test process's user, root: not the proxy's): (status, body).
+pub fn http_request(
+    ns: &Netns,
+    addr: SocketAddr,
+    host: &str,
+    path: &str,
+) -> std::io::Result<(u16, String)> {
+    let (host, path) = (host.to_string(), path.to_string());
+    ns.run(move || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2))?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+        s.set_nodelay(true)?;
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut buf = String::new();
+        s.read_to_string(&mut buf)?;
+        let status = buf
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = buf
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        Ok((status, body))
+    })
+}
+
+/// A binary the proxy user can execute: `path` itself when uid 1337 can
+/// reach it, else a copy in `dir` (a checkout under a private home directory
+/// is out of the proxy user's reach, as it would be in a container).
+pub fn runnable_by_proxy(path: &Path, dir: &Path) -> PathBuf {
+    let ok = Command::new("setpriv")
+        .args([
+            &format!("--reuid={PROXY_UID}"),
+            &format!("--regid={PROXY_UID}"),
+            "--clear-groups",
+            "test",
+            "-x",
+        ])
+        .arg(path)
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        return path.to_path_buf();
+    }
+    let copy = dir.join(path.file_name().expect("a binary's file name"));
+    if !copy.exists() {
+        std::fs::copy(path, &copy).expect("copy a binary for the proxy user");
+    }
+    copy
+}
+
+/// Makes `dir` (and what is in it) the proxy user's, as a Pod's volumes are.
+fn give_to_proxy(dir: &Path) {
+    let ok = Command::new("chown")
+        .args(["-R", &format!("{PROXY_UID}:{PROXY_UID}")])
+        .arg(dir)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "chown {} to the proxy user", dir.display());
+}
+
+/// The mesh's ProxyConfig: the status port, and Envoy stats beyond Istio's
+/// default set that the tests read (what an operator would add with
+/// `proxyStatsMatcher` to watch passthrough and refused traffic).
+pub const MESH_PROXY_CONFIG: &str = r#""statusPort": 15020, "proxyStatsMatcher": {"inclusionPrefixes": ["cluster.PassthroughCluster", "cluster.BlackHoleCluster", "cluster.outbound|", "cluster.inbound|", "cluster.InboundPassthroughCluster", "listener.", "http."]}"#;
+
+/// One running Pod of the mesh.
+pub type MeshPod = (String, PodNet, crate::PodDir, crate::Proc);
+
 /// The sample mesh running: istiod in the hub with the sample config, and
 /// `sleep-1`, `httpbin-v1`, `httpbin-v2` Pods each with pilot-agent and Envoy.
 pub struct LocalMesh {
@@ -186,101 +361,136 @@ pub struct LocalMesh {
     /// The config directory istiod watches (a copy of the sample; edit it live).
     pub config_dir: PathBuf,
     /// The Pods: (name, network, filesystem, agent).
-    pub pods: Vec<(String, PodNet, crate::PodDir, crate::Proc)>,
+    pub pods: Vec<MeshPod>,
     /// The hub.
     pub hub: Hub,
     /// Where everything lives.
     pub dir: PathBuf,
+    /// How the Pods' traffic reaches Envoy.
+    pub capture: Capture,
+    agent_env: Vec<(String, String)>,
+    pilot_agent: PathBuf,
+}
+
+fn copy_yaml(from: &Path, to: &Path) {
+    for e in std::fs::read_dir(from).expect("a sample").flatten() {
+        if e.path().extension().is_some_and(|x| x == "yaml") {
+            std::fs::copy(e.path(), to.join(e.file_name())).expect("copy the sample");
+        }
+    }
 }
 
 impl LocalMesh {
-    /// Starts the mesh in `dir` and waits until every Pod's Envoy is ready.
-    pub fn start(dir: &std::path::Path, extra_agent_env: &[(&str, &str)]) -> LocalMesh {
+    /// Starts the mesh as Istio runs it (iptables capture) in `dir` and
+    /// waits until every Pod's Envoy is ready.
+    pub fn start(dir: &Path, extra_agent_env: &[(&str, &str)]) -> LocalMesh {
+        Self::start_with(dir, Capture::Iptables, extra_agent_env)
+    }
+
+    /// Starts the mesh with the given capture, in `dir`.
+    pub fn start_with(
+        dir: &Path,
+        capture: Capture,
+        extra_agent_env: &[(&str, &str)],
+    ) -> LocalMesh {
+        // The proxy user must reach its Pod's files.
+        std::fs::create_dir_all(dir).expect("mesh dir");
+        std::fs::set_permissions(
+            dir,
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755),
+        )
+        .expect("open the mesh dir to the proxy user");
         let config_dir = dir.join("config");
         std::fs::create_dir_all(&config_dir).expect("config dir");
-        let sample =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../istiod/samples/mesh");
-        for e in std::fs::read_dir(&sample)
-            .expect("the sample mesh")
-            .flatten()
-        {
-            std::fs::copy(e.path(), config_dir.join(e.file_name())).expect("copy the sample");
+        let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../istiod/samples");
+        copy_yaml(&samples.join("mesh"), &config_dir);
+        if capture == Capture::None {
+            copy_yaml(&samples.join("capture-none"), &config_dir);
         }
         let hub = Hub::new();
         let istiod = crate::Istiod::start_hub(&hub.ns, &dir.join("istiod"), &config_dir);
-        let root = istiod.root_pem();
-        let mut pods = Vec::new();
-        for (name, ip, sa, app) in [
+        let mut agent_env: Vec<(String, String)> = extra_agent_env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        if capture == Capture::Iptables && !agent_env.iter().any(|(k, _)| k == "ISTIO_META_DNS_CAPTURE")
+        {
+            // Without a cluster DNS, names resolve through the agent.
+            agent_env.push(("ISTIO_META_DNS_CAPTURE".into(), "true".into()));
+        }
+        let pilot_agent = runnable_by_proxy(&crate::bin("pilot-agent"), dir);
+        let mut mesh = LocalMesh {
+            istiod,
+            config_dir,
+            pods: Vec::new(),
+            hub,
+            dir: dir.to_path_buf(),
+            capture,
+            agent_env,
+            pilot_agent,
+        };
+        for (name, ip, sa, version) in [
             ("sleep-1", "198.18.0.2", "sleep", None),
             ("httpbin-v1", "198.18.0.3", "httpbin", Some("v1")),
             ("httpbin-v2", "198.18.0.4", "httpbin", Some("v2")),
         ] {
-            let net = hub.pod("pod", ip);
-            if let Some(version) = app {
-                serve_app(&net.ns, 9080, version);
-            }
-            let pod_dir =
-                crate::PodDir::new(&dir.join(name), &istiod.token("demo", sa), Some(&root));
-            let app = if sa == "sleep" { "sleep" } else { "httpbin" };
-            pod_dir.write_labels(&[("app", app), ("version", app_version_label(name))]);
-            let mut env = vec![
-                ("POD_NAME", name),
-                ("POD_NAMESPACE", "demo"),
-                ("SERVICE_ACCOUNT", sa),
-                ("INSTANCE_IP", ip),
-                ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
-            ];
-            env.extend_from_slice(extra_agent_env);
-            let agent = pod_dir.start_agent_with(&net.ns, &env, r#""statusPort": 15020"#);
-            pods.push((name.to_string(), net, pod_dir, agent));
+            mesh.launch_pod(name, ip, sa, version);
         }
-        for (name, net, _, agent) in &mut pods {
-            crate::wait_for(
-                &format!("{name} ready"),
-                std::time::Duration::from_secs(60),
-                || {
-                    assert!(agent.alive(), "{name}'s agent exited:\n{}", agent.log());
-                    net.ns
-                        .run(|| {
-                            crate::http_get(
-                                std::net::SocketAddr::from(([127, 0, 0, 1], 15021)),
-                                "/healthz/ready",
-                            )
-                            .ok()
-                        })
-                        .filter(|(c, _)| *c == 200)
-                },
-            );
+        for i in 0..mesh.pods.len() {
+            mesh.wait_pod_ready(i);
         }
-        LocalMesh {
-            istiod,
-            config_dir,
-            pods,
-            hub,
-            dir: dir.to_path_buf(),
-        }
+        mesh
     }
 
-    /// Adds a Pod to the running mesh: its network, app, agent and Envoy
-    /// (its Kubernetes objects are the caller's to write).
-    pub fn add_pod(&mut self, name: &str, ip: &str, sa: &str, app_version: &str) {
+    fn dns_capture(&self) -> bool {
+        self.agent_env
+            .iter()
+            .any(|(k, v)| k == "ISTIO_META_DNS_CAPTURE" && v == "true")
+    }
+
+    /// Network, init step, app and agent of one Pod (not waiting for it).
+    fn launch_pod(&mut self, name: &str, ip: &str, sa: &str, version: Option<&str>) {
         let net = self.hub.pod("pod", ip);
-        serve_app(&net.ns, 9080, app_version);
+        let app_addr: SocketAddr = match self.capture {
+            // The app listens on its Pod port, untouched by the mesh.
+            Capture::Iptables => "0.0.0.0:8080".parse().expect("an address"),
+            Capture::None => "127.0.0.1:9080".parse().expect("an address"),
+        };
+        if self.capture == Capture::Iptables {
+            net.write_resolv_conf(&format!(
+                "nameserver {POD_NAMESERVER}\nsearch demo.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5 timeout:1 attempts:1\n"
+            ));
+            net.istio_init(&self.pilot_agent, self.dns_capture());
+        }
+        if let Some(version) = version {
+            serve_app(&net.ns, app_addr, version);
+        }
         let root = self.istiod.root_pem();
-        let pod_dir = crate::PodDir::new(
-            &self.dir.join(name),
-            &self.istiod.token("demo", sa),
-            Some(&root),
-        );
-        pod_dir.write_labels(&[("app", sa), ("version", app_version_label(name))]);
-        let env = [
+        let pod_dir =
+            crate::PodDir::new(&self.dir.join(name), &self.istiod.token("demo", sa), Some(&root));
+        let app = if sa == "sleep" { "sleep" } else { "httpbin" };
+        pod_dir.write_labels(&[("app", app), ("version", app_version_label(name))]);
+        let mut env = vec![
             ("POD_NAME", name),
             ("POD_NAMESPACE", "demo"),
             ("SERVICE_ACCOUNT", sa),
             ("INSTANCE_IP", ip),
             ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
         ];
-        let mut agent = pod_dir.start_agent_with(&net.ns, &env, r#""statusPort": 15020"#);
+        env.extend(self.agent_env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let agent = match self.capture {
+            Capture::Iptables => {
+                env.push(("ISTIO_META_INTERCEPTION_MODE", "REDIRECT"));
+                give_to_proxy(&pod_dir.dir);
+                pod_dir.start_agent_as_proxy(&net, &self.pilot_agent, &env, MESH_PROXY_CONFIG)
+            }
+            Capture::None => pod_dir.start_agent_with(&net.ns, &env, MESH_PROXY_CONFIG),
+        };
+        self.pods.push((name.to_string(), net, pod_dir, agent));
+    }
+
+    fn wait_pod_ready(&mut self, i: usize) {
+        let (name, net, _, agent) = &mut self.pods[i];
         crate::wait_for(
             &format!("{name} ready"),
             std::time::Duration::from_secs(60),
@@ -297,7 +507,19 @@ impl LocalMesh {
                     .filter(|(c, _)| *c == 200)
             },
         );
-        self.pods.push((name.to_string(), net, pod_dir, agent));
+    }
+
+    /// Adds a Pod to the running mesh: its network, app, agent and Envoy
+    /// (its Kubernetes objects are the caller's to write).
+    pub fn add_pod(&mut self, name: &str, ip: &str, sa: &str, app_version: &str) {
+        self.launch_pod(name, ip, sa, Some(app_version));
+        self.wait_pod_ready(self.pods.len() - 1);
+    }
+
+    /// A Pod without a sidecar (no init step, no agent): a namespace on the
+    /// hub, for clients and servers outside the mesh.
+    pub fn plain_pod(&self, ip: &str) -> PodNet {
+        self.hub.pod("plain", ip)
     }
 
     /// A counter from a Pod's Envoy `/stats`.
@@ -329,32 +551,38 @@ impl LocalMesh {
     }
 
     /// One request from sleep to httpbin through the mesh: (status, body).
+    /// Captured, the app calls the Service IP as `http://httpbin:8000/`
+    /// would after resolving it; without capture it calls sleep's Envoy on
+    /// `127.0.0.1:8000`.
     pub fn call_httpbin(&self) -> std::io::Result<(u16, String)> {
-        self.pod("sleep-1").ns.run(|| {
-            use std::io::{Read, Write};
-            let mut s = std::net::TcpStream::connect_timeout(
-                &std::net::SocketAddr::from(([127, 0, 0, 1], 8000)),
-                std::time::Duration::from_secs(2),
-            )?;
-            s.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
-            s.set_nodelay(true)?;
-            write!(
-                s,
-                "GET /headers HTTP/1.1\r\nHost: httpbin:8000\r\nConnection: close\r\n\r\n"
-            )?;
-            let mut buf = String::new();
-            s.read_to_string(&mut buf)?;
-            let status = buf
-                .split_whitespace()
-                .nth(1)
-                .and_then(|c| c.parse().ok())
-                .unwrap_or(0);
-            let body = buf
-                .split_once("\r\n\r\n")
-                .map(|(_, b)| b.to_string())
-                .unwrap_or_default();
-            Ok((status, body))
-        })
+        let addr: SocketAddr = match self.capture {
+            Capture::Iptables => format!("{HTTPBIN_VIP}:8000"),
+            Capture::None => "127.0.0.1:8000".into(),
+        }
+        .parse()
+        .expect("an address");
+        http_request(&self.pod("sleep-1").ns, addr, "httpbin:8000", "/headers")
+    }
+
+    /// `curl` run in Pod `pod` as the app user (uid 1000) with the Pod's
+    /// resolver: (HTTP status, body), or curl's error.
+    pub fn app_curl(&self, pod: &str, url: &str) -> Result<(u16, String), String> {
+        let out = self
+            .pod(pod)
+            .command_as(APP_UID, "curl")
+            .args(["-sS", "-m", "10", "-w", "\n%{http_code}", url])
+            .output()
+            .map_err(|e| format!("curl: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "curl {url}: exit {:?}: {}",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        Ok((code.trim().parse().unwrap_or(0), body.to_string()))
     }
 }
 

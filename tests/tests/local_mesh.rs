@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use tests::mesh::LocalMesh;
+use tests::mesh::{Capture, LocalMesh};
 
 /// The mesh tests each run istiod and three Pods with Envoy: on a two-core
 /// machine they run one at a time, so timing assertions stay meaningful.
@@ -43,11 +43,13 @@ fn split(mesh: &LocalMesh, n: usize) -> (BTreeMap<String, usize>, Vec<String>) {
     (counts, failures)
 }
 
+/// The Sidecar `captureMode: NONE` path (no iptables): sleep's app calls its
+/// Envoy on `127.0.0.1:8000`, httpbin's Envoy listens on the Pod's port 8080.
 #[test]
-fn pods_talk_over_mtls_with_istiod_identities_and_strict_refuses_plaintext() {
+fn without_capture_sidecar_listeners_carry_mtls_and_strict_refuses_plaintext() {
     let _serial = serial();
     let tmp = tempfile::tempdir().unwrap();
-    let mesh = LocalMesh::start(tmp.path(), &[]);
+    let mesh = LocalMesh::start_with(tmp.path(), Capture::None, &[]);
     let (code, body) = mesh.call_httpbin().unwrap();
     assert_eq!(code, 200, "{body}");
     let xfcc = body.lines().find_map(|l| l.strip_prefix("xfcc=")).unwrap();
@@ -60,7 +62,11 @@ fn pods_talk_over_mtls_with_istiod_identities_and_strict_refuses_plaintext() {
         "and its own: {xfcc}"
     );
 
-    // PeerAuthentication STRICT: plain text straight to the server Pod is refused.
+    // PeerAuthentication STRICT: plain text straight to the server Pod's
+    // port matches no filter chain of its Envoy, which closes the
+    // connection without a byte.
+    let stat = "listener.0.0.0.0_8080.no_filter_chain_match";
+    let before = mesh.envoy_stat("httpbin-v1", stat);
     let plain = mesh.pod("sleep-1").ns.run(|| {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect_timeout(
@@ -69,17 +75,27 @@ fn pods_talk_over_mtls_with_istiod_identities_and_strict_refuses_plaintext() {
         )?;
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
         s.write_all(b"GET / HTTP/1.1\r\nHost: httpbin\r\nConnection: close\r\n\r\n")?;
-        let mut buf = String::new();
-        s.read_to_string(&mut buf)?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf)?;
         Ok::<_, std::io::Error>(buf)
     });
-    // A reset (Err) is a refusal too; an answer must not be a served request.
-    if let Ok(answer) = plain {
-        assert!(
-            !answer.starts_with("HTTP/1.1 200"),
-            "plain text must not be served: {answer}"
-        );
+    match plain {
+        Ok(bytes) => assert!(
+            bytes.is_empty(),
+            "plain text must get no answer: {}",
+            String::from_utf8_lossy(&bytes)
+        ),
+        Err(e) => assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset,
+            "closed by Envoy, not timed out: {e}"
+        ),
     }
+    assert_eq!(
+        mesh.envoy_stat("httpbin-v1", stat),
+        before + 1,
+        "httpbin's Envoy refused it for want of a matching (mTLS) chain"
+    );
 }
 
 #[test]
@@ -314,13 +330,15 @@ fn resolve(
     })
 }
 
-/// An upstream resolver inside the Pod (its resolv.conf says 127.0.0.1) that
-/// knows one outside name.
+/// An upstream resolver inside the Pod, at the nameserver its resolv.conf
+/// names, that knows one outside name.
 fn fake_upstream(ns: &tests::netns::Netns) {
     use hickory_proto::op::{Message, MessageType, OpCode};
     use hickory_proto::rr::rdata::A;
     use hickory_proto::rr::{RData, Record};
-    let sock = ns.run(|| std::net::UdpSocket::bind("127.0.0.1:53").unwrap());
+    let sock = ns.run(|| {
+        std::net::UdpSocket::bind((tests::mesh::POD_NAMESERVER, 53)).unwrap()
+    });
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 4096];
         for _ in 0..1000 {
@@ -350,7 +368,7 @@ fn fake_upstream(ns: &tests::netns::Netns) {
 fn the_dns_proxy_answers_mesh_names_and_forwards_the_rest() {
     let _serial = serial();
     let tmp = tempfile::tempdir().unwrap();
-    let mesh = LocalMesh::start(tmp.path(), &[("ISTIO_META_DNS_CAPTURE", "true")]);
+    let mesh = LocalMesh::start(tmp.path(), &[]);
     let sleep = mesh.pod("sleep-1");
     fake_upstream(&sleep.ns);
     let vip = resolve(

@@ -667,8 +667,6 @@ mod tests {
             vec![
                 "VirtualService/demo/httpbin",
                 "DestinationRule/demo/httpbin",
-                "Sidecar/demo/httpbin",
-                "Sidecar/demo/sleep",
                 "PeerAuthentication/demo/default",
                 "Service/demo/httpbin",
                 "Service/demo/sleep",

@@ -1,7 +1,9 @@
 //! The local mesh demo (the README's first command): istiod on the sample
 //! config, three Pods (sleep, httpbin v1 and v2) each with pilot-agent and a
-//! real Envoy in a network namespace of its own, a stream of requests from
-//! sleep to httpbin over mutual TLS, and a summary of what happened.
+//! real Envoy in a network namespace of its own, captured by Istio's
+//! iptables rules as `istio-init` writes them; sleep's app (curl, as an
+//! ordinary user) calls `http://httpbin:8000/` as if there were no mesh, and
+//! both Envoys carry it over mutual TLS. A summary says what happened.
 //!
 //! `--seconds N` sets how long requests flow (default 20); `--keep` leaves
 //! the mesh running until Ctrl-C so the config directory can be edited live.
@@ -60,6 +62,15 @@ fn main() {
             dir.dir.join("etc/istio/proxy/envoy-rev.json").display()
         );
     }
+    let rules = mesh
+        .pod("sleep-1")
+        .iptables_save()
+        .lines()
+        .filter(|l| l.starts_with("-A ISTIO_") || l.contains("-j ISTIO_"))
+        .count();
+    println!(
+        "  each Pod: `pilot-agent istio-iptables` wrote Istio's rules ({rules} in sleep-1); pilot-agent and Envoy run as uid 1337, sleep's curl as uid 1000"
+    );
     if keep {
         println!(
             "Edit {} to change the split; Ctrl-C to stop.",
@@ -67,7 +78,7 @@ fn main() {
         );
     }
     println!(
-        "Sending requests from sleep-1 to httpbin:8000 for {seconds}s (VirtualService: 90% v1, 10% v2) ..."
+        "sleep-1's app runs `curl http://httpbin:8000/headers` for {seconds}s (VirtualService: 90% v1, 10% v2) ..."
     );
 
     let mut by_version: BTreeMap<String, usize> = BTreeMap::new();
@@ -80,7 +91,7 @@ fn main() {
     while (start.elapsed() < Duration::from_secs(seconds) || keep)
         && !stop.load(std::sync::atomic::Ordering::SeqCst)
     {
-        match mesh.call_httpbin() {
+        match mesh.app_curl("sleep-1", "http://httpbin:8000/headers") {
             Ok((200, body)) => {
                 let v = field(&body, "version=").to_string();
                 *by_version.entry(v.clone()).or_default() += 1;
