@@ -310,7 +310,7 @@ apiVersion: security.istio.io/v1
 kind: PeerAuthentication
 metadata: {name: httpbin, namespace: demo}
 spec:
-  selector: {labels: {app: httpbin}}
+  selector: {matchLabels: {app: httpbin}}
   mtls: {mode: DISABLE}
   portLevelMtls:
     8080: {mode: STRICT}

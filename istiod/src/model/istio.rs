@@ -102,6 +102,16 @@ pub struct WorkloadSelector {
     pub labels: Labels,
 }
 
+/// `selector` of the security policies (Istio's
+/// `istio.type.v1beta1.WorkloadSelector`, spelled `matchLabels`, unlike the
+/// networking kinds' `workloadSelector.labels`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct PolicySelector {
+    /// Labels a workload must carry (all of them).
+    pub match_labels: Labels,
+}
+
 /// A port in a ServiceEntry or a Sidecar listener.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
@@ -1043,7 +1053,7 @@ pub struct IstioEgressListener {
 }
 
 /// `outboundTrafficPolicy`.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct OutboundTrafficPolicy {
     /// The mode.
@@ -1051,6 +1061,18 @@ pub struct OutboundTrafficPolicy {
     /// Where unknown traffic goes instead of the passthrough cluster.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub egress_proxy: Option<Destination>,
+}
+
+/// A Sidecar's policy without a mode is `REGISTRY_ONLY`: the first value of
+/// Istio's enum, which a proto reader gets for an unset field (the mesh
+/// config differs: it is merged over defaults that say `ALLOW_ANY`).
+impl Default for OutboundTrafficPolicy {
+    fn default() -> Self {
+        OutboundTrafficPolicy {
+            mode: OutboundMode::RegistryOnly,
+            egress_proxy: None,
+        }
+    }
 }
 
 /// `outboundTrafficPolicy.mode`.
@@ -1070,7 +1092,7 @@ pub enum OutboundMode {
 pub struct PeerAuthentication {
     /// Workloads it applies to (the whole namespace when unset).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub selector: Option<WorkloadSelector>,
+    pub selector: Option<PolicySelector>,
     /// The mTLS mode.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mtls: Option<PeerMtls>,

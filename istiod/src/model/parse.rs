@@ -339,25 +339,45 @@ spec:
     }
 
     #[test]
+    fn a_sidecar_policy_without_a_mode_is_registry_only_as_in_istio() {
+        let o = one(r#"
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: s, namespace: demo}
+spec:
+  outboundTrafficPolicy: {}
+"#)
+        .unwrap();
+        let Spec::Sidecar(sc) = &o.spec else {
+            panic!("{o:?}")
+        };
+        assert_eq!(
+            sc.outbound_traffic_policy.as_ref().unwrap().mode,
+            crate::model::istio::OutboundMode::RegistryOnly
+        );
+    }
+
+    #[test]
     fn defaults_the_namespace_and_reads_port_level_mtls() {
         let o = one(r#"
 apiVersion: security.istio.io/v1
 kind: PeerAuthentication
 metadata: {name: p}
 spec:
-  selector: {matchLabels: {}}
+  selector: {labels: {}}
 "#);
-        // `matchLabels` is not a WorkloadSelector field: the path names it.
+        // Security policies spell it `matchLabels`: `labels` is the
+        // networking kinds' field, and the path names it.
         let e = o.unwrap_err();
-        assert_eq!(e[0].field(), Some("spec.selector.matchLabels"), "{e:?}");
-        assert!(e[0].to_string().contains("unknown field `matchLabels`"));
+        assert_eq!(e[0].field(), Some("spec.selector.labels"), "{e:?}");
+        assert!(e[0].to_string().contains("unknown field `labels`"));
 
         let o = one(r#"
 apiVersion: security.istio.io/v1
 kind: PeerAuthentication
 metadata: {name: p}
 spec:
-  selector: {labels: {app: a}}
+  selector: {matchLabels: {app: a}}
   mtls: {mode: STRICT}
   portLevelMtls:
     8080: {mode: DISABLE}

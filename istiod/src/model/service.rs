@@ -885,7 +885,7 @@ mod tests {
             .by_hostname("httpbin.demo.svc.cluster.local")
             .next()
             .unwrap();
-        assert_eq!(httpbin.addresses, vec!["10.96.0.10"]);
+        assert_eq!(httpbin.addresses, vec!["198.19.0.10"]);
         assert_eq!(httpbin.resolution, ServiceResolution::ClientSideLb);
         assert_eq!(
             httpbin.ports,
@@ -901,7 +901,7 @@ mod tests {
             eps.iter()
                 .map(|e| (e.address.as_str(), e.port, e.labels["version"].as_str()))
                 .collect::<Vec<_>>(),
-            vec![("10.244.0.3", 8080, "v1"), ("10.244.0.4", 8080, "v2")]
+            vec![("198.18.0.3", 8080, "v1"), ("198.18.0.4", 8080, "v2")]
         );
         assert!(
             eps.iter()

@@ -10,8 +10,8 @@ use std::time::Duration;
 use super::error::FieldError;
 use super::istio::{
     ClientTlsSettings, Destination, DestinationRule, HttpRoute, LoadBalancerSettings,
-    PeerAuthentication, Percent, Port, RouteDestination, ServiceEntry, Sidecar, StringMatch,
-    TlsMode, TrafficPolicy, VirtualService, WorkloadEntry, WorkloadSelector,
+    PeerAuthentication, Percent, PolicySelector, Port, RouteDestination, ServiceEntry, Sidecar,
+    StringMatch, TlsMode, TrafficPolicy, VirtualService, WorkloadEntry, WorkloadSelector,
 };
 use super::kube::{AddressType, EndpointSlice, IntOrString, Pod, Service, ServiceType};
 use super::meta::{Object, Spec};
@@ -952,7 +952,7 @@ fn valid_default_endpoint(ep: &str) -> bool {
 
 fn peer_authentication(pa: &PeerAuthentication, e: &mut Errors) {
     if let Some(sel) = &pa.selector {
-        check_selector("spec.selector", sel, e);
+        check_policy_selector("spec.selector", sel, e);
     }
     if !pa.port_level_mtls.is_empty() && pa.selector.is_none() {
         e.add(
@@ -1125,6 +1125,17 @@ fn check_selector(field: &str, sel: &WorkloadSelector, e: &mut Errors) {
     for key in sel.labels.keys() {
         if key.is_empty() {
             e.add(format!("{field}.labels"), "label names cannot be empty");
+        }
+    }
+}
+
+fn check_policy_selector(field: &str, sel: &PolicySelector, e: &mut Errors) {
+    for key in sel.match_labels.keys() {
+        if key.is_empty() {
+            e.add(
+                format!("{field}.matchLabels"),
+                "label names cannot be empty",
+            );
         }
     }
 }

@@ -691,7 +691,7 @@ mod tests {
             .by_hostname("sleep.demo.svc.cluster.local")
             .next()
             .unwrap();
-        assert_eq!(sleep.endpoints[0].address, "10.244.0.2");
+        assert_eq!(sleep.endpoints[0].address, "198.18.0.2");
     }
 
     async fn next_batch(

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::config::MeshConfig;
 use crate::model::istio::{
     CaptureMode, DestinationRule, IstioEgressListener, Labels, MtlsMode, OutboundMode,
-    PeerAuthentication, Sidecar, VirtualService, WorkloadSelector,
+    PeerAuthentication, PolicySelector, Sidecar, VirtualService, WorkloadSelector,
 };
 use crate::model::service::{
     Protocol, Service, ServiceRegistry, egress_host_matches, host_matches, is_exported_to,
@@ -113,6 +113,14 @@ fn selects(selector: &Option<WorkloadSelector>, labels: &Labels) -> bool {
     selector
         .as_ref()
         .is_none_or(|s| s.labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
+}
+
+/// Whether a security policy's `selector.matchLabels` picks the workload:
+/// only a non-empty selector picks a workload (an empty one is namespace-wide).
+fn policy_selects(selector: &Option<PolicySelector>, labels: &Labels) -> bool {
+    selector.as_ref().is_some_and(|s| {
+        !s.match_labels.is_empty() && s.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
+    })
 }
 
 /// Istio's short-name resolution: a host without a dot is a service in `ns`.
@@ -289,13 +297,7 @@ impl IstioContext {
         self.peer_authentications
             .iter()
             .filter(|p| p.namespace == proxy.namespace)
-            .find(|pa| {
-                pa.spec
-                    .selector
-                    .as_ref()
-                    .is_some_and(|s| !s.labels.is_empty())
-                    && selects(&pa.spec.selector, &proxy.labels)
-            })
+            .find(|pa| policy_selects(&pa.spec.selector, &proxy.labels))
             .map(|pa| {
                 pa.spec
                     .port_level_mtls
@@ -395,13 +397,8 @@ impl IstioContext {
     /// The mTLS mode for a workload's inbound port: the most specific
     /// PeerAuthentication (workload, namespace, root); Istio's default is PERMISSIVE.
     pub fn mtls_mode(&self, proxy: &Proxy, port: u16) -> MtlsMode {
-        let applicable = |pa: &&Named<PeerAuthentication>| {
-            pa.spec
-                .selector
-                .as_ref()
-                .is_some_and(|s| !s.labels.is_empty())
-                && selects(&pa.spec.selector, &proxy.labels)
-        };
+        let applicable =
+            |pa: &&Named<PeerAuthentication>| policy_selects(&pa.spec.selector, &proxy.labels);
         let workload = self
             .peer_authentications
             .iter()
@@ -409,11 +406,17 @@ impl IstioContext {
             .find(applicable);
         let namespace = self.peer_authentications.iter().find(|p| {
             p.namespace == proxy.namespace
-                && p.spec.selector.as_ref().is_none_or(|s| s.labels.is_empty())
+                && p.spec
+                    .selector
+                    .as_ref()
+                    .is_none_or(|s| s.match_labels.is_empty())
         });
         let root = self.peer_authentications.iter().find(|p| {
             p.namespace == ROOT_NAMESPACE
-                && p.spec.selector.as_ref().is_none_or(|s| s.labels.is_empty())
+                && p.spec
+                    .selector
+                    .as_ref()
+                    .is_none_or(|s| s.match_labels.is_empty())
         });
         for pa in [workload, namespace, root].into_iter().flatten() {
             if let Some(m) = pa.spec.port_level_mtls.get(&u32::from(port))
