@@ -235,8 +235,7 @@ impl Drop for PodNet {
 /// connection it was given.
 pub fn serve_app(ns: &Netns, addr: SocketAddr, version: &str) {
     use std::io::{Read, Write};
-    let listener =
-        ns.run(move || std::net::TcpListener::bind(addr).expect("bind the app's port"));
+    let listener = ns.run(move || std::net::TcpListener::bind(addr).expect("bind the app's port"));
     let version = version.to_string();
     std::thread::spawn(move || {
         for conn in listener.incoming().take(100_000) {
@@ -244,7 +243,10 @@ pub fn serve_app(ns: &Netns, addr: SocketAddr, version: &str) {
             let version = version.clone();
             std::thread::spawn(move || {
                 let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(10)));
-                let peer = c.peer_addr().map(|a| a.ip().to_string()).unwrap_or_default();
+                let peer = c
+                    .peer_addr()
+                    .map(|a| a.ip().to_string())
+                    .unwrap_or_default();
                 let mut buf = Vec::new();
                 let mut chunk = [0u8; 4096];
                 // One request per connection is enough here; Envoy opens more as needed.
@@ -291,10 +293,11 @@ pub fn http_request(
         let mut s = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2))?;
         s.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
         s.set_nodelay(true)?;
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-        )?;
+        // One write, as HTTP clients send a request: Envoy's HTTP inspector
+        // (on Istio's outbound `0.0.0.0_<port>` listeners) can misjudge a
+        // request line that arrives in pieces and pass it on as TCP.
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        s.write_all(request.as_bytes())?;
         let mut buf = String::new();
         s.read_to_string(&mut buf)?;
         let status = buf
@@ -388,11 +391,7 @@ impl LocalMesh {
     }
 
     /// Starts the mesh with the given capture, in `dir`.
-    pub fn start_with(
-        dir: &Path,
-        capture: Capture,
-        extra_agent_env: &[(&str, &str)],
-    ) -> LocalMesh {
+    pub fn start_with(dir: &Path, capture: Capture, extra_agent_env: &[(&str, &str)]) -> LocalMesh {
         // The proxy user must reach its Pod's files.
         std::fs::create_dir_all(dir).expect("mesh dir");
         std::fs::set_permissions(
@@ -413,7 +412,8 @@ impl LocalMesh {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        if capture == Capture::Iptables && !agent_env.iter().any(|(k, _)| k == "ISTIO_META_DNS_CAPTURE")
+        if capture == Capture::Iptables
+            && !agent_env.iter().any(|(k, _)| k == "ISTIO_META_DNS_CAPTURE")
         {
             // Without a cluster DNS, names resolve through the agent.
             agent_env.push(("ISTIO_META_DNS_CAPTURE".into(), "true".into()));
@@ -466,8 +466,11 @@ impl LocalMesh {
             serve_app(&net.ns, app_addr, version);
         }
         let root = self.istiod.root_pem();
-        let pod_dir =
-            crate::PodDir::new(&self.dir.join(name), &self.istiod.token("demo", sa), Some(&root));
+        let pod_dir = crate::PodDir::new(
+            &self.dir.join(name),
+            &self.istiod.token("demo", sa),
+            Some(&root),
+        );
         let app = if sa == "sleep" { "sleep" } else { "httpbin" };
         pod_dir.write_labels(&[("app", app), ("version", app_version_label(name))]);
         let mut env = vec![

@@ -336,9 +336,7 @@ fn fake_upstream(ns: &tests::netns::Netns) {
     use hickory_proto::op::{Message, MessageType, OpCode};
     use hickory_proto::rr::rdata::A;
     use hickory_proto::rr::{RData, Record};
-    let sock = ns.run(|| {
-        std::net::UdpSocket::bind((tests::mesh::POD_NAMESERVER, 53)).unwrap()
-    });
+    let sock = ns.run(|| std::net::UdpSocket::bind((tests::mesh::POD_NAMESERVER, 53)).unwrap());
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 4096];
         for _ in 0..1000 {
