@@ -17,6 +17,29 @@ macro_rules! ipt_args {
     ($($x:expr),* $(,)?) => { vec![$($x.to_string()),*] };
 }
 
+/// The `istio-init` container's arguments in Istio's injection template
+/// (REDIRECT mode), verbatim: what a Pod's init step runs.
+pub const INJECTION_TEMPLATE_ARGS: &[&str] = &[
+    "istio-iptables",
+    "-p",
+    "15001",
+    "-z",
+    "15006",
+    "-u",
+    "1337",
+    "-m",
+    "REDIRECT",
+    "-i",
+    "*",
+    "-x",
+    "",
+    "-b",
+    "*",
+    "-d",
+    "15090,15021,15020",
+    "--log_output_level=default:info",
+];
+
 pub mod apply;
 pub mod args;
 pub mod builder;

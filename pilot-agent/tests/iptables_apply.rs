@@ -9,26 +9,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Istio's injection template's `istio-init` arguments, verbatim.
-const TEMPLATE: &[&str] = &[
-    "istio-iptables",
-    "-p",
-    "15001",
-    "-z",
-    "15006",
-    "-u",
-    "1337",
-    "-m",
-    "REDIRECT",
-    "-i",
-    "*",
-    "-x",
-    "",
-    "-b",
-    "*",
-    "-d",
-    "15090,15021,15020",
-    "--log_output_level=default:info",
-];
+const TEMPLATE: &[&str] = pilot_agent::iptables::INJECTION_TEMPLATE_ARGS;
 
 /// Istio's message for a failed validation (first line).
 const VALIDATION_FAILED: &str = "iptables validation failed; workload is not ready for Istio.";

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use common::env::MapEnv;
-use pilot_agent::iptables::{self, Config, HostFacts};
+use pilot_agent::iptables::{self, Config, HostFacts, INJECTION_TEMPLATE_ARGS};
 
 /// Istio's test defaults (also the injection template's values).
 const DEFAULTS: &[&str] = &[
@@ -293,28 +293,6 @@ const INJECTION_TEMPLATE_V4: &str = "* nat
 -A ISTIO_OUTPUT -j ISTIO_REDIRECT
 COMMIT
 ";
-
-/// The injection template's arguments, verbatim.
-pub const INJECTION_TEMPLATE_ARGS: &[&str] = &[
-    "istio-iptables",
-    "-p",
-    "15001",
-    "-z",
-    "15006",
-    "-u",
-    "1337",
-    "-m",
-    "REDIRECT",
-    "-i",
-    "*",
-    "-x",
-    "",
-    "-b",
-    "*",
-    "-d",
-    "15090,15021,15020",
-    "--log_output_level=default:info",
-];
 
 #[test]
 fn binary_dry_run_prints_only_the_rules_on_stdout() {

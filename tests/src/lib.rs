@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod ads;
+pub mod kube_api;
 pub mod mesh;
 pub mod netns;
 pub mod tls;
@@ -524,19 +525,7 @@ impl PodDir {
     /// Starts `pilot-agent proxy sidecar` in the Pod's network namespace with
     /// `env`; the agent launches the real Envoy with Istio's bootstrap.
     pub fn start_agent_in(&self, ns: &netns::Netns, env: &[(&str, &str)]) -> Proc {
-        let proxy_config = format!(
-            r#"{{"binaryPath": "{}", {}}}"#,
-            envoy_bin().display(),
-            ads::PROXY_CONFIG_FIELDS
-        );
-        let mut cmd = ns.command(bin("pilot-agent"));
-        cmd.current_dir(&self.dir)
-            .args(["proxy", "sidecar", "--concurrency", "1"])
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("PROXY_CONFIG", proxy_config)
-            .envs(env.iter().copied());
-        Proc::spawn("pilot-agent", cmd, &self.dir.join("agent.log"))
+        self.start_agent_with(ns, env, ads::PROXY_CONFIG_FIELDS)
     }
 
     /// Starts the agent in `ns` with a ProxyConfig of the test's choosing
@@ -547,18 +536,7 @@ impl PodDir {
         env: &[(&str, &str)],
         proxy_config_fields: &str,
     ) -> Proc {
-        let proxy_config = format!(
-            r#"{{"binaryPath": "{}", {proxy_config_fields}}}"#,
-            envoy_bin().display()
-        );
-        let mut cmd = ns.command(bin("pilot-agent"));
-        cmd.current_dir(&self.dir)
-            .args(["proxy", "sidecar", "--concurrency", "1"])
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("PROXY_CONFIG", proxy_config)
-            .envs(env.iter().copied());
-        Proc::spawn("pilot-agent", cmd, &self.dir.join("agent.log"))
+        self.spawn_sidecar(ns.command(bin("pilot-agent")), env, proxy_config_fields)
     }
 
     /// Starts the agent as Istio's `istio-proxy` container runs it: inside
@@ -573,11 +551,22 @@ impl PodDir {
         env: &[(&str, &str)],
         proxy_config_fields: &str,
     ) -> Proc {
+        let cmd = net.command_as(mesh::PROXY_UID, pilot_agent);
+        self.spawn_sidecar(cmd, env, proxy_config_fields)
+    }
+
+    /// `cmd` (a pilot-agent) as `proxy sidecar` in this Pod, with `env` only
+    /// and a ProxyConfig of `proxy_config_fields` plus Envoy's path.
+    fn spawn_sidecar(
+        &self,
+        mut cmd: Command,
+        env: &[(&str, &str)],
+        proxy_config_fields: &str,
+    ) -> Proc {
         let proxy_config = format!(
             r#"{{"binaryPath": "{}", {proxy_config_fields}}}"#,
             envoy_bin().display()
         );
-        let mut cmd = net.command_as(mesh::PROXY_UID, pilot_agent);
         cmd.current_dir(&self.dir)
             .args(["proxy", "sidecar", "--concurrency", "1"])
             .env_clear()

@@ -348,6 +348,14 @@ fn give_to_proxy(dir: &Path) {
     assert!(ok, "chown {} to the proxy user", dir.display());
 }
 
+/// Tests that run a whole mesh (istiod and three Envoys on a two-core
+/// machine) take turns: hold the guard for the test's length.
+pub fn one_mesh_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The mesh's ProxyConfig: the status port, and Envoy stats beyond Istio's
 /// default set that the tests read (what an operator would add with
 /// `proxyStatsMatcher` to watch passthrough and refused traffic).

@@ -11,13 +11,8 @@ use std::time::Duration;
 
 use tests::mesh::{APP_UID, HTTPBIN_VIP, LocalMesh, PROXY_UID, serve_app};
 
-/// Each test runs istiod and three Pods with Envoy: one at a time.
-static ONE_MESH_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn serial() -> std::sync::MutexGuard<'static, ()> {
-    ONE_MESH_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    tests::mesh::one_mesh_at_a_time()
 }
 
 const SLEEP: &str = "spiffe://cluster.local/ns/demo/sa/sleep";

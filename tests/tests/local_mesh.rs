@@ -9,14 +9,8 @@ use std::time::{Duration, Instant};
 
 use tests::mesh::{Capture, LocalMesh};
 
-/// The mesh tests each run istiod and three Pods with Envoy: on a two-core
-/// machine they run one at a time, so timing assertions stay meaningful.
-static ONE_MESH_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn serial() -> std::sync::MutexGuard<'static, ()> {
-    ONE_MESH_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    tests::mesh::one_mesh_at_a_time()
 }
 
 const SLEEP: &str = "spiffe://cluster.local/ns/demo/sa/sleep";
