@@ -13,6 +13,19 @@ pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 pub const EXPORT_TO_ANNOTATION: &str = "networking.istio.io/exportTo";
 /// The Pod label that says its endpoints speak Istio mTLS (set by injection).
 pub const TLS_MODE_LABEL: &str = "security.istio.io/tlsMode";
+/// The Pod label that sets its locality outright (`region.zone.subzone`:
+/// label values cannot hold `/`); it wins over the Node's labels.
+pub const LOCALITY_LABEL: &str = "istio-locality";
+/// The Node label naming its region.
+pub const REGION_LABEL: &str = "topology.kubernetes.io/region";
+/// The Node label naming its zone.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+/// Istio's Node label naming its subzone.
+pub const SUBZONE_LABEL: &str = "topology.istio.io/subzone";
+/// The deprecated region label, read when the GA one is absent.
+pub const LEGACY_REGION_LABEL: &str = "failure-domain.beta.kubernetes.io/region";
+/// The deprecated zone label, read when the GA one is absent.
+pub const LEGACY_ZONE_LABEL: &str = "failure-domain.beta.kubernetes.io/zone";
 
 /// A Kubernetes Service (its `spec`; the metadata is in [`super::ObjectMeta`]).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -247,6 +260,37 @@ pub struct PodIp {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
 pub struct Namespace {}
 
+/// A Kubernetes Node; what istiod uses (its topology labels) is in the metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+pub struct Node {}
+
+/// The locality (`region/zone/subzone`) a Node's topology labels give its
+/// Pods, as Istio's Kubernetes registry reads them; empty when it has none.
+pub fn node_locality(labels: &BTreeMap<String, String>) -> String {
+    let get = |ga: &str, legacy: Option<&str>| {
+        labels
+            .get(ga)
+            .or_else(|| legacy.and_then(|l| labels.get(l)))
+            .map(String::as_str)
+            .unwrap_or_default()
+    };
+    let region = get(REGION_LABEL, Some(LEGACY_REGION_LABEL));
+    let zone = get(ZONE_LABEL, Some(LEGACY_ZONE_LABEL));
+    let subzone = get(SUBZONE_LABEL, None);
+    if region.is_empty() && zone.is_empty() && subzone.is_empty() {
+        return String::new();
+    }
+    format!("{region}/{zone}/{subzone}")
+}
+
+/// A Pod's `istio-locality` label as a locality (`.` becomes `/`).
+pub fn pod_locality_label(labels: &BTreeMap<String, String>) -> Option<String> {
+    labels
+        .get(LOCALITY_LABEL)
+        .filter(|l| !l.is_empty())
+        .map(|l| l.replace('.', "/"))
+}
+
 impl Pod {
     /// The service account, `default` when the spec names none (as Kubernetes does).
     pub fn service_account(&self) -> &str {
@@ -261,5 +305,146 @@ impl Pod {
     /// Istio ignores finished Pods.
     pub fn is_active(&self) -> bool {
         !matches!(self.status.phase.as_deref(), Some("Succeeded" | "Failed"))
+    }
+}
+
+/// A Kubernetes label selector (`matchLabels` and `matchExpressions`), as
+/// mesh config `discoverySelectors` spells it. An empty selector matches
+/// everything, as in Kubernetes.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct LabelSelector {
+    /// Labels that must be present with these values.
+    pub match_labels: BTreeMap<String, String>,
+    /// Requirements that must all hold.
+    pub match_expressions: Vec<LabelSelectorRequirement>,
+}
+
+/// One of `matchExpressions`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LabelSelectorRequirement {
+    /// The label key.
+    pub key: String,
+    /// How the label relates to `values`.
+    pub operator: SelectorOperator,
+    /// The values (`In`, `NotIn`); empty for `Exists` and `DoesNotExist`.
+    #[serde(default)]
+    pub values: Vec<String>,
+}
+
+/// `matchExpressions[].operator`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub enum SelectorOperator {
+    /// The label's value is one of `values`.
+    In,
+    /// The label is absent or its value is none of `values`.
+    NotIn,
+    /// The label is present.
+    Exists,
+    /// The label is absent.
+    DoesNotExist,
+}
+
+impl LabelSelector {
+    /// Whether `labels` satisfy the selector.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.match_labels
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+            && self.match_expressions.iter().all(|r| {
+                let value = labels.get(&r.key);
+                match r.operator {
+                    SelectorOperator::In => value.is_some_and(|v| r.values.contains(v)),
+                    SelectorOperator::NotIn => value.is_none_or(|v| !r.values.contains(v)),
+                    SelectorOperator::Exists => value.is_some(),
+                    SelectorOperator::DoesNotExist => value.is_none(),
+                }
+            })
+    }
+
+    /// What Kubernetes refuses in a selector: `In`/`NotIn` without values,
+    /// `Exists`/`DoesNotExist` with values. `at` names the selector.
+    pub fn validate(&self, at: &str) -> Result<(), String> {
+        for (i, r) in self.match_expressions.iter().enumerate() {
+            let needs_values = matches!(r.operator, SelectorOperator::In | SelectorOperator::NotIn);
+            if needs_values && r.values.is_empty() {
+                return Err(format!(
+                    "{at}.matchExpressions[{i}]: operator {:?} needs values",
+                    r.operator
+                ));
+            }
+            if !needs_values && !r.values.is_empty() {
+                return Err(format!(
+                    "{at}.matchExpressions[{i}]: operator {:?} takes no values",
+                    r.operator
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn label_selectors_match_as_in_kubernetes() {
+        let sel: LabelSelector = serde_yaml_ng::from_str(
+            "matchLabels: {env: prod}\nmatchExpressions:\n- {key: team, operator: In, values: [a, b]}\n- {key: legacy, operator: DoesNotExist}\n",
+        )
+        .unwrap();
+        assert!(sel.matches(&labels(&[("env", "prod"), ("team", "a")])));
+        assert!(!sel.matches(&labels(&[("env", "prod"), ("team", "c")])));
+        assert!(!sel.matches(&labels(&[("env", "dev"), ("team", "a")])));
+        assert!(!sel.matches(&labels(&[("env", "prod"), ("team", "a"), ("legacy", "")])));
+        let not_in: LabelSelector =
+            serde_yaml_ng::from_str("matchExpressions: [{key: t, operator: NotIn, values: [x]}]")
+                .unwrap();
+        assert!(not_in.matches(&labels(&[])));
+        assert!(!not_in.matches(&labels(&[("t", "x")])));
+        let exists: LabelSelector =
+            serde_yaml_ng::from_str("matchExpressions: [{key: t, operator: Exists}]").unwrap();
+        assert!(exists.matches(&labels(&[("t", "")])));
+        assert!(LabelSelector::default().matches(&labels(&[])));
+        let bad: LabelSelector =
+            serde_yaml_ng::from_str("matchExpressions: [{key: t, operator: In}]").unwrap();
+        assert!(
+            bad.validate("discoverySelectors[0]")
+                .unwrap_err()
+                .contains("needs values")
+        );
+    }
+
+    #[test]
+    fn node_labels_give_the_locality() {
+        assert_eq!(
+            node_locality(&labels(&[
+                (REGION_LABEL, "r"),
+                (ZONE_LABEL, "z"),
+                (SUBZONE_LABEL, "s")
+            ])),
+            "r/z/s"
+        );
+        assert_eq!(
+            node_locality(&labels(&[
+                (LEGACY_REGION_LABEL, "r"),
+                (LEGACY_ZONE_LABEL, "z")
+            ])),
+            "r/z/"
+        );
+        assert_eq!(node_locality(&labels(&[("other", "x")])), "");
+        assert_eq!(
+            pod_locality_label(&labels(&[(LOCALITY_LABEL, "r.z.s")])).as_deref(),
+            Some("r/z/s")
+        );
     }
 }

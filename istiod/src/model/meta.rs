@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::istio::{
     DestinationRule, PeerAuthentication, ServiceEntry, Sidecar, VirtualService, WorkloadEntry,
 };
-use super::kube::{EndpointSlice, Namespace, Pod, Service};
+use super::kube::{EndpointSlice, Namespace, Node, Pod, Service};
 
 /// Istio's networking API group.
 pub const NETWORKING_GROUP: &str = "networking.istio.io";
@@ -45,11 +45,13 @@ pub enum Kind {
     Pod,
     /// Kubernetes `v1` Namespace (cluster-scoped).
     Namespace,
+    /// Kubernetes `v1` Node (cluster-scoped): the locality of its Pods.
+    Node,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 11] = [
         Kind::ServiceEntry,
         Kind::WorkloadEntry,
         Kind::VirtualService,
@@ -60,6 +62,7 @@ impl Kind {
         Kind::EndpointSlice,
         Kind::Pod,
         Kind::Namespace,
+        Kind::Node,
     ];
 
     /// The kind's name as written in `kind:`.
@@ -75,6 +78,7 @@ impl Kind {
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Pod => "Pod",
             Kind::Namespace => "Namespace",
+            Kind::Node => "Node",
         }
     }
 
@@ -88,7 +92,7 @@ impl Kind {
             | Kind::Sidecar => NETWORKING_GROUP,
             Kind::PeerAuthentication => SECURITY_GROUP,
             Kind::EndpointSlice => DISCOVERY_GROUP,
-            Kind::Service | Kind::Pod | Kind::Namespace => "",
+            Kind::Service | Kind::Pod | Kind::Namespace | Kind::Node => "",
         }
     }
 
@@ -111,7 +115,7 @@ impl Kind {
 
     /// Whether objects of this kind live in a namespace.
     pub fn is_namespaced(self) -> bool {
-        self != Kind::Namespace
+        !matches!(self, Kind::Namespace | Kind::Node)
     }
 
     /// Whether this is one of Istio's CRDs (whose `spec` is validated strictly).
@@ -166,7 +170,7 @@ impl fmt::Display for Kind {
 pub struct ObjectKey {
     /// The kind.
     pub kind: Kind,
-    /// The namespace; empty for `Namespace` objects.
+    /// The namespace; empty for cluster-scoped kinds (`Namespace`, `Node`).
     pub namespace: String,
     /// `metadata.name`.
     pub name: String,
@@ -246,6 +250,8 @@ pub enum Spec {
     Pod(Pod),
     /// A Namespace (everything istiod uses is in the metadata).
     Namespace(Namespace),
+    /// A Node (everything istiod uses is in the metadata).
+    Node(Node),
 }
 
 impl Spec {
@@ -262,6 +268,7 @@ impl Spec {
             Spec::EndpointSlice(_) => Kind::EndpointSlice,
             Spec::Pod(_) => Kind::Pod,
             Spec::Namespace(_) => Kind::Namespace,
+            Spec::Node(_) => Kind::Node,
         }
     }
 }
@@ -355,6 +362,7 @@ kind_spec!(
     EndpointSlice,
     Pod,
     Namespace,
+    Node,
 );
 
 #[cfg(test)]

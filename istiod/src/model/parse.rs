@@ -202,6 +202,7 @@ fn decode_body(kind: Kind, map: Map<String, Value>) -> Result<Spec, FieldError> 
         Kind::EndpointSlice => Spec::EndpointSlice(typed(body)?),
         Kind::Pod => Spec::Pod(typed(body)?),
         Kind::Namespace => Spec::Namespace(typed(body)?),
+        Kind::Node => Spec::Node(typed(body)?),
     })
 }
 

@@ -435,6 +435,7 @@ impl ServiceRegistry {
 /// Pods by namespace/name and by IP, and EndpointSlices by the
 /// namespace/name of their Service, for joining endpoints with workloads.
 struct JoinIndex<'a> {
+    snapshot: &'a Snapshot,
     by_name: HashMap<(&'a str, &'a str), Typed<'a, kube::Pod>>,
     by_ip: HashMap<&'a str, Typed<'a, kube::Pod>>,
     slices: HashMap<(&'a str, &'a str), Vec<Typed<'a, kube::EndpointSlice>>>,
@@ -464,11 +465,31 @@ impl<'a> JoinIndex<'a> {
             }
         }
         Self {
+            snapshot,
             by_name,
             by_ip,
             slices,
         }
     }
+}
+
+/// A Pod's locality, as Istio's Kubernetes registry finds it: its
+/// `istio-locality` label, else the topology labels of its Node.
+fn pod_locality(snapshot: &Snapshot, pod: Typed<'_, kube::Pod>) -> String {
+    kube::pod_locality_label(&pod.object.metadata.labels)
+        .unwrap_or_else(|| node_locality(snapshot, &pod.spec.spec.node_name))
+}
+
+/// The locality the topology labels of the Node `name` give (empty when
+/// the Node is unknown or unlabelled).
+fn node_locality(snapshot: &Snapshot, name: &str) -> String {
+    if name.is_empty() {
+        return String::new();
+    }
+    snapshot
+        .get_typed::<kube::Node>("", name)
+        .map(|n| kube::node_locality(&n.object.metadata.labels))
+        .unwrap_or_default()
 }
 
 fn pod_ips(pod: &kube::Pod) -> impl Iterator<Item = &str> {
@@ -631,6 +652,10 @@ fn slice_endpoints(
                     p.spec.service_account(),
                 )
             });
+            let locality = match pod {
+                Some(p) => pod_locality(pods.snapshot, p),
+                None => node_locality(pods.snapshot, ep.node_name.as_deref().unwrap_or_default()),
+            };
             for sp in ports {
                 let Some(slice_port) = slice.spec.ports.iter().find(|p| p.name == sp.name) else {
                     continue;
@@ -648,7 +673,7 @@ fn slice_endpoints(
                     identity: ident.clone(),
                     healthy: ep.conditions.ready.unwrap_or(true),
                     network: String::new(),
-                    locality: String::new(),
+                    locality: locality.clone(),
                     weight: 1,
                     workload: pod.map(|p| p.object.key()),
                 });
@@ -814,7 +839,7 @@ fn service_entry_services(
                     tls_mode: tls_mode(&pmeta.labels),
                     healthy: true,
                     network: String::new(),
-                    locality: String::new(),
+                    locality: pod_locality(snapshot, pod),
                     weight: 1,
                     workload: Some(pod.object.key()),
                 });
@@ -841,10 +866,11 @@ fn service_entry_services(
 }
 
 /// The kinds whose objects feed [`ServiceRegistry::build`].
-pub const REGISTRY_KINDS: [Kind; 5] = [
+pub const REGISTRY_KINDS: [Kind; 6] = [
     Kind::Service,
     Kind::EndpointSlice,
     Kind::Pod,
+    Kind::Node,
     Kind::ServiceEntry,
     Kind::WorkloadEntry,
 ];
@@ -868,6 +894,73 @@ mod tests {
             .map(|f| std::fs::read_to_string(dir.join(f)).unwrap())
             .collect::<Vec<_>>()
             .join("\n---\n")
+    }
+
+    #[test]
+    fn endpoints_take_the_locality_of_their_node_or_pod_label() {
+        let reg = registry(
+            r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: demo}
+spec: {clusterIP: 198.19.0.9, ports: [{name: http, port: 80, targetPort: 8080}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: demo, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+- {addresses: [198.18.0.1], targetRef: {kind: Pod, name: a}}
+- {addresses: [198.18.0.2], targetRef: {kind: Pod, name: b}}
+- {addresses: [198.18.0.3], targetRef: {kind: Pod, name: c}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: a, namespace: demo}
+spec: {nodeName: node-1}
+status: {podIP: 198.18.0.1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: b, namespace: demo, labels: {istio-locality: eu.eu-b.rack1}}
+spec: {nodeName: node-1}
+status: {podIP: 198.18.0.2}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: c, namespace: demo}
+spec: {nodeName: unlabelled}
+status: {podIP: 198.18.0.3}
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: node-1
+  labels: {topology.kubernetes.io/region: us-east1, topology.kubernetes.io/zone: us-east1-b}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: unlabelled}
+"#,
+        );
+        let web = reg
+            .by_hostname("web.demo.svc.cluster.local")
+            .next()
+            .unwrap();
+        let localities: Vec<_> = web
+            .endpoints
+            .iter()
+            .map(|e| (e.address.as_str(), e.locality.as_str()))
+            .collect();
+        assert_eq!(
+            localities,
+            vec![
+                ("198.18.0.1", "us-east1/us-east1-b/"),
+                ("198.18.0.2", "eu/eu-b/rack1"),
+                ("198.18.0.3", ""),
+            ]
+        );
     }
 
     #[test]

@@ -1,12 +1,19 @@
 //! The config store: the last good objects keyed by kind, namespace and name,
 //! published as immutable snapshots (`Arc<Snapshot>`, over a `watch` channel)
 //! and as batches of change events (over a `broadcast` channel) for the push
-//! pipeline. Sources (the file source today, the Kubernetes source later)
-//! write to it; generators read only snapshots.
+//! pipeline. Sources (the file source, the Kubernetes source) write to it;
+//! generators read only snapshots.
+//!
+//! Each source writes to its own **slice** ([`ConfigStore::slice`]), as
+//! Istio's aggregate config controller keeps one store per source: a source
+//! replacing its whole set (a re-read directory, a Kubernetes relist) only
+//! adds, updates and deletes its own objects. The snapshot is the union of
+//! the slices; when two slices hold the same key, the slice created first
+//! wins, and the other's object shows again once the first one deletes it.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{broadcast, watch};
 
@@ -154,8 +161,9 @@ pub struct ConfigEvent {
     /// Add, update or delete.
     pub change: Change,
     /// Whether only endpoints are affected, so an incremental EDS push is
-    /// enough: EndpointSlice changes; Pod and WorkloadEntry changes that keep
-    /// the service account; ServiceEntry updates that change only `endpoints`.
+    /// enough: EndpointSlice and Node changes; Pod and WorkloadEntry changes
+    /// that keep the service account; ServiceEntry updates that change only
+    /// `endpoints`.
     pub endpoint_only: bool,
 }
 
@@ -194,11 +202,28 @@ pub enum Update {
     Delete(ObjectKey),
 }
 
-/// The store. Cheap to clone; every clone is the same store.
-#[derive(Debug, Clone)]
-pub struct ConfigStore {
+/// One source's objects.
+#[derive(Debug, Default)]
+struct Slice {
+    name: String,
+    objects: BTreeMap<ObjectKey, Arc<Object>>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    /// Every source's own objects, in precedence order (first wins). Held
+    /// while a change is applied, so slices and snapshot change together.
+    slices: Mutex<Vec<Slice>>,
     snapshots: watch::Sender<Arc<Snapshot>>,
     events: broadcast::Sender<ConfigBatch>,
+}
+
+/// The store, seen through one source's slice: reads see every slice,
+/// writes change only this one. Cheap to clone; clones share the store.
+#[derive(Debug, Clone)]
+pub struct ConfigStore {
+    shared: Arc<Shared>,
+    slice: usize,
 }
 
 impl Default for ConfigStore {
@@ -207,37 +232,140 @@ impl Default for ConfigStore {
     }
 }
 
+/// The slice [`ConfigStore::new`] returns.
+pub const DEFAULT_SLICE: &str = "default";
+
 impl ConfigStore {
-    /// An empty store.
+    /// An empty store, seen through its first slice ([`DEFAULT_SLICE`]).
     pub fn new() -> Self {
         let (snapshots, _) = watch::channel(Arc::new(Snapshot::default()));
         let (events, _) = broadcast::channel(EVENT_CHANNEL_CAPACITY);
-        Self { snapshots, events }
+        Self {
+            shared: Arc::new(Shared {
+                slices: Mutex::new(vec![Slice {
+                    name: DEFAULT_SLICE.to_string(),
+                    objects: BTreeMap::new(),
+                }]),
+                snapshots,
+                events,
+            }),
+            slice: 0,
+        }
+    }
+
+    /// The same store seen through the slice `name`, created (after every
+    /// existing slice, so with the lowest precedence) if it does not exist.
+    pub fn slice(&self, name: &str) -> ConfigStore {
+        let mut slices = self.lock();
+        let slice = match slices.iter().position(|s| s.name == name) {
+            Some(i) => i,
+            None => {
+                slices.push(Slice {
+                    name: name.to_string(),
+                    objects: BTreeMap::new(),
+                });
+                slices.len() - 1
+            }
+        };
+        ConfigStore {
+            shared: self.shared.clone(),
+            slice,
+        }
+    }
+
+    /// The name of the slice this handle writes to.
+    pub fn slice_name(&self) -> String {
+        self.lock()[self.slice].name.clone()
+    }
+
+    /// The objects of this handle's slice (shadowed ones included).
+    pub fn slice_objects(&self) -> Vec<Arc<Object>> {
+        self.lock()[self.slice].objects.values().cloned().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Slice>> {
+        // A panic while applying leaves whole slices behind (each update is
+        // one map operation), so the data is still consistent.
+        self.shared
+            .slices
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The current snapshot.
     pub fn snapshot(&self) -> Arc<Snapshot> {
-        self.snapshots.borrow().clone()
+        self.shared.snapshots.borrow().clone()
     }
 
     /// Follows the current snapshot.
     pub fn watch(&self) -> watch::Receiver<Arc<Snapshot>> {
-        self.snapshots.subscribe()
+        self.shared.snapshots.subscribe()
     }
 
     /// Receives every batch of changes applied after this call. A receiver
     /// that falls more than [`EVENT_CHANNEL_CAPACITY`] batches behind gets
     /// `RecvError::Lagged` and should treat it as "everything changed".
     pub fn subscribe(&self) -> broadcast::Receiver<ConfigBatch> {
-        self.events.subscribe()
+        self.shared.events.subscribe()
     }
 
-    /// Applies changes; returns (and publishes) the batch, or `None` when
-    /// nothing changed (an upsert of an equal object is no change).
+    /// Applies changes to this slice; returns (and publishes) the batch of
+    /// what the snapshot shows differently, or `None` when nothing visible
+    /// changed (an upsert of an equal object, a change to a shadowed key).
     pub fn apply(&self, updates: impl IntoIterator<Item = Update>) -> Option<ConfigBatch> {
-        let updates: Vec<Update> = updates.into_iter().collect();
+        let mut slices = self.lock();
+        self.apply_locked(&mut slices, updates)
+    }
+
+    fn apply_locked(
+        &self,
+        slices: &mut [Slice],
+        updates: impl IntoIterator<Item = Update>,
+    ) -> Option<ConfigBatch> {
+        let mut visible = Vec::new();
+        for update in updates {
+            let key = match update {
+                Update::Upsert(object) => {
+                    let key = object.key();
+                    slices[self.slice].objects.insert(key.clone(), object);
+                    key
+                }
+                Update::Delete(key) => {
+                    slices[self.slice].objects.remove(&key);
+                    key
+                }
+            };
+            // What the snapshot shows for the key now: the first slice's.
+            visible.push(match slices.iter().find_map(|s| s.objects.get(&key)) {
+                Some(object) => Update::Upsert(object.clone()),
+                None => Update::Delete(key),
+            });
+        }
+        self.publish(visible)
+    }
+
+    /// Makes this slice hold exactly these objects (a source that owns
+    /// every object of its slice, such as the file source, re-read as a whole).
+    pub fn replace(&self, objects: impl IntoIterator<Item = Arc<Object>>) -> Option<ConfigBatch> {
+        let wanted: BTreeMap<ObjectKey, Arc<Object>> =
+            objects.into_iter().map(|o| (o.key(), o)).collect();
+        let mut slices = self.lock();
+        let mut updates: Vec<Update> = slices[self.slice]
+            .objects
+            .keys()
+            .filter(|k| !wanted.contains_key(*k))
+            .cloned()
+            .map(Update::Delete)
+            .collect();
+        updates.extend(wanted.into_values().map(Update::Upsert));
+        self.apply_locked(&mut slices, updates)
+    }
+
+    /// Applies what the snapshot shows differently. Called with the slices
+    /// locked, so snapshots are published in the order the slices change.
+    fn publish(&self, updates: Vec<Update>) -> Option<ConfigBatch> {
         let mut batch = None;
-        self.snapshots.send_if_modified(|current| {
+        self.shared.snapshots.send_if_modified(|current| {
             let mut next = Snapshot::clone(current);
             let mut events = BTreeMap::new();
             for update in updates {
@@ -277,28 +405,11 @@ impl ConfigStore {
             }
             let b = ConfigBatch { events, snapshot };
             // No subscriber is not an error: the snapshot is still current.
-            let _ = self.events.send(b.clone());
+            let _ = self.shared.events.send(b.clone());
             batch = Some(b);
             true
         });
         batch
-    }
-
-    /// Makes the store hold exactly these objects (a source that owns every
-    /// object, such as the file source, re-read as a whole).
-    pub fn replace(&self, objects: impl IntoIterator<Item = Arc<Object>>) -> Option<ConfigBatch> {
-        let wanted: BTreeMap<ObjectKey, Arc<Object>> =
-            objects.into_iter().map(|o| (o.key(), o)).collect();
-        let current = self.snapshot();
-        let mut updates: Vec<Update> = Kind::ALL
-            .iter()
-            .flat_map(|k| current.objects(*k))
-            .map(|o| o.key())
-            .filter(|k| !wanted.contains_key(k))
-            .map(Update::Delete)
-            .collect();
-        updates.extend(wanted.into_values().map(Update::Upsert));
-        self.apply(updates)
     }
 }
 
@@ -337,7 +448,8 @@ pub fn endpoint_only(old: Option<&Object>, new: Option<&Object>) -> bool {
         return false;
     };
     match kind {
-        Kind::EndpointSlice => true,
+        // A Node's labels are the locality of its Pods' endpoints.
+        Kind::EndpointSlice | Kind::Node => true,
         // A changed identity changes the SANs clusters verify: full push.
         Kind::Pod | Kind::WorkloadEntry => match (old, new) {
             (Some(o), Some(n)) => service_account(o) == service_account(n),
@@ -454,6 +566,56 @@ mod tests {
             ]
         );
         assert!(store.replace([vs("b", "changed"), vs("c", "c")]).is_none());
+    }
+
+    #[test]
+    fn each_slice_replaces_only_its_own_objects() {
+        let store = ConfigStore::new();
+        let file = store.slice("file");
+        let kube = store.slice("kubernetes");
+        assert_eq!(kube.slice_name(), "kubernetes");
+        file.replace([vs("a", "a")]).unwrap();
+        kube.replace([vs("k", "k")]).unwrap();
+        // A file re-read without "k" does not delete the Kubernetes object.
+        let batch = file.replace([vs("b", "b")]).unwrap();
+        assert_eq!(
+            events(&batch),
+            vec!["delete VirtualService/demo/a", "add VirtualService/demo/b"]
+        );
+        // A relist without "b" does not delete the file's object.
+        assert!(kube.replace([vs("k", "k")]).is_none());
+        let names: Vec<String> = store
+            .snapshot()
+            .list::<VirtualService>()
+            .map(|v| v.name().to_string())
+            .collect();
+        assert_eq!(names, vec!["b", "k"]);
+    }
+
+    #[test]
+    fn the_first_slice_wins_and_the_other_shows_when_it_goes() {
+        let store = ConfigStore::new();
+        let file = store.slice("file");
+        let kube = store.slice("kubernetes");
+        let host = |s: &ConfigStore| {
+            s.snapshot()
+                .get_typed::<VirtualService>("demo", "a")
+                .map(|v| v.spec.hosts[0].clone())
+        };
+        kube.apply([Update::Upsert(vs("a", "from-kube"))]).unwrap();
+        assert_eq!(host(&store).as_deref(), Some("from-kube"));
+        file.apply([Update::Upsert(vs("a", "from-file"))]).unwrap();
+        assert_eq!(host(&store).as_deref(), Some("from-file"));
+        // Changes to a shadowed object are not visible.
+        assert!(kube.apply([Update::Upsert(vs("a", "kube-2"))]).is_none());
+        let key = ObjectKey::new(Kind::VirtualService, "demo", "a");
+        let batch = file.apply([Update::Delete(key.clone())]).unwrap();
+        assert_eq!(events(&batch), vec!["update VirtualService/demo/a"]);
+        assert_eq!(host(&store).as_deref(), Some("kube-2"));
+        let batch = kube.apply([Update::Delete(key)]).unwrap();
+        assert_eq!(events(&batch), vec!["delete VirtualService/demo/a"]);
+        assert!(store.snapshot().is_empty());
+        assert!(kube.slice_objects().is_empty());
     }
 
     #[test]

@@ -60,7 +60,7 @@ pub fn validate(object: &Object) -> Vec<FieldError> {
         Spec::Service(svc) => service(svc, &mut e),
         Spec::EndpointSlice(slice) => endpoint_slice(slice, &mut e),
         Spec::Pod(pod) => self::pod(pod, &mut e),
-        Spec::Namespace(_) => {}
+        Spec::Namespace(_) | Spec::Node(_) => {}
     }
     e.0
 }
