@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use common::env::{Env, Reader};
 
-use crate::ca::authn::JwtRule;
+use crate::ca::authn::{DEFAULT_AUDIENCE, JwtRule};
+use crate::mesh::Mesh;
 use crate::model::istio::OutboundMode;
+use crate::model::kube::LabelSelector;
 
 /// `JWT_RULE`: a JSON `{"issuer","jwks_uri","audiences"}` trusted for CA and xDS callers.
 pub const ENV_JWT_RULE: &str = "JWT_RULE";
@@ -31,6 +33,14 @@ pub const ENV_ISTIOD_CUSTOM_HOST: &str = "ISTIOD_CUSTOM_HOST";
 pub const ENV_POD_NAMESPACE: &str = "POD_NAMESPACE";
 /// `XDS_AUTH`: authenticate CA and xDS callers (true).
 pub const ENV_XDS_AUTH: &str = "XDS_AUTH";
+/// `JWT_POLICY`: how workload tokens are reviewed by the Kubernetes API
+/// (`third-party-jwt`, Istio's default: audience `istio-ca`; or `first-party-jwt`).
+pub const ENV_JWT_POLICY: &str = "JWT_POLICY";
+/// `TOKEN_AUDIENCES`: the audiences a third-party token is reviewed for (`istio-ca`).
+pub const ENV_TOKEN_AUDIENCES: &str = "TOKEN_AUDIENCES";
+/// Set by the kubelet in every Pod: istiod runs in a cluster and uses its
+/// in-cluster client configuration when `--kubeconfig` is not given.
+pub const ENV_KUBERNETES_SERVICE_HOST: &str = "KUBERNETES_SERVICE_HOST";
 
 /// `PILOT_DEBOUNCE_AFTER`: quiet time before a push (100ms).
 pub const ENV_DEBOUNCE_AFTER: &str = "PILOT_DEBOUNCE_AFTER";
@@ -151,6 +161,17 @@ pub struct Config {
     pub trust_domain: String,
     /// What the generators apply from the mesh config file.
     pub mesh: MeshConfig,
+    /// Mesh config `discoverySelectors` from the file.
+    pub discovery_selectors: Vec<LabelSelector>,
+    /// Whether the `--meshConfig` file exists; when it does not, istiod on
+    /// Kubernetes watches the `istio` ConfigMap instead, as Istio does.
+    pub mesh_file_found: bool,
+    /// How to reach the Kubernetes API, if istiod uses it.
+    pub kube: Option<KubeConnection>,
+    /// `JWT_POLICY`.
+    pub jwt_policy: JwtPolicy,
+    /// `TOKEN_AUDIENCES`.
+    pub token_audiences: Vec<String>,
     /// `JWT_RULE`, if set.
     pub jwt_rule: Option<JwtRule>,
     /// `XDS_AUTH`.
@@ -206,11 +227,9 @@ pub fn parse_listen_addr(flag: &str, s: &str) -> Result<Option<SocketAddr>, Stri
         .map_err(|_| format!("--{flag}={s:?} is not a listen address (use :PORT or IP:PORT)"))
 }
 
-/// The parts of Istio's `MeshConfig` (the `--meshConfig` YAML file) that the
-/// xDS generators apply; `trustDomain` is [`Config::trust_domain`].
-///
-/// Read once at start-up: istiod does not watch the mesh config file, so an
-/// edit takes effect when istiod restarts.
+/// The parts of Istio's `MeshConfig` that the xDS generators apply;
+/// `trustDomain` is [`Config::trust_domain`]. Read from the `--meshConfig`
+/// file at start-up, or live from the `istio` ConfigMap (see [`crate::mesh`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MeshConfig {
     /// `outboundTrafficPolicy.mode`: where traffic to destinations outside
@@ -219,67 +238,53 @@ pub struct MeshConfig {
     pub outbound_traffic_policy: OutboundMode,
 }
 
-#[derive(serde::Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct MeshConfigFile {
-    #[serde(default)]
-    trust_domain: Option<String>,
-    #[serde(default)]
-    outbound_traffic_policy: Option<MeshOutboundTrafficPolicy>,
+/// How istiod reaches the Kubernetes API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubeConnection {
+    /// `--kubeconfig`: a kubeconfig file (its current context).
+    Kubeconfig(PathBuf),
+    /// In a Pod: `KUBERNETES_SERVICE_HOST`/`_PORT` and the service account's
+    /// token and CA under `/var/run/secrets/kubernetes.io/serviceaccount`.
+    InCluster,
 }
 
-/// Istio's `MeshConfig.OutboundTrafficPolicy`: only `mode` exists there.
-#[derive(serde::Deserialize, Default)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct MeshOutboundTrafficPolicy {
-    #[serde(default)]
-    mode: Option<String>,
+/// `JWT_POLICY`: which Kubernetes tokens workloads present.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum JwtPolicy {
+    /// `third-party-jwt`: projected tokens whose audience is `TOKEN_AUDIENCES`.
+    #[default]
+    ThirdParty,
+    /// `first-party-jwt`: legacy service account tokens, reviewed without audiences.
+    FirstParty,
 }
 
-/// `outboundTrafficPolicy.mode` of the mesh config, Istio's spellings; a
-/// missing mode keeps Istio's default, `ALLOW_ANY`.
-fn outbound_mode(mode: Option<&str>) -> Result<OutboundMode, String> {
-    match mode {
-        None | Some("ALLOW_ANY") => Ok(OutboundMode::AllowAny),
-        Some("REGISTRY_ONLY") => Ok(OutboundMode::RegistryOnly),
-        Some("ALLOW_ANY_DYNAMIC_DNS") => Err(
-            "outboundTrafficPolicy.mode ALLOW_ANY_DYNAMIC_DNS is not supported (it needs Istio's dynamic forward proxy set-up; use ALLOW_ANY or REGISTRY_ONLY)".into(),
-        ),
-        Some(other) => Err(format!(
-            "outboundTrafficPolicy.mode {other:?} is not a mode (use ALLOW_ANY or REGISTRY_ONLY)"
-        )),
+impl JwtPolicy {
+    fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "third-party-jwt" => Ok(Self::ThirdParty),
+            "first-party-jwt" => Ok(Self::FirstParty),
+            other => Err(format!(
+                "{ENV_JWT_POLICY}={other:?} is not a policy (use third-party-jwt or first-party-jwt)"
+            )),
+        }
     }
 }
 
-/// Reads the mesh config file; a missing file is Istio's defaults.
-fn read_mesh_config(path: &std::path::Path, r: &mut Reader<'_>) -> (Option<String>, MeshConfig) {
+/// Reads the mesh config file; a missing file is Istio's defaults and
+/// `found` false.
+fn read_mesh_config(path: &std::path::Path, r: &mut Reader<'_>) -> (Mesh, bool) {
     let Ok(text) = std::fs::read_to_string(path) else {
-        return (None, MeshConfig::default());
+        return (Mesh::default(), false);
     };
-    let file = match serde_yaml_ng::from_str::<Option<MeshConfigFile>>(&text) {
-        Ok(m) => m.unwrap_or_default(),
-        Err(e) => {
-            r.error(format!("--meshConfig {}: {e}", path.display()));
-            return (None, MeshConfig::default());
+    match Mesh::parse(&text) {
+        Ok(mesh) => (mesh, true),
+        Err(errors) => {
+            for e in errors {
+                r.error(format!("--meshConfig {}: {e}", path.display()));
+            }
+            (Mesh::default(), true)
         }
-    };
-    let mode = file
-        .outbound_traffic_policy
-        .as_ref()
-        .and_then(|p| p.mode.as_deref());
-    let outbound_traffic_policy = match outbound_mode(mode) {
-        Ok(m) => m,
-        Err(e) => {
-            r.error(format!("--meshConfig {}: {e}", path.display()));
-            OutboundMode::AllowAny
-        }
-    };
-    (
-        file.trust_domain.filter(|t| !t.is_empty()),
-        MeshConfig {
-            outbound_traffic_policy,
-        },
-    )
+    }
 }
 
 impl Config {
@@ -298,9 +303,35 @@ impl Config {
         let http_addr = addr("httpAddr", &args.http_addr, &mut r);
         let monitoring_addr = addr("monitoringAddr", &args.monitoring_addr, &mut r);
 
-        let (trust_domain, mesh) = read_mesh_config(&args.mesh_config, &mut r);
-        let trust_domain =
-            trust_domain.unwrap_or_else(|| common::identity::DEFAULT_TRUST_DOMAIN.to_string());
+        let (mesh, mesh_file_found) = read_mesh_config(&args.mesh_config, &mut r);
+        let trust_domain = mesh
+            .trust_domain
+            .clone()
+            .unwrap_or_else(|| common::identity::DEFAULT_TRUST_DOMAIN.to_string());
+        let kube = if !args.kubeconfig.is_empty() {
+            Some(KubeConnection::Kubeconfig(PathBuf::from(&args.kubeconfig)))
+        } else if r
+            .opt_string(ENV_KUBERNETES_SERVICE_HOST)
+            .is_some_and(|h| !h.is_empty())
+        {
+            Some(KubeConnection::InCluster)
+        } else {
+            None
+        };
+        let jwt_policy = match r.opt_string(ENV_JWT_POLICY) {
+            None => JwtPolicy::default(),
+            Some(p) => JwtPolicy::parse(&p).unwrap_or_else(|e| {
+                r.error(e);
+                JwtPolicy::default()
+            }),
+        };
+        let token_audiences: Vec<String> = r
+            .string(ENV_TOKEN_AUDIENCES, DEFAULT_AUDIENCE)
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(String::from)
+            .collect();
 
         let jwt_rule = match r.opt_string(ENV_JWT_RULE) {
             None => None,
@@ -377,7 +408,12 @@ impl Config {
             namespace: args.namespace.clone(),
             cluster_id: args.cluster_id.clone(),
             trust_domain,
-            mesh,
+            mesh: mesh.config,
+            discovery_selectors: mesh.discovery_selectors,
+            mesh_file_found,
+            kube,
+            jwt_policy,
+            token_audiences,
             jwt_rule,
             xds_auth,
             default_cert_ttl,
@@ -459,6 +495,52 @@ mod tests {
         let err = with_mesh("outboundTrafficPolicy: {mode: ALLOW_ANY, egressProxy: {host: x}}\n")
             .unwrap_err();
         assert!(err.contains("egressProxy"), "{err}");
+    }
+
+    #[test]
+    fn kubernetes_is_used_with_a_kubeconfig_or_in_a_pod() {
+        let t = T::parse_from(["istiod", "--meshConfig", "/nonexistent"]);
+        let c = Config::from_args(&t.a, &MapEnv::default()).unwrap();
+        assert_eq!(c.kube, None);
+        assert!(!c.mesh_file_found);
+        assert_eq!(c.jwt_policy, JwtPolicy::ThirdParty);
+        assert_eq!(c.token_audiences, vec!["istio-ca"]);
+        let env = MapEnv::from_pairs([("KUBERNETES_SERVICE_HOST", "10.96.0.1")]);
+        let c = Config::from_args(&t.a, &env).unwrap();
+        assert_eq!(c.kube, Some(KubeConnection::InCluster));
+        let t = T::parse_from([
+            "istiod",
+            "--meshConfig",
+            "/nonexistent",
+            "--kubeconfig",
+            "/k/config",
+        ]);
+        let env = MapEnv::from_pairs([
+            ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+            ("JWT_POLICY", "first-party-jwt"),
+        ]);
+        let c = Config::from_args(&t.a, &env).unwrap();
+        assert_eq!(
+            c.kube,
+            Some(KubeConnection::Kubeconfig(PathBuf::from("/k/config")))
+        );
+        assert_eq!(c.jwt_policy, JwtPolicy::FirstParty);
+        let env = MapEnv::from_pairs([("JWT_POLICY", "none")]);
+        let err = Config::from_args(&t.a, &env).unwrap_err();
+        assert!(err.contains("JWT_POLICY=\"none\""), "{err}");
+    }
+
+    #[test]
+    fn discovery_selectors_come_from_the_mesh_config() {
+        let c =
+            with_mesh("discoverySelectors: [{matchLabels: {istio-discovery: enabled}}]\n").unwrap();
+        assert!(c.mesh_file_found);
+        assert_eq!(c.discovery_selectors.len(), 1);
+        assert!(
+            with_mesh("discoverySelectors: [{matchExpressions: [{key: a, operator: In}]}]\n")
+                .unwrap_err()
+                .contains("needs values")
+        );
     }
 
     #[test]

@@ -1,0 +1,137 @@
+//! Istio's mesh config (`pkg/config/mesh`): the parts istiod applies, parsed
+//! the same way from the `--meshConfig` file and from the `mesh` key of the
+//! `istio` ConfigMap.
+//!
+//! As in Istio, the file wins when it exists (it is read once, at start);
+//! without it, on Kubernetes, the ConfigMap is watched and every change is
+//! applied live: the generators' settings through a full push, and
+//! `discoverySelectors` through the namespaces the Kubernetes source uses.
+
+use std::collections::BTreeMap;
+
+use crate::config::MeshConfig;
+use crate::model::istio::OutboundMode;
+use crate::model::kube::LabelSelector;
+
+/// The ConfigMap Istio keeps the mesh config in (in istiod's namespace).
+pub const MESH_CONFIGMAP: &str = "istio";
+/// The ConfigMap key of the mesh config.
+pub const MESH_CONFIGMAP_KEY: &str = "mesh";
+
+/// The mesh config istiod applies.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Mesh {
+    /// `trustDomain`, when set.
+    pub trust_domain: Option<String>,
+    /// What the generators apply.
+    pub config: MeshConfig,
+    /// `discoverySelectors`: the namespaces whose objects istiod uses (any
+    /// selector matching the Namespace's labels); empty means every namespace.
+    pub discovery_selectors: Vec<LabelSelector>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct MeshConfigFile {
+    #[serde(default)]
+    trust_domain: Option<String>,
+    #[serde(default)]
+    outbound_traffic_policy: Option<MeshOutboundTrafficPolicy>,
+    #[serde(default)]
+    discovery_selectors: Option<Vec<LabelSelector>>,
+}
+
+/// Istio's `MeshConfig.OutboundTrafficPolicy`: only `mode` exists there.
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct MeshOutboundTrafficPolicy {
+    #[serde(default)]
+    mode: Option<String>,
+}
+
+/// `outboundTrafficPolicy.mode` of the mesh config, Istio's spellings; a
+/// missing mode keeps Istio's default, `ALLOW_ANY`.
+fn outbound_mode(mode: Option<&str>) -> Result<OutboundMode, String> {
+    match mode {
+        None | Some("ALLOW_ANY") => Ok(OutboundMode::AllowAny),
+        Some("REGISTRY_ONLY") => Ok(OutboundMode::RegistryOnly),
+        Some("ALLOW_ANY_DYNAMIC_DNS") => Err(
+            "outboundTrafficPolicy.mode ALLOW_ANY_DYNAMIC_DNS is not supported (it needs Istio's dynamic forward proxy set-up; use ALLOW_ANY or REGISTRY_ONLY)".into(),
+        ),
+        Some(other) => Err(format!(
+            "outboundTrafficPolicy.mode {other:?} is not a mode (use ALLOW_ANY or REGISTRY_ONLY)"
+        )),
+    }
+}
+
+impl Mesh {
+    /// Parses mesh config YAML; an empty document is Istio's defaults.
+    /// Returns every problem found.
+    pub fn parse(text: &str) -> Result<Mesh, Vec<String>> {
+        let file = serde_yaml_ng::from_str::<Option<MeshConfigFile>>(text)
+            .map_err(|e| vec![e.to_string()])?
+            .unwrap_or_default();
+        let mut errors = Vec::new();
+        let mode = file
+            .outbound_traffic_policy
+            .as_ref()
+            .and_then(|p| p.mode.as_deref());
+        let outbound_traffic_policy = outbound_mode(mode).unwrap_or_else(|e| {
+            errors.push(e);
+            OutboundMode::AllowAny
+        });
+        let discovery_selectors = file.discovery_selectors.unwrap_or_default();
+        for (i, s) in discovery_selectors.iter().enumerate() {
+            if let Err(e) = s.validate(&format!("discoverySelectors[{i}]")) {
+                errors.push(e);
+            }
+        }
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        Ok(Mesh {
+            trust_domain: file.trust_domain.filter(|t| !t.is_empty()),
+            config: MeshConfig {
+                outbound_traffic_policy,
+            },
+            discovery_selectors,
+        })
+    }
+
+    /// Whether a namespace with these labels is one istiod uses.
+    pub fn selects_namespace(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.discovery_selectors.is_empty()
+            || self.discovery_selectors.iter().any(|s| s.matches(labels))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_what_istiod_applies() {
+        let m = Mesh::parse(
+            "trustDomain: example.org\noutboundTrafficPolicy: {mode: REGISTRY_ONLY}\ndiscoverySelectors:\n- matchLabels: {mesh: \"on\"}\n",
+        )
+        .unwrap();
+        assert_eq!(m.trust_domain.as_deref(), Some("example.org"));
+        assert_eq!(m.config.outbound_traffic_policy, OutboundMode::RegistryOnly);
+        let on: BTreeMap<String, String> = [("mesh".to_string(), "on".to_string())].into();
+        assert!(m.selects_namespace(&on));
+        assert!(!m.selects_namespace(&BTreeMap::new()));
+        assert!(Mesh::parse("").unwrap().selects_namespace(&BTreeMap::new()));
+    }
+
+    #[test]
+    fn reports_every_problem() {
+        let errors = Mesh::parse(
+            "outboundTrafficPolicy: {mode: DENY}\ndiscoverySelectors: [{matchExpressions: [{key: a, operator: Exists, values: [x]}]}]\n",
+        )
+        .unwrap_err();
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[0].contains("\"DENY\" is not a mode"));
+        assert!(errors[1].contains("discoverySelectors[0].matchExpressions[0]"));
+        assert!(Mesh::parse("discoverySelectors: [{matchLabel: {}}]").is_err());
+    }
+}
