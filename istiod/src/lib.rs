@@ -8,7 +8,6 @@ pub mod config;
 pub mod debug;
 pub mod generate;
 pub mod grpc;
-pub mod mesh;
 pub mod metrics;
 pub mod model;
 pub mod push;
