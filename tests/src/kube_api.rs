@@ -431,12 +431,9 @@ impl KubeApi {
     }
 
     /// Sets how TokenReviews are answered (by default every token is
-    /// invalid).
-    pub fn set_token_review(
-        &self,
-        f: impl Fn(&str, &[String]) -> TokenReviewAnswer + Send + Sync + 'static,
-    ) {
-        *self.shared.token_review.lock().expect("not poisoned") = Arc::new(f);
+    /// invalid): `Arc::new(|token: &str, audiences: &[String]| ...)`.
+    pub fn set_token_review(&self, f: TokenReviewFn) {
+        *self.shared.token_review.lock().expect("not poisoned") = f;
     }
 
     /// The TokenReviews answered so far.
