@@ -8,6 +8,7 @@ pub mod config;
 pub mod debug;
 pub mod generate;
 pub mod grpc;
+pub mod inject;
 pub mod mesh;
 pub mod metrics;
 pub mod model;
