@@ -1,9 +1,12 @@
 //! Config sources: where objects come from before they reach the
-//! [`ConfigStore`](crate::model::ConfigStore). Today the file source
-//! (`--configDir`, Istio's `pilot/pkg/config/kube/file`); the Kubernetes
-//! source will write to the same store.
+//! [`ConfigStore`](crate::model::ConfigStore): the file source (`--configDir`,
+//! Istio's `pilot/pkg/config/kube/file`) and the Kubernetes source (the API
+//! server, with `--kubeconfig` or in a cluster). Both can run at once; each
+//! writes its own slice of the one store, so neither deletes the other's
+//! objects, and the file's object wins when both define the same one.
 
 pub mod file;
+pub mod kube;
 
 pub use file::{DEBOUNCE, DEBOUNCE_MAX, FileSource, SourceError};
 
