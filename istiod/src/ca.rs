@@ -1,8 +1,12 @@
 //! The workload CA: its key material (plug-in or self-signed), the signer, the
-//! caller authenticators and the `IstioCertificateService` gRPC server.
+//! caller authenticators (client certificate, `JWT_RULE`, Kubernetes
+//! TokenReview), the `IstioCertificateService` gRPC server, and on
+//! Kubernetes the namespace controller that publishes the root.
 
 pub mod authn;
+pub mod kube_jwt;
 pub mod material;
+pub mod namespace_controller;
 pub mod server;
 pub mod signer;
 

@@ -1,8 +1,11 @@
 //! Where the CA's signing key and certificates come from, in Istio's order:
-//! a plug-in CA in `ROOT_CA_DIR` (`./etc/cacerts`, Istio's file names) wins;
-//! otherwise a self-signed root kept in a directory (the file form of Istio's
+//! a plug-in CA in `ROOT_CA_DIR` (`./etc/cacerts`, Istio's file names, the
+//! mount of the `cacerts` Secret) wins; on Kubernetes without those files,
+//! the `cacerts` Secret read from the API (same keys); otherwise a
+//! self-signed root kept in a directory (the file form of Istio's
 //! `istio-ca-secret` Secret) so that a restart keeps the same root.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -33,6 +36,16 @@ pub enum MaterialError {
         /// The directory.
         dir: String,
         /// The missing file.
+        missing: String,
+    },
+    /// A plug-in Secret lacks a key.
+    #[error(
+        "plug-in CA in Secret {secret} is incomplete: key {missing} is missing (a plug-in CA needs {CA_CERT_FILE}, {CA_KEY_FILE}, {CERT_CHAIN_FILE} and {ROOT_CERT_FILE}; complete the Secret or delete it to use a self-signed root)"
+    )]
+    IncompleteSecret {
+        /// The Secret, `namespace/name`.
+        secret: String,
+        /// The missing key.
         missing: String,
     },
     /// A file could not be read or written.
@@ -144,9 +157,47 @@ pub fn load_plugin(dir: &Path) -> Result<CaBundle, MaterialError> {
     load_files(dir, true, &format!("plug-in CA {}", dir.display()))
 }
 
+/// Loads a plug-in bundle from the data of the `cacerts` Secret (`secret`
+/// names it, `namespace/name`): the same keys and checks as the directory.
+pub fn load_plugin_secret(
+    secret: &str,
+    data: &BTreeMap<String, Vec<u8>>,
+) -> Result<CaBundle, MaterialError> {
+    let text = |key: &str| -> Result<String, MaterialError> {
+        let bytes = data
+            .get(key)
+            .ok_or_else(|| MaterialError::IncompleteSecret {
+                secret: secret.to_string(),
+                missing: key.to_string(),
+            })?;
+        String::from_utf8(bytes.clone()).map_err(|_| MaterialError::Mismatch {
+            path: format!("Secret {secret} key {key}"),
+            reason: "is not PEM text".into(),
+        })
+    };
+    let pems = Pems {
+        cert: text(CA_CERT_FILE)?,
+        key: text(CA_KEY_FILE)?,
+        chain: text(CERT_CHAIN_FILE)?,
+        root: text(ROOT_CERT_FILE)?,
+    };
+    load_pems(
+        pems,
+        &|key| format!("Secret {secret} key {key}"),
+        &format!("plug-in CA from Secret {secret}"),
+    )
+}
+
+/// A bundle's PEM texts.
+struct Pems {
+    cert: String,
+    key: String,
+    chain: String,
+    root: String,
+}
+
 fn load_files(dir: &Path, chain_required: bool, source: &str) -> Result<CaBundle, MaterialError> {
     let p = |f: &str| dir.join(f);
-    let path_str = |f: &str| p(f).display().to_string();
     let cert_pem = read(&p(CA_CERT_FILE))?;
     let key_pem = read(&p(CA_KEY_FILE))?;
     let root_pem = read(&p(ROOT_CERT_FILE))?;
@@ -155,6 +206,30 @@ fn load_files(dir: &Path, chain_required: bool, source: &str) -> Result<CaBundle
     } else {
         String::new()
     };
+    load_pems(
+        Pems {
+            cert: cert_pem,
+            key: key_pem,
+            chain: chain_pem,
+            root: root_pem,
+        },
+        &|f| p(f).display().to_string(),
+        source,
+    )
+}
+
+/// Checks that a bundle belongs together; `path_str` names each part in errors.
+fn load_pems(
+    pems: Pems,
+    path_str: &dyn Fn(&str) -> String,
+    source: &str,
+) -> Result<CaBundle, MaterialError> {
+    let Pems {
+        cert: cert_pem,
+        key: key_pem,
+        chain: chain_pem,
+        root: root_pem,
+    } = pems;
 
     let signing_cert = pki::pem_certs(&path_str(CA_CERT_FILE), &cert_pem)?
         .into_iter()
@@ -350,6 +425,39 @@ mod tests {
         assert_eq!(chain.len(), 3);
         assert_eq!(chain[1], int_pem);
         assert_eq!(chain[2], root_pem);
+    }
+
+    #[test]
+    fn the_cacerts_secret_is_read_like_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let (int_pem, root_pem) = write_bundle(dir.path());
+        let mut data: BTreeMap<String, Vec<u8>> =
+            [CA_CERT_FILE, CA_KEY_FILE, CERT_CHAIN_FILE, ROOT_CERT_FILE]
+                .iter()
+                .map(|f| (f.to_string(), fs::read(dir.path().join(f)).unwrap()))
+                .collect();
+        let bundle = load_plugin_secret("istio-system/cacerts", &data).unwrap();
+        assert_eq!(bundle.root_pem, root_pem);
+        assert_eq!(bundle.source, "plug-in CA from Secret istio-system/cacerts");
+        assert_eq!(
+            pki::pem_certs("int", &int_pem).unwrap()[0].as_ref(),
+            bundle.signing_cert.as_ref()
+        );
+        let other = pki::generate_key(KeyType::EcdsaP256).unwrap();
+        data.insert(CA_KEY_FILE.into(), other.serialize_pem().into_bytes());
+        let err = load_plugin_secret("istio-system/cacerts", &data)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("Secret istio-system/cacerts key ca-key.pem")
+                && err.contains("does not match"),
+            "{err}"
+        );
+        data.remove(CERT_CHAIN_FILE);
+        let err = load_plugin_secret("istio-system/cacerts", &data)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("key cert-chain.pem is missing"), "{err}");
     }
 
     #[test]
