@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::ca::authn::{Authenticators, JwtAuthenticator};
+use crate::ca::kube_jwt::KubeJwtAuthenticator;
 use crate::ca::material::{self, SelfSignedOptions};
 use crate::ca::server::CaServer;
 use crate::ca::{CaBundle, Signer};
@@ -34,6 +35,8 @@ pub struct Bound {
     /// The CA root bundle (what `istio-ca-root-cert` carries).
     pub root_pem: String,
     shutdown: watch::Sender<bool>,
+    /// Publishes the root to the namespace controller while istiod runs.
+    _root: watch::Sender<String>,
     tasks: JoinSet<anyhow::Result<()>>,
     shutdown_duration: Duration,
 }
@@ -73,7 +76,57 @@ impl Bound {
     }
 }
 
-fn load_ca(config: &Config) -> anyhow::Result<CaBundle> {
+/// The plug-in CA Secret Istio reads (`cacerts`, in istiod's namespace).
+const CACERTS_SECRET: &str = "cacerts";
+
+/// The data of the `cacerts` Secret, `None` when there is none. Waits (and
+/// says so) while the API cannot answer: istiod cannot choose its CA before.
+async fn cacerts_secret(
+    client: &kube::Client,
+    namespace: &str,
+) -> Option<std::collections::BTreeMap<String, Vec<u8>>> {
+    use k8s_openapi::api::core::v1::Secret;
+    let api: kube::Api<Secret> = kube::Api::namespaced(client.clone(), namespace);
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match api.get_opt(CACERTS_SECRET).await {
+            Ok(secret) => {
+                return secret.map(|s| {
+                    s.data
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(k, v)| (k, v.0))
+                        .collect()
+                });
+            }
+            Err(e) => {
+                tracing::warn!(target: "ca", "cannot read Secret {namespace}/{CACERTS_SECRET}: {e}; retrying in {delay:?}");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+/// Istio's choice of CA material: the plug-in directory, else (on
+/// Kubernetes) the `cacerts` Secret, else the self-signed root.
+async fn load_ca(config: &Arc<Config>, kube: Option<&kube::Client>) -> anyhow::Result<CaBundle> {
+    if !material::has_plugin_ca(&config.root_ca_dir)
+        && let Some(client) = kube
+        && let Some(data) = cacerts_secret(client, &config.namespace).await
+    {
+        let name = format!("{}/{CACERTS_SECRET}", config.namespace);
+        let bundle =
+            tokio::task::spawn_blocking(move || material::load_plugin_secret(&name, &data))
+                .await??;
+        tracing::info!(target: "ca", "using the {}", bundle.source);
+        return Ok(bundle);
+    }
+    let config = config.clone();
+    tokio::task::spawn_blocking(move || load_ca_files(&config)).await?
+}
+
+fn load_ca_files(config: &Config) -> anyhow::Result<CaBundle> {
     if material::has_plugin_ca(&config.root_ca_dir) {
         let bundle = material::load_plugin(&config.root_ca_dir)?;
         tracing::info!(target: "ca", "using the plug-in CA in {}", config.root_ca_dir.display());
@@ -109,11 +162,11 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
 
-    let bundle = tokio::task::spawn_blocking({
-        let config = config.clone();
-        move || load_ca(&config)
-    })
-    .await??;
+    let kube = match &config.kube {
+        Some(connection) => Some(crate::source::kube::client(connection).await?),
+        None => None,
+    };
+    let bundle = load_ca(&config, kube.as_ref()).await?;
     let root_pem = bundle.root_pem.clone();
     let roots = bundle.roots.clone();
     let signer = Arc::new(Signer::new(
@@ -150,9 +203,19 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         tracing::info!(target: "authn", "trusting tokens from issuer {} (keys at {})", rule.issuer, rule.jwks_uri);
         Arc::new(JwtAuthenticator::new(rule, &config.trust_domain))
     });
+    let kube_jwt = kube.as_ref().map(|client| {
+        tracing::info!(target: "authn", "reviewing bearer tokens with the Kubernetes API ({:?}, audiences {:?})", config.jwt_policy, config.token_audiences);
+        Arc::new(KubeJwtAuthenticator::new(
+            client.clone(),
+            config.jwt_policy,
+            config.token_audiences.clone(),
+            &config.trust_domain,
+        ))
+    });
     let authenticators = Authenticators {
         client_cert: true,
         jwt,
+        kube: kube_jwt,
     };
 
     // The xDS server, fed by the push pipeline; it refuses streams until ready.
@@ -166,8 +229,21 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         xds_metrics,
         config.push_throttle,
     );
-    let sources = crate::generate::start_sources(&config, shutdown_rx.clone()).await?;
+    let sources =
+        crate::generate::start_sources(&config, kube.clone(), shutdown_rx.clone()).await?;
     let configz = sources.configz.clone();
+    // The root every namespace gets, as `istio-ca-root-cert` (fixed while
+    // istiod runs: the signer's material is chosen at start).
+    let (root_tx, root_rx) = watch::channel(root_pem.clone());
+    if let Some(client) = &kube {
+        tokio::spawn(crate::ca::namespace_controller::run(
+            client.clone(),
+            root_rx,
+            sources.mesh.clone(),
+            sources.mesh_synced.clone(),
+            shutdown_rx.clone(),
+        ));
+    }
     {
         let pushes = push_tx;
         let builder = sources.builder;
@@ -294,6 +370,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     }
 
     Ok(Bound {
+        _root: root_tx,
         secure_grpc_addr,
         http_addr,
         monitoring_addr,

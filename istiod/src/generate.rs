@@ -8,10 +8,13 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::Config;
+use crate::mesh::Mesh;
 use crate::model::service::{RegistryOptions, ServiceRegistry};
 use crate::model::store::ConfigStore;
 use crate::push::Change;
+use crate::source::Synced;
 use crate::source::file::FileSource;
+use crate::source::kube::{KubeSource, kubemesh};
 use crate::xds::PushContext;
 use crate::xds::context::IstioContext;
 
@@ -25,6 +28,11 @@ pub struct Sources {
     pub synced: watch::Receiver<bool>,
     /// The current configuration and rejected objects as JSON (`/debug/configz`).
     pub configz: Arc<dyn Fn() -> Value + Send + Sync>,
+    /// The mesh config in force (the file's, or the `istio` ConfigMap's).
+    pub mesh: watch::Receiver<Arc<Mesh>>,
+    /// Marked once `mesh` holds the mesh config istiod runs with (at once
+    /// from a file; after the first read of the `istio` ConfigMap).
+    pub mesh_synced: Synced,
 }
 
 /// Endpoints per host, to tell which hosts an endpoint-only change touched.
@@ -36,10 +44,13 @@ fn endpoint_index(registry: &ServiceRegistry) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Starts the configured sources: the `--configDir` directory (watched), or
-/// nothing (an empty mesh) when none is given.
+/// Starts the configured sources: the `--configDir` directory (watched),
+/// the Kubernetes API when istiod has a client, both, or nothing (an empty
+/// mesh). On Kubernetes without a `--meshConfig` file, the mesh config is
+/// the `istio` ConfigMap's, applied live.
 pub async fn start_sources(
     config: &Config,
+    kube: Option<kube::Client>,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<Sources> {
     let store = ConfigStore::new();
@@ -50,16 +61,24 @@ pub async fn start_sources(
     let (tx, changes) = mpsc::channel(1024);
     let (synced_tx, synced) = watch::channel(false);
     let mut batches = store.subscribe();
+    let (mesh_tx, mesh) = watch::channel(Arc::new(Mesh {
+        trust_domain: Some(config.trust_domain.clone()),
+        config: config.mesh,
+        discovery_selectors: config.discovery_selectors.clone(),
+    }));
+
+    // The file slice is created first: a file's object wins over the API's.
     let source = config
         .config_dir
         .as_ref()
-        .map(|dir| FileSource::new(dir.clone(), store.clone()));
+        .map(|dir| FileSource::new(dir.clone(), store.slice("file")));
     if let Some(fs) = &source {
         let fs = fs.clone();
         // The first full read, before anything is served.
         tokio::task::spawn_blocking(move || fs.reload()).await??;
         let fs2 = source.clone();
         if let Some(fs2) = fs2 {
+            let shutdown = shutdown.clone();
             tokio::spawn(async move {
                 if let Err(e) = fs2.watch(shutdown).await {
                     tracing::error!(target: "config", "watching the config directory stopped: {e}");
@@ -70,7 +89,66 @@ pub async fn start_sources(
             tracing::warn!(target: "validation", "{e}");
         }
     }
-    let _ = synced_tx.send(true);
+
+    let mut mesh_synced = Synced::new();
+    let kube_source = match kube {
+        None => {
+            mesh_synced.mark();
+            let _ = synced_tx.send(true);
+            None
+        }
+        Some(client) => {
+            if config.mesh_file_found {
+                mesh_synced.mark();
+            } else {
+                tracing::info!(target: "mesh", "no mesh config file: using ConfigMap {}/{}", config.namespace, crate::mesh::MESH_CONFIGMAP);
+                mesh_synced = kubemesh::watch_configmap(
+                    client.clone(),
+                    &config.namespace,
+                    &config.trust_domain,
+                    mesh_tx,
+                    shutdown.clone(),
+                );
+            }
+            let ks = KubeSource::start(
+                client,
+                store.slice(crate::source::kube::SLICE),
+                mesh.clone(),
+                shutdown.clone(),
+            );
+            let (waiting, mesh_waiting) = (ks.clone(), mesh_synced.clone());
+            tokio::spawn(async move {
+                mesh_waiting.wait().await;
+                waiting.wait_synced().await;
+                let _ = synced_tx.send(true);
+            });
+            Some(ks)
+        }
+    };
+
+    // A changed mesh config changes what every proxy gets: a full push.
+    {
+        let mut mesh = mesh.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let mut applied = mesh.borrow_and_update().config;
+            while mesh.changed().await.is_ok() {
+                let current = mesh.borrow_and_update().config;
+                if current == applied {
+                    continue;
+                }
+                applied = current;
+                let change = Change {
+                    key: "MeshConfig".into(),
+                    endpoint_only: false,
+                    hosts: BTreeSet::new(),
+                };
+                if tx.send(change).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
 
     // Store batches become push changes; endpoint-only batches name the
     // hosts whose endpoints changed, for incremental EDS.
@@ -123,17 +201,19 @@ pub async fn start_sources(
     }
 
     let builder_store = store.clone();
-    let mesh = config.mesh;
+    let builder_mesh = mesh.clone();
     let builder: Box<dyn FnMut(String) -> Arc<dyn PushContext> + Send> = Box::new(move |version| {
+        let mesh = builder_mesh.borrow().config;
         Arc::new(IstioContext::new(version, &builder_store.snapshot(), &options).with_mesh(mesh))
             as Arc<dyn PushContext>
     });
     let configz: Arc<dyn Fn() -> Value + Send + Sync> = Arc::new(move || {
         let snapshot = store.snapshot();
-        let errors: Vec<String> = source
+        let mut errors: Vec<String> = source
             .as_ref()
             .map(|s| s.errors().iter().map(ToString::to_string).collect())
             .unwrap_or_default();
+        errors.extend(kube_source.iter().flat_map(KubeSource::errors));
         let kinds = crate::model::meta::Kind::ALL;
         json!({
             "version": snapshot.version(),
@@ -146,5 +226,7 @@ pub async fn start_sources(
         changes,
         synced,
         configz,
+        mesh,
+        mesh_synced,
     })
 }

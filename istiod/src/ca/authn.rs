@@ -1,6 +1,7 @@
 //! Authenticates CA and xDS callers in Istio's order: a client certificate
 //! that chains to the CA (certificate renewal), then a bearer JWT checked
-//! against `JWT_RULE`. The caller's identity is what the CA signs for.
+//! against `JWT_RULE`, then the same token reviewed by the Kubernetes API
+//! ([`super::kube_jwt`]). The caller's identity is what the CA signs for.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,6 +13,8 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use rustls_pki_types::CertificateDer;
 use tokio::sync::Mutex;
 use tonic::metadata::MetadataMap;
+
+use super::kube_jwt::KubeJwtAuthenticator;
 
 /// Istio's default audience for workload tokens (`TOKEN_AUDIENCES`).
 pub const DEFAULT_AUDIENCE: &str = "istio-ca";
@@ -26,7 +29,8 @@ const JWKS_MIN_REFETCH: Duration = Duration::from_secs(5);
 pub struct Caller {
     /// The identities the caller proved.
     pub identities: Vec<Identity>,
-    /// `ClientCertAuthenticator` or `JwtAuthenticator`, as Istio names them.
+    /// `ClientCertAuthenticator`, `JwtAuthenticator` or
+    /// `KubeJWTAuthenticator`, as Istio names them.
     pub authenticator: &'static str,
 }
 
@@ -253,6 +257,9 @@ pub struct Authenticators {
     pub client_cert: bool,
     /// The `JWT_RULE` authenticator, if configured.
     pub jwt: Option<Arc<JwtAuthenticator>>,
+    /// The Kubernetes TokenReview authenticator, when istiod has a
+    /// Kubernetes client.
+    pub kube: Option<Arc<KubeJwtAuthenticator>>,
 }
 
 impl Authenticators {
@@ -277,22 +284,40 @@ impl Authenticators {
                 None => reasons.push("no client certificate".to_string()),
             }
         }
-        match bearer_token(metadata) {
-            Err(e) => reasons.push(e),
-            Ok(token) => match &self.jwt {
-                None => reasons.push(
-                    "a bearer token was sent but no JWT_RULE is configured to verify it".into(),
-                ),
-                Some(jwt) => match jwt.authenticate(token).await {
-                    Ok(id) => {
-                        return Ok(Caller {
-                            identities: vec![id],
-                            authenticator: "JwtAuthenticator",
-                        });
-                    }
-                    Err(e) => reasons.push(format!("JWT: {e}")),
-                },
-            },
+        let token = match bearer_token(metadata) {
+            Ok(token) => token,
+            Err(e) => {
+                reasons.push(e);
+                return Err(AuthnError(reasons.join("; ")));
+            }
+        };
+        if self.jwt.is_none() && self.kube.is_none() {
+            reasons.push(
+                "a bearer token was sent but neither JWT_RULE nor a Kubernetes API is configured to verify it"
+                    .into(),
+            );
+        }
+        if let Some(jwt) = &self.jwt {
+            match jwt.authenticate(token).await {
+                Ok(id) => {
+                    return Ok(Caller {
+                        identities: vec![id],
+                        authenticator: "JwtAuthenticator",
+                    });
+                }
+                Err(e) => reasons.push(format!("JWT: {e}")),
+            }
+        }
+        if let Some(kube) = &self.kube {
+            match kube.authenticate(token).await {
+                Ok(id) => {
+                    return Ok(Caller {
+                        identities: vec![id],
+                        authenticator: "KubeJWTAuthenticator",
+                    });
+                }
+                Err(e) => reasons.push(format!("Kubernetes: {e}")),
+            }
         }
         Err(AuthnError(reasons.join("; ")))
     }
@@ -416,6 +441,7 @@ mod tests {
         let a = Authenticators {
             client_cert: true,
             jwt: Some(Arc::new(authn)),
+            kube: None,
         };
         let err = a.authenticate(&MetadataMap::new(), None).await.unwrap_err();
         assert_eq!(
