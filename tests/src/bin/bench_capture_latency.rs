@@ -65,46 +65,54 @@ fn main() {
         .prefix("bench-capture.")
         .tempdir()
         .unwrap();
+    // Each mesh's own baseline, interleaved with it in blocks, so drift in
+    // the machine's load hits both: (label, baseline, through the mesh).
     let mut rows = Vec::new();
-    {
-        let mesh = LocalMesh::start_with(&tmp.path().join("iptables"), Capture::Iptables, &[]);
+    for capture in [Capture::Iptables, Capture::None] {
+        let dir = tmp.path().join(format!("{capture:?}"));
+        let mesh = LocalMesh::start_with(&dir, capture, &[]);
         // Baseline: two Pods without sidecars on the same bridge.
         let client = mesh.plain_pod("198.18.0.40");
         let server = mesh.plain_pod("198.18.0.41");
         let direct: SocketAddr = "198.18.0.41:8080".parse().unwrap();
         serve_app(&server.ns, direct, "direct");
-        let vip: SocketAddr = format!("{HTTPBIN_VIP}:8000").parse().unwrap();
+        let (target, label): (SocketAddr, _) = match capture {
+            Capture::Iptables => (
+                format!("{HTTPBIN_VIP}:8000").parse().unwrap(),
+                "iptables capture, two Envoys, mTLS",
+            ),
+            Capture::None => (
+                "127.0.0.1:8000".parse().unwrap(),
+                "captureMode NONE listeners, two Envoys, mTLS",
+            ),
+        };
         let sleep = &mesh.pod("sleep-1").ns;
-        // Interleaved in blocks so drift in the machine's load hits both.
-        let (mut base, mut captured) = (Vec::new(), Vec::new());
+        let (mut base, mut meshed) = (Vec::new(), Vec::new());
         for _ in 0..5 {
             base.extend(measure(&client.ns, direct, "198.18.0.41:8080", n / 5));
-            captured.extend(measure(sleep, vip, "httpbin:8000", n / 5));
+            meshed.extend(measure(sleep, target, "httpbin:8000", n / 5));
         }
         base.sort();
-        captured.sort();
-        rows.push(("direct, no sidecars (baseline)", base));
-        rows.push(("iptables capture, two Envoys, mTLS", captured));
-    }
-    {
-        let mesh = LocalMesh::start_with(&tmp.path().join("none"), Capture::None, &[]);
-        let local: SocketAddr = "127.0.0.1:8000".parse().unwrap();
-        let none = measure(&mesh.pod("sleep-1").ns, local, "httpbin:8000", n);
-        rows.push(("captureMode NONE listeners, two Envoys, mTLS", none));
+        meshed.sort();
+        rows.push((label, base, meshed));
     }
     println!("load average at end: {}", load());
-    let (b50, b99) = (pct(&rows[0].1, 0.50), pct(&rows[0].1, 0.99));
-    println!("\n| path | requests | p50 ms | p99 ms | p50 − baseline | p99 − baseline |");
-    println!("|---|---:|---:|---:|---:|---:|");
-    for (name, v) in &rows {
+    println!(
+        "\n| path | requests | p50 ms | p99 ms | baseline p50 ms | baseline p99 ms | p50 × baseline | p99 × baseline |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for (name, base, v) in &rows {
         let (p50, p99) = (pct(v, 0.50), pct(v, 0.99));
+        let (b50, b99) = (pct(base, 0.50), pct(base, 0.99));
         println!(
-            "| {name} | {} | {} | {} | {} | {} |",
+            "| {name} | {} | {} | {} | {} | {} | {:.2} | {:.2} |",
             v.len(),
             ms(p50),
             ms(p99),
-            ms(p50.saturating_sub(b50)),
-            ms(p99.saturating_sub(b99))
+            ms(b50),
+            ms(b99),
+            p50.as_secs_f64() / b50.as_secs_f64(),
+            p99.as_secs_f64() / b99.as_secs_f64()
         );
     }
 }
