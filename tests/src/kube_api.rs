@@ -18,7 +18,9 @@
 //!   one version is served under every version of its resource, only
 //!   `apiVersion` rewritten (a CRD's conversion `None`).
 //! - Discovery: `/api`, `/api/v1`, `/apis`, `/apis/{group}`,
-//!   `/apis/{group}/{version}`, `/version`; `/healthz`, `/livez`, `/readyz`.
+//!   `/apis/{group}/{version}`, `/version`; aggregated discovery
+//!   (`apidiscovery.k8s.io` v2 and v2beta1) on `/api` and `/apis` when
+//!   `Accept` asks for it; `/healthz`, `/livez`, `/readyz`.
 //! - One global resourceVersion; the server sets `resourceVersion`, `uid`,
 //!   `creationTimestamp`, `generation` (on Istio resources, CRDs and
 //!   EndpointSlices, bumped when anything but metadata and status changes),
@@ -75,9 +77,9 @@
 //!   allocation, no `kube-root-ca.crt` ConfigMaps, no default
 //!   ServiceAccounts; Namespaces `default`, `kube-system`, `kube-public` and
 //!   `kube-node-lease` exist at start.
-//! - No aggregated discovery (`apidiscovery.k8s.io/v2`: the legacy documents
-//!   are served whatever the `Accept`), no OpenAPI documents, no `/logs`,
-//!   `exec`, `proxy` or other subresources than `status`.
+//! - No OpenAPI documents (`/openapi/v2`, `/openapi/v3`), no `/logs`,
+//!   `exec`, `proxy`, `scale`, `eviction` or other subresources than
+//!   `status`.
 //! - GET ignores `resourceVersion` (always the current object); the
 //!   legacy `/api/v1/watch/...` paths are not served.
 //! - `set_unreachable` does not refuse connections (the listener stays
@@ -425,9 +427,14 @@ impl KubeApi {
         *self.shared.latency.lock().expect("not poisoned") = d;
     }
 
-    /// While `true`, every connection, open or new, is cut.
+    /// While `true`, every connection, open or new, is cut. Anything
+    /// committed after this returns reaches no client until it is `false`
+    /// again, however soon.
     pub fn set_unreachable(&self, unreachable: bool) {
         self.shared.unreachable.send_replace(unreachable);
+        if unreachable {
+            self.shared.cuts.send_modify(|g| *g += 1);
+        }
     }
 
     /// Sets how TokenReviews are answered (by default every token is

@@ -754,6 +754,19 @@ fn unreachable_cuts_every_connection_until_restored() {
 }
 
 #[test]
+fn a_short_unreachable_window_still_cuts_open_watches() {
+    let api = KubeApi::start_local();
+    let mut w = WatchStream::open(&api, &format!("{CMS}?watch=1"));
+    wait_for("the watch", WAIT, || (api.watch_count() == 1).then_some(()));
+    // Reachable again before the server's tasks could look: what was written
+    // meanwhile still never reaches the old stream.
+    api.set_unreachable(true);
+    api.create(cm("unseen", json!({}))).unwrap();
+    api.set_unreachable(false);
+    assert!(matches!(w.next(), Next::Cut));
+}
+
+#[test]
 fn latency_delays_answers() {
     let api = KubeApi::start_local();
     api.set_latency(Duration::from_millis(300));
@@ -804,4 +817,248 @@ fn the_request_log_and_the_kubeconfig() {
         .find(|u| u["name"] == context["context"]["user"])
         .unwrap();
     assert_eq!(user["user"]["token"], TOKEN);
+}
+
+/// kube-rs, the client istiod uses, against the stand-in: its requests,
+/// its error handling and its watcher's recovery.
+mod kube_rs {
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    use futures::StreamExt;
+    use futures::stream::BoxStream;
+    use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+    use kube::runtime::watcher::{self, Event};
+
+    use super::*;
+
+    async fn client(api: &KubeApi, dir: &Path) -> kube::Client {
+        let path = dir.join("kubeconfig");
+        api.kubeconfig(&path);
+        let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
+        let options = kube::config::KubeConfigOptions::default();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+            .await
+            .unwrap();
+        kube::Client::try_from(config).unwrap()
+    }
+
+    fn typed(name: &str, data: Value) -> ConfigMap {
+        serde_json::from_value(cm(name, data)).unwrap()
+    }
+
+    /// The API's answer to a request that failed: (code, reason).
+    fn api_error<T: std::fmt::Debug>(r: Result<T, kube::Error>) -> (u16, String) {
+        match r {
+            Err(kube::Error::Api(s)) => (s.code, s.reason.clone()),
+            other => panic!("expected an API error, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn kube_rs_reads_writes_and_discovers() {
+        let api = KubeApi::start_local();
+        let dir = tempfile::tempdir().unwrap();
+        let client = client(&api, dir.path()).await;
+        assert_eq!(client.apiserver_version().await.unwrap().major, "1");
+
+        let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
+        let pp = PostParams::default();
+        let a = cms
+            .create(&pp, &typed("a", json!({"k": "1"})))
+            .await
+            .unwrap();
+        assert!(a.metadata.uid.is_some());
+        assert_eq!(
+            api_error(cms.create(&pp, &typed("a", json!({}))).await),
+            (409, "AlreadyExists".into())
+        );
+        let mut edited = a.clone();
+        edited.data = Some(BTreeMap::from([("k".into(), "2".into())]));
+        cms.replace("a", &pp, &edited).await.unwrap();
+        assert_eq!(
+            api_error(cms.replace("a", &pp, &edited).await),
+            (409, "Conflict".into())
+        );
+
+        let apply = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "b"}, "data": {"x": "1"}});
+        cms.patch(
+            "b",
+            &PatchParams::apply("kube-api-test"),
+            &Patch::Apply(apply),
+        )
+        .await
+        .unwrap();
+        let merged = cms
+            .patch(
+                "b",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {"y": "2"}})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            merged.data.unwrap(),
+            BTreeMap::from([("x".into(), "1".into()), ("y".into(), "2".into())])
+        );
+        let names: Vec<String> = cms
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|c| c.metadata.name.unwrap())
+            .collect();
+        assert_eq!(names, ["a", "b"]);
+        cms.delete("a", &DeleteParams::default()).await.unwrap();
+        assert_eq!(api_error(cms.get("a").await).0, 404);
+
+        let legacy = kube::Discovery::new(client.clone()).run().await.unwrap();
+        let aggregated = kube::Discovery::new(client.clone())
+            .run_aggregated()
+            .await
+            .unwrap();
+        for d in [legacy, aggregated] {
+            let networking = d.get("networking.istio.io").unwrap();
+            assert_eq!(networking.preferred_version_or_latest(), "v1");
+            let (vs, caps) = networking.recommended_kind("VirtualService").unwrap();
+            assert_eq!(
+                (vs.plural.as_str(), vs.version.as_str()),
+                ("virtualservices", "v1")
+            );
+            assert_eq!(caps.scope, kube::discovery::Scope::Namespaced);
+            assert!(d.get("").unwrap().recommended_kind("ConfigMap").is_some());
+            assert!(d.has_group("security.istio.io"));
+        }
+
+        api.set_token_review(Arc::new(|token: &str, audiences: &[String]| {
+            if token == "good" {
+                TokenReviewAnswer::service_account("demo", "sleep", audiences)
+            } else {
+                TokenReviewAnswer::Unauthenticated("invalid bearer token".into())
+            }
+        }));
+        let reviews: Api<TokenReview> = Api::all(client);
+        let review = |token: &str| TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.into()),
+                audiences: Some(vec!["istio-ca".into()]),
+            },
+            ..Default::default()
+        };
+        let good = reviews
+            .create(&pp, &review("good"))
+            .await
+            .unwrap()
+            .status
+            .unwrap();
+        assert_eq!(good.authenticated, Some(true));
+        assert_eq!(
+            good.user.unwrap().username.as_deref(),
+            Some("system:serviceaccount:demo:sleep")
+        );
+        assert_eq!(good.audiences.unwrap(), ["istio-ca"]);
+        let bad = reviews
+            .create(&pp, &review("bad"))
+            .await
+            .unwrap()
+            .status
+            .unwrap();
+        assert_ne!(bad.authenticated, Some(true));
+        assert_eq!(bad.error.as_deref(), Some("invalid bearer token"));
+    }
+
+    type Events = BoxStream<'static, Result<Event<ConfigMap>, watcher::Error>>;
+
+    /// The watcher's next event, in short: `Init`, `InitApply a`, `InitDone`,
+    /// `Apply a`, `Delete a`, or `error`.
+    async fn next(w: &mut Events) -> String {
+        let e = tokio::time::timeout(WAIT, w.next())
+            .await
+            .expect("a watcher event in time")
+            .expect("the watcher does not end");
+        let name = |c: &ConfigMap| c.metadata.name.clone().unwrap_or_default();
+        match e {
+            Ok(Event::Init) => "Init".into(),
+            Ok(Event::InitApply(c)) => format!("InitApply {}", name(&c)),
+            Ok(Event::InitDone) => "InitDone".into(),
+            Ok(Event::Apply(c)) => format!("Apply {}", name(&c)),
+            Ok(Event::Delete(c)) => format!("Delete {}", name(&c)),
+            Err(_) => "error".into(),
+        }
+    }
+
+    /// Events up to and including `last`, errors left out.
+    async fn until(w: &mut Events, last: &str) -> Vec<String> {
+        let mut seen = Vec::new();
+        loop {
+            let e = next(w).await;
+            if e != "error" {
+                seen.push(e.clone());
+            }
+            if e == last {
+                return seen;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn kube_rs_watcher_resumes_after_a_cut_and_relists_after_410() {
+        let api = KubeApi::start_local();
+        api.set_bookmark_interval(Duration::from_millis(100));
+        let dir = tempfile::tempdir().unwrap();
+        let cms: Api<ConfigMap> = Api::default_namespaced(client(&api, dir.path()).await);
+        api.create(cm("a", json!({}))).unwrap();
+        let mut w: Events = watcher::watcher(cms.clone(), watcher::Config::default()).boxed();
+        assert_eq!(
+            until(&mut w, "InitDone").await,
+            ["Init", "InitApply a", "InitDone"]
+        );
+        api.create(cm("b", json!({}))).unwrap();
+        assert_eq!(next(&mut w).await, "Apply b");
+
+        // Cut mid-stream: the watcher resumes from its resourceVersion.
+        api.break_watches();
+        api.create(cm("c", json!({}))).unwrap();
+        assert_eq!(until(&mut w, "Apply c").await, ["Apply c"]);
+
+        // Changed and compacted while unreachable: the resumed watch is 410
+        // Gone, and the watcher lists again.
+        api.set_unreachable(true);
+        api.delete("v1", "ConfigMap", "default", "a").unwrap();
+        api.create(cm("d", json!({}))).unwrap();
+        api.compact();
+        api.clear_requests();
+        api.set_unreachable(false);
+        assert_eq!(
+            until(&mut w, "InitDone").await,
+            [
+                "Init",
+                "InitApply b",
+                "InitApply c",
+                "InitApply d",
+                "InitDone"
+            ]
+        );
+        let log = api.requests();
+        let watch_410 = log.iter().position(|r| r.is_watch()).unwrap();
+        let relist = log.iter().position(|r| r.is_list_of("configmaps")).unwrap();
+        assert!(watch_410 < relist, "{log:?}");
+
+        // A streaming list (sendInitialEvents) ends at its bookmark.
+        let config = watcher::Config::default().streaming_lists();
+        let mut s: Events = watcher::watcher(cms, config).boxed();
+        assert_eq!(
+            until(&mut s, "InitDone").await,
+            [
+                "Init",
+                "InitApply b",
+                "InitApply c",
+                "InitApply d",
+                "InitDone"
+            ]
+        );
+    }
 }

@@ -514,6 +514,65 @@ pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
     })
 }
 
+/// The aggregated discovery document (`apidiscovery.k8s.io/{api_version}`
+/// `APIGroupDiscoveryList`) of `/api` (`core`) or `/apis`.
+pub fn aggregated_discovery(core: bool, api_version: &str) -> Value {
+    let groups = if core { vec![""] } else { groups() };
+    let items: Vec<Value> = groups
+        .iter()
+        .map(|g| {
+            let versions: Vec<Value> = if g.is_empty() {
+                vec!["v1"]
+            } else {
+                group_versions(g)
+            }
+            .iter()
+            .map(|v| {
+                let mut resources = Vec::new();
+                if *g == AUTHENTICATION_GROUP && *v == "v1" {
+                    resources.push(json!({
+                        "resource": "tokenreviews", "singularResource": "tokenreview",
+                        "responseKind": {"group": g, "version": v, "kind": "TokenReview"},
+                        "scope": "Cluster", "verbs": ["create"],
+                    }));
+                }
+                for r in RESOURCES.iter().filter(|r| r.group == *g && r.serves(v)) {
+                    let kind = json!({"group": g, "version": v, "kind": r.kind});
+                    let mut entry = json!({
+                        "resource": r.plural, "singularResource": r.singular,
+                        "responseKind": kind,
+                        "scope": if r.namespaced { "Namespaced" } else { "Cluster" },
+                        "verbs": r.verbs(), "shortNames": r.short_names,
+                    });
+                    if r.is_custom() {
+                        entry["categories"] = json!(["istio-io", r.group.replace('.', "-")]);
+                    }
+                    if r.status {
+                        entry["subresources"] = json!([{
+                            "subresource": "status", "responseKind": kind,
+                            "verbs": ["get", "patch", "update"],
+                        }]);
+                    }
+                    resources.push(entry);
+                }
+                json!({"version": v, "resources": resources, "freshness": "Current"})
+            })
+            .collect();
+            let mut meta = json!({"creationTimestamp": null});
+            if !g.is_empty() {
+                meta["name"] = json!(g);
+            }
+            json!({"metadata": meta, "versions": versions})
+        })
+        .collect();
+    json!({
+        "kind": "APIGroupDiscoveryList",
+        "apiVersion": format!("apidiscovery.k8s.io/{api_version}"),
+        "metadata": {},
+        "items": items,
+    })
+}
+
 /// `/version`: the server's version.Info.
 pub fn version_info() -> Value {
     json!({

@@ -2,7 +2,6 @@
 //! paths to the store's verbs, watch streams with bookmarks, TokenReview.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -35,8 +34,12 @@ pub struct Shared {
     pub store: Store,
     pub latency: Mutex<Duration>,
     pub bookmark_interval: Mutex<Duration>,
-    /// `true` while every connection is to be cut.
+    /// `true` while new connections and requests are refused.
     pub unreachable: watch::Sender<bool>,
+    /// Bumped each time the server becomes unreachable: connections and
+    /// watches opened before are cut, even if it is reachable again before
+    /// they look (a level alone could flip back unseen).
+    pub cuts: watch::Sender<u64>,
     /// Bumped to end every open watch stream.
     pub breaks: watch::Sender<u64>,
     pub token_review: Mutex<TokenReviewFn>,
@@ -53,6 +56,7 @@ impl Shared {
             latency: Mutex::new(Duration::ZERO),
             bookmark_interval: Mutex::new(Duration::from_secs(1)),
             unreachable: watch::channel(false).0,
+            cuts: watch::channel(0).0,
             breaks: watch::channel(0).0,
             token_review: Mutex::new(Arc::new(|_, _| {
                 TokenReviewAnswer::Unauthenticated("invalid bearer token".into())
@@ -86,18 +90,22 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
                 continue;
             }
         };
+        // Read before the level: a cut in between still reaches this
+        // connection through the generation.
+        let cut_at = *shared.cuts.borrow();
         if *shared.unreachable.borrow() {
             if let Ok(s) = stream.into_std() {
                 let _ = s.shutdown(Shutdown::Both);
             }
             continue;
         }
-        tokio::spawn(connection(stream, shared.clone()));
+        tokio::spawn(connection(stream, shared.clone(), cut_at));
     }
 }
 
-/// Serves one connection; cuts it when the server becomes unreachable.
-async fn connection(stream: TcpStream, shared: Arc<Shared>) {
+/// Serves one connection; cuts it when the server becomes unreachable
+/// (generation `cut_at` no longer current).
+async fn connection(stream: TcpStream, shared: Arc<Shared>, cut_at: u64) {
     // A second descriptor of the socket, to shut it down under hyper.
     let Ok(dup) = stream
         .as_fd()
@@ -106,14 +114,14 @@ async fn connection(stream: TcpStream, shared: Arc<Shared>) {
     else {
         return;
     };
-    let mut cut = shared.unreachable.subscribe();
+    let mut cuts = shared.cuts.subscribe();
     let svc_shared = shared.clone();
-    let svc = hyper::service::service_fn(move |req| handle(svc_shared.clone(), req));
+    let svc = hyper::service::service_fn(move |req| handle(svc_shared.clone(), req, cut_at));
     let conn =
         hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
     tokio::select! {
         _ = conn => {}
-        _ = cut.wait_for(|u| *u) => {
+        _ = cuts.wait_for(|g| *g != cut_at) => {
             let _ = dup.shutdown(Shutdown::Both);
         }
     }
@@ -140,7 +148,13 @@ fn header(req: &Request<Incoming>, name: hyper::header::HeaderName) -> Option<St
         .map(str::to_string)
 }
 
-async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+/// Answers one request. An `Err` makes hyper drop the connection without an
+/// answer: what a client sees of a server that became unreachable.
+async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+    cut_at: u64,
+) -> Result<Response<Body>, std::io::Error> {
     let record = RequestRecord {
         method: req.method().to_string(),
         path: req.uri().path().to_string(),
@@ -158,10 +172,19 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
-    Ok(match route(&shared, req).await {
+    let cut = || *shared.cuts.borrow() != cut_at || *shared.unreachable.borrow();
+    let unreachable = || std::io::Error::other("the API server is unreachable");
+    if cut() {
+        return Err(unreachable());
+    }
+    let response = match route(&shared, req).await {
         Ok(r) => r,
         Err(status) => json_response(status.code, &status.to_json()),
-    })
+    };
+    if cut() {
+        return Err(unreachable());
+    }
+    Ok(response)
 }
 
 type Query = HashMap<String, String>;
@@ -183,6 +206,16 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         v.map(|v| json_response(200, &v))
             .ok_or_else(|| Status::no_route(&path))
     };
+    if let (["api" | "apis"], Some(v)) =
+        (segs.as_slice(), aggregated(header(&req, ACCEPT).as_deref()))
+    {
+        let mut r = json_response(200, &resources::aggregated_discovery(segs[0] == "api", v));
+        let ct = format!("application/json;g=apidiscovery.k8s.io;v={v};as=APIGroupDiscoveryList");
+        if let Ok(ct) = hyper::header::HeaderValue::from_str(&ct) {
+            r.headers_mut().insert(CONTENT_TYPE, ct);
+        }
+        return Ok(r);
+    }
     match segs.as_slice() {
         ["version"] => doc(Some(resources::version_info())),
         ["healthz" | "livez" | "readyz"] => Ok(Response::new(
@@ -309,6 +342,29 @@ fn selectors(res: &Resource, q: &Query) -> Result<(LabelSelector, FieldSelector)
     Ok((labels, fields))
 }
 
+/// The aggregated discovery version (`v2`, `v2beta1`) the first acceptable
+/// media type of `Accept` asks for, if it asks for one before plain JSON.
+fn aggregated(accept: Option<&str>) -> Option<&'static str> {
+    for media in accept?.split(',') {
+        let params: Vec<&str> = media.split(';').map(str::trim).collect();
+        let has = |p: &str| params.contains(&p);
+        if has("g=apidiscovery.k8s.io") && has("as=APIGroupDiscoveryList") {
+            if has("v=v2") {
+                return Some("v2");
+            }
+            if has("v=v2beta1") {
+                return Some("v2beta1");
+            }
+        } else if params
+            .first()
+            .is_some_and(|m| *m == "application/json" || *m == "*/*")
+        {
+            return None;
+        }
+    }
+    None
+}
+
 /// `Accept: ...;as=PartialObjectMetadata[List]`: only metadata is served.
 fn metadata_only(accept: Option<&str>) -> bool {
     accept.is_some_and(|a| a.contains("as=PartialObjectMetadata"))
@@ -380,15 +436,15 @@ async fn resource(
                 })?)),
                 None => None,
             };
-            let bookmarks = opts.bookmarks;
-            let w = store.watch(res, version, ns.as_deref(), opts)?;
-            Ok(watch_response(
-                shared.clone(),
-                w,
+            let stream = StreamOptions {
                 timeout,
-                bookmarks,
+                bookmarks: opts.bookmarks,
                 meta_only,
-            ))
+                breaks_at: *shared.breaks.borrow(),
+                cuts_at: *shared.cuts.borrow(),
+            };
+            let w = store.watch(res, version, ns.as_deref(), opts)?;
+            Ok(watch_response(shared.clone(), w, stream))
         }
         (Method::GET, Target::Collection { ns }) => {
             let (labels, fields) = selectors(res, &q)?;
@@ -578,17 +634,25 @@ async fn token_review(
 
 type Chunk = Result<Frame<Bytes>, std::io::Error>;
 
-fn watch_response(
-    shared: Arc<Shared>,
-    w: Watch,
+/// How a watch stream is sent.
+struct StreamOptions {
+    /// `timeoutSeconds`.
     timeout: Option<Duration>,
+    /// `allowWatchBookmarks`.
     bookmarks: bool,
+    /// Only `PartialObjectMetadata` is sent.
     meta_only: bool,
-) -> Response<Body> {
+    /// The `breaks` generation when the watch was asked for.
+    breaks_at: u64,
+    /// The `cuts` generation when the watch was asked for.
+    cuts_at: u64,
+}
+
+fn watch_response(shared: Arc<Shared>, w: Watch, opts: StreamOptions) -> Response<Body> {
     let (tx, rx) = mpsc::channel::<Chunk>(64);
     shared.open_watches.fetch_add(1, Ordering::SeqCst);
     tokio::spawn(async move {
-        run_watch(&shared, w, &tx, timeout, bookmarks, meta_only).await;
+        run_watch(&shared, w, &tx, opts).await;
         shared.open_watches.fetch_sub(1, Ordering::SeqCst);
     });
     let mut r = Response::new(BodyExt::boxed(StreamBody::new(ReceiverStream::new(rx))));
@@ -609,12 +673,27 @@ enum Stop {
 }
 
 struct Sender<'a> {
+    shared: &'a Shared,
     tx: &'a mpsc::Sender<Chunk>,
     meta_only: bool,
+    /// The `breaks` generation when the watch was asked for.
+    breaks_at: u64,
+    /// The `cuts` generation when the watch was asked for.
+    cuts_at: u64,
 }
 
 impl Sender<'_> {
+    /// Whether the stream must be cut: checked before every event, so that
+    /// nothing committed after `break_watches` or `set_unreachable` returned
+    /// reaches the client on this stream.
+    fn cut(&self) -> bool {
+        *self.shared.cuts.borrow() != self.cuts_at || *self.shared.breaks.borrow() != self.breaks_at
+    }
+
     async fn send(&self, mut event: Value) -> Result<(), Stop> {
+        if self.cut() {
+            return Err(Stop::Abort);
+        }
         if self.meta_only && event["type"] != "ERROR" && event["type"] != "BOOKMARK" {
             event["object"] = partial(&event["object"]);
         }
@@ -626,18 +705,28 @@ impl Sender<'_> {
     }
 }
 
-async fn run_watch(
-    shared: &Shared,
-    mut w: Watch,
-    tx: &mpsc::Sender<Chunk>,
-    timeout: Option<Duration>,
-    bookmarks: bool,
-    meta_only: bool,
-) {
+async fn run_watch(shared: &Shared, mut w: Watch, tx: &mpsc::Sender<Chunk>, opts: StreamOptions) {
     let mut breaks = shared.breaks.subscribe();
-    breaks.borrow_and_update();
-    let out = Sender { tx, meta_only };
-    let stop = stream_events(shared, &mut w, &out, &mut breaks, timeout, bookmarks).await;
+    let out = Sender {
+        shared,
+        tx,
+        meta_only: opts.meta_only,
+        breaks_at: opts.breaks_at,
+        cuts_at: opts.cuts_at,
+    };
+    let stop = if out.cut() {
+        Stop::Abort
+    } else {
+        stream_events(
+            shared,
+            &mut w,
+            &out,
+            &mut breaks,
+            opts.timeout,
+            opts.bookmarks,
+        )
+        .await
+    };
     if let Stop::Abort = stop {
         // An error in the body makes hyper drop the connection without the
         // last chunk: the client sees the stream cut, not ended.
