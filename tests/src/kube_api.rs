@@ -53,11 +53,22 @@
 //! - Test controls: direct writes with the same events as over HTTP,
 //!   `break_watches`, `compact`, latency, unreachability, a request log.
 //!
+//! ```no_run
+//! use serde_json::json;
+//! use tests::kube_api::KubeApi;
+//!
+//! let api = KubeApi::start_local(); // or KubeApi::start(listener bound in a netns)
+//! api.create(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}}))
+//!     .unwrap();
+//! let dir = tempfile::tempdir().unwrap();
+//! api.kubeconfig(&dir.path().join("kubeconfig")); // istiod discovery --kubeconfig=<that path>
+//! ```
+//!
 //! What it does NOT do:
 //!
 //! - No TLS, no HTTP/2, no protobuf or CBOR (JSON only; YAML accepted in
 //!   request bodies), no `Table` output; `Accept` is honoured only for
-//!   `PartialObjectMetadata(List)`.
+//!   `PartialObjectMetadata(List)` and aggregated discovery.
 //! - No authentication or authorization of clients: any bearer token, or
 //!   none, is accepted (it is recorded); no RBAC, no impersonation.
 //! - No admission (no mutating or validating webhooks, no defaulting beyond
@@ -82,6 +93,11 @@
 //!   `status`.
 //! - GET ignores `resourceVersion` (always the current object); the
 //!   legacy `/api/v1/watch/...` paths are not served.
+//! - A watch has no server-side time limit unless `timeoutSeconds` asks
+//!   for one (the API picks one of 30 to 60 minutes); a watch from a
+//!   resourceVersion newer than the server's is not refused but waits for
+//!   it; a watcher more than 16,384 events behind is cut, as the API cuts
+//!   slow watchers.
 //! - `set_unreachable` does not refuse connections (the listener stays
 //!   bound): each is accepted and shut down at once, and open ones are cut.
 //! - Lists include `kind` and `apiVersion` in every item (the API omits them
