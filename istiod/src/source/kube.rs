@@ -142,6 +142,25 @@ impl KubeSource {
     }
 }
 
+/// The most watch events applied to the store as one batch.
+const MAX_BATCH: usize = 1000;
+
+fn handle(informers: &mut Informers, event: Event) -> Vec<crate::model::Update> {
+    match event {
+        Event::Init(kind) => {
+            informers.init(kind);
+            Vec::new()
+        }
+        Event::InitApply(kind, item) => {
+            informers.init_apply(kind, item);
+            Vec::new()
+        }
+        Event::InitDone(kind) => informers.init_done(kind),
+        Event::Apply(item) => informers.apply(item),
+        Event::Delete(key) => informers.delete(key),
+    }
+}
+
 /// The task that owns the informers' state and writes the store.
 async fn run_informers(
     mut rx: mpsc::Receiver<Event>,
@@ -153,21 +172,25 @@ async fn run_informers(
     let mut informers = Informers::new(mesh.borrow_and_update().clone());
     let mut mesh_open = true;
     loop {
-        let updates = tokio::select! {
+        let mut updates = tokio::select! {
             event = rx.recv() => match event {
                 None => return,
-                Some(Event::Init(kind)) => { informers.init(kind); continue }
-                Some(Event::InitApply(kind, item)) => { informers.init_apply(kind, item); continue }
-                Some(Event::InitDone(kind)) => informers.init_done(kind),
-                Some(Event::Apply(item)) => informers.apply(item),
-                Some(Event::Delete(key)) => informers.delete(key),
+                Some(event) => handle(&mut informers, event),
             },
             changed = mesh.changed(), if mesh_open => match changed {
                 Ok(()) => informers.set_mesh(mesh.borrow_and_update().clone()),
                 Err(_) => { mesh_open = false; continue }
             },
-            _ = shutdown.changed() => if *shutdown.borrow() { return } else { continue },
+            _ = shutdown.wait_for(|s| *s) => return,
         };
+        // What else is queued joins this batch: a burst of events (a
+        // rollout, a relist) is one store change and one push, in order.
+        for _ in 0..MAX_BATCH {
+            match rx.try_recv() {
+                Ok(event) => updates.extend(handle(&mut informers, event)),
+                Err(_) => break,
+            }
+        }
         if !updates.is_empty() {
             store.apply(updates);
         }
