@@ -271,6 +271,19 @@ impl Istiod {
         )
     }
 
+    /// Starts istiod in the hub namespace on Istio's ports with
+    /// `--kubeconfig kubeconfig` (a Kubernetes API) and no config directory.
+    pub fn start_hub_kube(ns: &netns::Netns, dir: &Path, kubeconfig: &Path) -> Istiod {
+        let kc = kubeconfig.display().to_string();
+        let grpc: SocketAddr = "0.0.0.0:15012".parse().unwrap();
+        Self::start_full(
+            dir,
+            grpc,
+            &[("TEST_ISTIOD_KUBECONFIG", &kc)],
+            Some(ns.name.clone()),
+        )
+    }
+
     /// Like [`Istiod::start_hub`], with the plaintext xDS port `:15010` open too.
     pub fn start_hub_plaintext(ns: &netns::Netns, dir: &Path, config_dir: &Path) -> Istiod {
         let cd = config_dir.display().to_string();
@@ -379,6 +392,11 @@ impl Istiod {
                 env.iter()
                     .find(|(k, _)| k == "TEST_ISTIOD_CONFIG_DIR")
                     .map(|(_, v)| format!("--configDir={v}")),
+            )
+            .args(
+                env.iter()
+                    .find(|(k, _)| k == "TEST_ISTIOD_KUBECONFIG")
+                    .map(|(_, v)| format!("--kubeconfig={v}")),
             )
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         let n = fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);

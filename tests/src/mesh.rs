@@ -379,8 +379,36 @@ pub struct LocalMesh {
     pub dir: PathBuf,
     /// How the Pods' traffic reaches Envoy.
     pub capture: Capture,
+    /// The Kubernetes API istiod reads, when it runs on one
+    /// ([`LocalMesh::start_kube`]); `config_dir` is then only the sample's copy.
+    pub kube_api: Option<crate::kube_api::KubeApi>,
     agent_env: Vec<(String, String)>,
     pilot_agent: PathBuf,
+}
+
+/// Creates every object of the YAML files in `dir` in the API, Namespaces
+/// first, as `kubectl apply -f dir` would.
+fn load_into(api: &crate::kube_api::KubeApi, dir: &Path) {
+    let mut objects = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .expect("a sample")
+        .flatten()
+        .collect();
+    files.sort_by_key(|e| e.file_name());
+    for e in files {
+        let text = std::fs::read_to_string(e.path()).expect("read a sample file");
+        for doc in text.split("\n---") {
+            let v: serde_json::Value = serde_yaml_ng::from_str(doc).expect("a sample object");
+            if !v.is_null() {
+                objects.push(v);
+            }
+        }
+    }
+    objects.sort_by_key(|o| o["kind"] != "Namespace");
+    for o in objects {
+        api.create(o.clone())
+            .unwrap_or_else(|e| panic!("create {}: {e:?}", o["metadata"]["name"]));
+    }
 }
 
 fn copy_yaml(from: &Path, to: &Path) {
@@ -398,8 +426,25 @@ impl LocalMesh {
         Self::start_with(dir, Capture::Iptables, extra_agent_env)
     }
 
-    /// Starts the mesh with the given capture, in `dir`.
+    /// Starts the mesh with the given capture, in `dir`, istiod reading the
+    /// sample from its config directory.
     pub fn start_with(dir: &Path, capture: Capture, extra_agent_env: &[(&str, &str)]) -> LocalMesh {
+        Self::start_from(dir, capture, extra_agent_env, false)
+    }
+
+    /// Starts the mesh (iptables capture) with istiod on Kubernetes: the
+    /// API stand-in, inside the hub, holds the sample's objects and istiod
+    /// reads them through `--kubeconfig`, with no config directory.
+    pub fn start_kube(dir: &Path) -> LocalMesh {
+        Self::start_from(dir, Capture::Iptables, &[], true)
+    }
+
+    fn start_from(
+        dir: &Path,
+        capture: Capture,
+        extra_agent_env: &[(&str, &str)],
+        kube: bool,
+    ) -> LocalMesh {
         // The proxy user must reach its Pod's files.
         std::fs::create_dir_all(dir).expect("mesh dir");
         std::fs::set_permissions(
@@ -415,7 +460,20 @@ impl LocalMesh {
             copy_yaml(&samples.join("capture-none"), &config_dir);
         }
         let hub = Hub::new();
-        let istiod = crate::Istiod::start_hub(&hub.ns, &dir.join("istiod"), &config_dir);
+        let (istiod, kube_api) = if kube {
+            let listener = hub
+                .ns
+                .run(|| std::net::TcpListener::bind("127.0.0.1:0").expect("bind the API"));
+            let api = crate::kube_api::KubeApi::start(listener);
+            load_into(&api, &config_dir);
+            let kubeconfig = dir.join("kubeconfig");
+            api.kubeconfig(&kubeconfig);
+            let istiod = crate::Istiod::start_hub_kube(&hub.ns, &dir.join("istiod"), &kubeconfig);
+            (istiod, Some(api))
+        } else {
+            let istiod = crate::Istiod::start_hub(&hub.ns, &dir.join("istiod"), &config_dir);
+            (istiod, None)
+        };
         let mut agent_env: Vec<(String, String)> = extra_agent_env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -436,6 +494,7 @@ impl LocalMesh {
             capture,
             agent_env,
             pilot_agent,
+            kube_api,
         };
         for (name, ip, sa, version) in [
             ("sleep-1", "198.18.0.2", "sleep", None),
