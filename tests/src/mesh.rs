@@ -34,26 +34,7 @@ pub const APP_UID: u32 = 1000;
 pub const POD_NAMESERVER: &str = "127.0.0.53";
 
 /// The injection template's `istio-init` arguments (REDIRECT mode).
-pub const ISTIO_INIT_ARGS: &[&str] = &[
-    "istio-iptables",
-    "-p",
-    "15001",
-    "-z",
-    "15006",
-    "-u",
-    "1337",
-    "-m",
-    "REDIRECT",
-    "-i",
-    "*",
-    "-x",
-    "",
-    "-b",
-    "*",
-    "-d",
-    "15090,15021,15020",
-    "--log_output_level=default:info",
-];
+pub const ISTIO_INIT_ARGS: &[&str] = pilot_agent::iptables::INJECTION_TEMPLATE_ARGS;
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip")
