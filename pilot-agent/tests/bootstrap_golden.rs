@@ -1,5 +1,5 @@
-//! The bootstrap against Istio's own goldens (`pkg/bootstrap/testdata`, kept
-//! read-only in `../shared/reference/istio-bootstrap/`), built from the inputs
+//! The bootstrap against Istio's own goldens (`pkg/bootstrap/testdata`, copied
+//! as data into `tests/testdata/bootstrap/` with their origin), built from the inputs
 //! Istio's `TestGolden` uses and compared as JSON; and every rendered bootstrap
 //! checked by the real Envoy in validate mode.
 //!
@@ -23,7 +23,7 @@ const INSTANCE_IPS: [&str; 5] = ["10.3.3.3", "10.4.4.4", "10.5.5.5", "10.6.6.6",
 const PILOT_SAN: &str = "spiffe://cluster.local/ns/istio-system/sa/istio-pilot-service-account";
 
 fn golden_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference/istio-bootstrap")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testdata/bootstrap")
 }
 
 /// One of Istio's `TestGolden` cases (README of the golden directory).
