@@ -423,6 +423,10 @@ impl Istiod {
 
     /// Starts istiod again in the same directory on the same ports.
     pub fn restart(&mut self) {
+        // The old process must be gone before the new one binds its ports.
+        if self.proc.alive() {
+            self.stop();
+        }
         self.proc = Self::spawn(
             &self.dir,
             self.grpc,

@@ -223,38 +223,48 @@ pub fn serve_app(ns: &Netns, addr: SocketAddr, version: &str) {
             let Ok(mut c) = conn else { continue };
             let version = version.clone();
             std::thread::spawn(move || {
-                let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+                // Keep-alive, as real servers do: Envoy reuses its connections
+                // to the app instead of opening (from 127.0.0.6) one per request.
+                let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(300)));
                 let peer = c
                     .peer_addr()
                     .map(|a| a.ip().to_string())
                     .unwrap_or_default();
                 let mut buf = Vec::new();
                 let mut chunk = [0u8; 4096];
-                // One request per connection is enough here; Envoy opens more as needed.
-                loop {
-                    match c.read(&mut chunk) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                    if buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                        break;
+                for _ in 0..100_000 {
+                    // The requests carry no body: each ends at its blank line.
+                    let end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        match c.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head: Vec<u8> = buf.drain(..end).collect();
+                    let req = String::from_utf8_lossy(&head);
+                    let header = |name: &str| {
+                        req.lines()
+                            .find_map(|l| {
+                                let (k, v) = l.split_once(':')?;
+                                k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+                            })
+                            .unwrap_or_default()
+                    };
+                    let xfcc = header("x-forwarded-client-cert");
+                    let close = header("connection").eq_ignore_ascii_case("close");
+                    let body = format!("version={version}\nxfcc={xfcc}\npeer={peer}\n");
+                    let response = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n{}\r\n{body}",
+                        body.len(),
+                        if close { "Connection: close\r\n" } else { "" }
+                    );
+                    if c.write_all(response.as_bytes()).is_err() || close {
+                        return;
                     }
                 }
-                let req = String::from_utf8_lossy(&buf);
-                let xfcc = req
-                    .lines()
-                    .find_map(|l| {
-                        let (k, v) = l.split_once(':')?;
-                        k.eq_ignore_ascii_case("x-forwarded-client-cert")
-                            .then(|| v.trim().to_string())
-                    })
-                    .unwrap_or_default();
-                let body = format!("version={version}\nxfcc={xfcc}\npeer={peer}\n");
-                let _ = write!(
-                    c,
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
             });
         }
     });
