@@ -672,6 +672,25 @@ fn webhook_port(docs: &[Doc]) -> i32 {
     i32::from(addr.port())
 }
 
+/// The Deployment's `REVISION`: istiod patches the webhook configurations labelled with it.
+fn revision(docs: &[Doc]) -> String {
+    let (_, d) = deployment(docs);
+    discovery_container(&d)
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "REVISION")
+        .and_then(|e| e.value.clone())
+        .unwrap_or_else(|| "default".into())
+}
+
+fn rev_label(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Option<&str> {
+    meta.labels
+        .as_ref()?
+        .get("istio.io/rev")
+        .map(String::as_str)
+}
+
 #[test]
 fn the_injection_webhooks_are_istio_charts_and_reach_istiod() {
     let docs = istiod_documents();
@@ -682,6 +701,11 @@ fn the_injection_webhooks_are_istio_charts_and_reach_istiod() {
         "istio-sidecar-injector",
     )
     .typed();
+    assert_eq!(
+        rev_label(&mwc.metadata),
+        Some(revision(&docs).as_str()),
+        "istiod patches the configurations of its revision"
+    );
     let hooks = mwc.webhooks.unwrap();
     let names: Vec<&str> = hooks.iter().map(|h| h.name.as_str()).collect();
     assert_eq!(
@@ -783,6 +807,7 @@ fn the_validation_webhook_is_istio_charts_and_reaches_istiod() {
         "istio-validator-istio-system",
     )
     .typed();
+    assert_eq!(rev_label(&vwc.metadata), Some(revision(&docs).as_str()));
     let hooks = vwc.webhooks.unwrap();
     assert_eq!(hooks.len(), 1);
     let h = &hooks[0];
@@ -893,6 +918,13 @@ fn rbac_grants_what_istiod_uses_to_its_service_account() {
                 "{resource} {name}: {verb}"
             );
         }
+        // The patcher finds them by their revision label, not by name.
+        for verb in ["list", "watch"] {
+            assert!(
+                allows(&rules, "admissionregistration.k8s.io", resource, verb, None),
+                "{resource}: {verb} (with a label selector)"
+            );
+        }
     }
     // No write to anything cluster-wide beyond those.
     for r in &rules {
@@ -909,7 +941,8 @@ fn rbac_grants_what_istiod_uses_to_its_service_account() {
                         | ["tokenreviews"]
                         | ["mutatingwebhookconfigurations"]
                         | ["validatingwebhookconfigurations"]
-                ),
+                ) && (r.resource_names.is_some()
+                    || !resources[0].ends_with("webhookconfigurations")),
                 "unexpected cluster-wide write: {r:?}"
             );
         }
