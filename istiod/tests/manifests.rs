@@ -1065,3 +1065,63 @@ fn the_injector_configmap_holds_values_and_config_istiod_reads() {
     // Our injector renders these built-in templates by name.
     assert_eq!(templates, ["sidecar"]);
 }
+
+#[test]
+fn the_paths_istiod_uses_are_on_the_right_volumes() {
+    let docs = istiod_documents();
+    let (doc, d) = deployment(&docs);
+    let c = discovery_container(&d);
+    let (_, parsed) = parse_discovery(&c.args.clone().unwrap());
+    let config = Config::from_args(&parsed, &pod_env(&d, doc)).unwrap();
+    let pod = d.spec.unwrap().template.spec.unwrap();
+    let volumes = pod.volumes.unwrap_or_default();
+    let mounts = c.volume_mounts.clone().unwrap_or_default();
+    // istiod runs from `/` (images.rs checks the image's WORKDIR), so `./etc/cacerts` is
+    // `/etc/cacerts`.
+    let absolute = |p: &Path| Path::new("/").join(p.strip_prefix("./").unwrap_or(p));
+    let mount_of = |p: &Path| {
+        mounts
+            .iter()
+            .filter(|m| p.starts_with(&m.mount_path))
+            .max_by_key(|m| m.mount_path.len())
+            .cloned()
+    };
+    let volume = |name: &str| volumes.iter().find(|v| v.name == name).unwrap().clone();
+
+    // The plugged-in CA is read from the `cacerts` Secret's mount.
+    let root_ca = absolute(&config.root_ca_dir);
+    let m = mount_of(&root_ca).unwrap_or_else(|| panic!("{} is on no volume", root_ca.display()));
+    assert_eq!(m.mount_path, root_ca.to_str().unwrap());
+    let v = volume(&m.name);
+    assert_eq!(
+        v.secret.and_then(|s| s.secret_name).as_deref(),
+        Some("cacerts")
+    );
+
+    // The self-signed root is written, and the root filesystem is read-only.
+    let sc = c.security_context.clone().unwrap();
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    let self_signed = absolute(&config.self_signed_ca_dir);
+    let m = mount_of(&self_signed).unwrap_or_else(|| {
+        panic!(
+            "istiod writes {} on the read-only root",
+            self_signed.display()
+        )
+    });
+    assert_ne!(m.read_only, Some(true), "{} is read-only", m.mount_path);
+    assert!(
+        volume(&m.name).empty_dir.is_some(),
+        "{}: a writable volume",
+        m.name
+    );
+
+    // The workload tokens istiod reviews carry the audience of its token volume.
+    assert!(
+        config
+            .token_audiences
+            .iter()
+            .any(|a| a == istiod::ca::authn::DEFAULT_AUDIENCE)
+    );
+    assert_eq!(config.jwt_policy, istiod::config::JwtPolicy::ThirdParty);
+    assert_eq!(config.trust_domain, "cluster.local");
+}
