@@ -9,6 +9,8 @@
 //!   network namespace), served by its own tokio runtime; stops on drop.
 //! - Core `v1` namespaces, nodes, services, endpoints, pods, configmaps,
 //!   secrets, serviceaccounts; `discovery.k8s.io/v1` endpointslices;
+//!   `admissionregistration.k8s.io/v1` mutatingwebhookconfigurations and
+//!   validatingwebhookconfigurations;
 //!   `apiextensions.k8s.io/v1` customresourcedefinitions (read-only, one per
 //!   Istio resource, established); the Istio resources at the versions
 //!   Istio's CRDs serve (`networking.istio.io` v1/v1beta1/v1alpha3,
@@ -48,9 +50,39 @@
 //!   resource leave status alone). A write that changes nothing commits
 //!   nothing. Errors are `Status` objects with the API's code, reason and
 //!   message.
+//! - Dynamic admission
+//!   (<https://kubernetes.io/docs/reference/access-authn-authz/extensible-admission-controllers/>)
+//!   on every CREATE, UPDATE (PUT, PATCH, `/status` as subresource `status`)
+//!   and DELETE of one object over HTTP: the webhooks of every
+//!   MutatingWebhookConfiguration (configurations by name, webhooks in
+//!   order), then those of every ValidatingWebhookConfiguration, each where
+//!   its `rules` (operations, groups, versions, resources with `*` and
+//!   subresources, scope), `namespaceSelector` (a Namespace's own labels for
+//!   a Namespace) and `objectSelector` (new or old object) match. Each is
+//!   sent an `admission.k8s.io/v1` AdmissionReview (`uid`, `kind`,
+//!   `resource`, `subResource`, `requestKind`, `requestResource`, `name`,
+//!   `namespace`, `operation`, `userInfo`, `object`, `oldObject`, `dryRun`,
+//!   `options`) as an HTTP/1.1 POST over TLS to `clientConfig.url` or to
+//!   `clientConfig.service` (at the address [`KubeApi::set_service_address`]
+//!   gives it; server name `<name>.<namespace>.svc`), verified against
+//!   `caBundle`, within `timeoutSeconds` (default 10), `?timeout=<n>s`
+//!   appended as the API does. A denial rejects the request with the
+//!   webhook's status (`admission webhook "<name>" denied the request:
+//!   <message>`, code 400 unless it gives one of 400 or more); a mutating
+//!   webhook's `JSONPatch` (RFC 6902) changes the object the next webhooks
+//!   and the store see; `warnings` become `Warning: 299 - "<text>"` headers;
+//!   a webhook that cannot be called or answers wrongly rejects the request
+//!   with a 500 `failed calling webhook "<name>": ...` unless its
+//!   `failurePolicy` is `Ignore`. A PATCH is admitted as the object it
+//!   makes (an apply that creates as a CREATE) and written only if the
+//!   stored object did not change meanwhile (else admitted again, up to 5
+//!   times). Webhook configurations themselves are never admitted, as in
+//!   the API. Every call is listed by [`KubeApi::admission_calls`].
 //! - `POST /apis/authentication.k8s.io/v1/tokenreviews`, answered by a
 //!   function the test sets.
-//! - Test controls: direct writes with the same events as over HTTP,
+//! - Test controls: direct writes with the same events as over HTTP (but
+//!   no admission: they are the test's hand in the store, as a write to
+//!   etcd would be; create over HTTP to have an object admitted),
 //!   `break_watches`, `compact`, latency, unreachability, a request log.
 //!
 //! ```no_run
@@ -71,8 +103,23 @@
 //!   `PartialObjectMetadata(List)` and aggregated discovery.
 //! - No authentication or authorization of clients: any bearer token, or
 //!   none, is accepted (it is recorded); no RBAC, no impersonation.
-//! - No admission (no mutating or validating webhooks, no defaulting beyond
-//!   the fields listed above) except the namespace-exists check on create.
+//! - No admission plugins but the webhooks above and the namespace-exists
+//!   check on create (no defaulting beyond the fields listed above, no
+//!   quota, limit ranges or pod security). Of webhook admission: no
+//!   admission on the test's direct writes or on DELETE of a collection;
+//!   `reinvocationPolicy` is ignored (no webhook is called twice);
+//!   `matchConditions` are ignored (every condition taken as true);
+//!   `matchPolicy: Equivalent` is treated as `Exact` (no conversion to a
+//!   version a rule names); validating webhooks are called one after the
+//!   other, not in parallel, and the first denial ends the request; a
+//!   webhook's patch of a DELETE is ignored; only `admission.k8s.io/v1`
+//!   reviews are sent; an empty `caBundle` fails verification (no system
+//!   trust store); a service's `port` is not mapped to a target port (the
+//!   address set for the service is called); `userInfo` is a fixed cluster
+//!   administrator (clients are not authenticated); the configurations are
+//!   not validated when written (an unparsable selector fails the call as
+//!   its `failurePolicy` says); webhooks see the object before the server
+//!   sets `uid`, `creationTimestamp` or a generated name.
 //! - No schema validation: objects are stored as any JSON; names are not
 //!   checked against DNS rules; no CRD schemas, no CRD registration (the
 //!   resource set is fixed), no conversion webhooks.
@@ -103,6 +150,7 @@
 //! - Lists include `kind` and `apiVersion` in every item (the API omits them
 //!   for built-in types; clients accept both).
 
+mod admission;
 mod resources;
 mod selector;
 mod server;
@@ -118,6 +166,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+pub use admission::{AdmissionCall, WebhookOutcome};
 pub use resources::{RESOURCES, Resource};
 pub use status::Status;
 use store::{Scope, Store};
@@ -476,6 +525,26 @@ impl KubeApi {
     /// Forgets the requests received so far.
     pub fn clear_requests(&self) {
         self.shared.requests.lock().expect("not poisoned").clear();
+    }
+
+    /// Routes admission webhooks' `clientConfig.service` `namespace/name` to
+    /// `addr` (the endpoint: the service's `port` is not mapped, whatever it
+    /// says, the call goes to `addr`). The certificate is still verified
+    /// for `<name>.<namespace>.svc`.
+    pub fn set_service_address(&self, namespace: &str, name: &str, addr: SocketAddr) {
+        self.shared
+            .admission
+            .set_service_address(namespace, name, addr);
+    }
+
+    /// Every admission webhook call made so far, in order.
+    pub fn admission_calls(&self) -> Vec<AdmissionCall> {
+        self.shared.admission.calls()
+    }
+
+    /// Forgets the admission webhook calls made so far.
+    pub fn clear_admission_calls(&self) {
+        self.shared.admission.clear_calls();
     }
 
     /// The number of watch streams open now.

@@ -149,6 +149,32 @@ const fn istio(
     }
 }
 
+/// The admission webhook configurations' group.
+pub const ADMISSION_REGISTRATION_GROUP: &str = "admissionregistration.k8s.io";
+
+/// `admissionregistration.k8s.io/v1` webhook configurations: cluster-scoped,
+/// no status, `generation` bumped when the webhooks change.
+const fn webhook_configurations(
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+) -> Resource {
+    Resource {
+        group: ADMISSION_REGISTRATION_GROUP,
+        versions: CORE,
+        storage: "v1",
+        plural,
+        singular,
+        kind,
+        namespaced: false,
+        status: false,
+        generation: true,
+        writable: true,
+        short_names: &[],
+        fields: &[],
+    }
+}
+
 /// Every resource served (TokenReview is handled apart: it is create-only
 /// and stores nothing).
 pub static RESOURCES: &[Resource] = &[
@@ -236,6 +262,16 @@ pub static RESOURCES: &[Resource] = &[
         short_names: &["crd", "crds"],
         fields: &[],
     },
+    webhook_configurations(
+        "mutatingwebhookconfigurations",
+        "mutatingwebhookconfiguration",
+        "MutatingWebhookConfiguration",
+    ),
+    webhook_configurations(
+        "validatingwebhookconfigurations",
+        "validatingwebhookconfiguration",
+        "ValidatingWebhookConfiguration",
+    ),
     istio(
         "networking.istio.io",
         ISTIO_NETWORKING,

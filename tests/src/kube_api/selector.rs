@@ -107,6 +107,53 @@ impl LabelSelector {
         Ok(LabelSelector(reqs))
     }
 
+    /// Builds a selector from a `meta/v1` `LabelSelector` object
+    /// (`matchLabels` and `matchExpressions` with `In`, `NotIn`, `Exists`,
+    /// `DoesNotExist`), as webhooks' `namespaceSelector` and `objectSelector`
+    /// are written. Absent or `{}` selects everything.
+    pub fn from_object(sel: &Value) -> Result<LabelSelector, SelectorError> {
+        let mut reqs = Vec::new();
+        let bad = |what: &Value| SelectorError::Requirement(what.to_string());
+        if let Some(labels) = sel.get("matchLabels").and_then(Value::as_object) {
+            for (k, v) in labels {
+                let v = v.as_str().ok_or_else(|| bad(v))?;
+                reqs.push(Requirement::Equals(k.clone(), v.to_string()));
+            }
+        }
+        for e in sel
+            .get("matchExpressions")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+        {
+            let key = e.get("key").and_then(Value::as_str).ok_or_else(|| bad(e))?;
+            let values: BTreeSet<String> = e
+                .get("values")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default();
+            let key = key.to_string();
+            reqs.push(match e.get("operator").and_then(Value::as_str) {
+                Some("In") if !values.is_empty() => Requirement::In(key, values),
+                Some("NotIn") if !values.is_empty() => Requirement::NotIn(key, values),
+                Some("Exists") if values.is_empty() => Requirement::Exists(key),
+                Some("DoesNotExist") if values.is_empty() => Requirement::NotExists(key),
+                _ => return Err(bad(e)),
+            });
+        }
+        Ok(LabelSelector(reqs))
+    }
+
+    /// Whether it has no requirement (selects everything).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// Whether `obj`'s `metadata.labels` satisfy every requirement.
     pub fn matches(&self, obj: &Value) -> bool {
         let labels = obj.pointer("/metadata/labels");
@@ -214,6 +261,36 @@ mod tests {
             );
         }
         assert!(LabelSelector::parse("app in web").is_err());
+    }
+
+    #[test]
+    fn label_selector_objects() {
+        let o = obj(json!({"app": "web", "version": "v1"}));
+        let sel = |v: Value| LabelSelector::from_object(&v).unwrap().matches(&o);
+        assert!(sel(json!({})));
+        assert!(sel(json!({"matchLabels": {"app": "web"}})));
+        assert!(!sel(json!({"matchLabels": {"app": "db"}})));
+        assert!(sel(json!({"matchExpressions": [
+            {"key": "version", "operator": "In", "values": ["v1", "v2"]},
+            {"key": "tier", "operator": "DoesNotExist"},
+            {"key": "app", "operator": "Exists"},
+            {"key": "missing", "operator": "NotIn", "values": ["x"]},
+        ]})));
+        assert!(!sel(
+            json!({"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["web"]}]})
+        ));
+        assert!(
+            LabelSelector::from_object(
+                &json!({"matchExpressions": [{"key": "a", "operator": "Gt"}]})
+            )
+            .is_err()
+        );
+        assert!(
+            LabelSelector::from_object(
+                &json!({"matchExpressions": [{"key": "a", "operator": "In"}]})
+            )
+            .is_err()
+        );
     }
 
     #[test]

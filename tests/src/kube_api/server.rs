@@ -20,10 +20,13 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::admission::{self, Admission, Attributes, Operation};
 use super::resources::{self, AUTHENTICATION_GROUP, Resource};
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::Status;
-use super::store::{ListOptions, PatchKind, Scope, Store, Watch, WatchOptions, meta_str};
+use super::store::{
+    ListOptions, PatchKind, Scope, Store, Watch, WatchOptions, check_type, merge_patch, meta_str,
+};
 use super::{RequestRecord, TokenReviewAnswer, TokenReviewFn, TokenReviewRecord};
 
 type Body = BoxBody<Bytes, std::io::Error>;
@@ -46,6 +49,8 @@ pub struct Shared {
     pub requests: Mutex<Vec<RequestRecord>>,
     pub token_reviews: Mutex<Vec<TokenReviewRecord>>,
     pub open_watches: AtomicUsize,
+    /// Service addresses for webhooks, and the webhook calls made.
+    pub admission: Admission,
 }
 
 impl Shared {
@@ -64,6 +69,7 @@ impl Shared {
             requests: Mutex::new(Vec::new()),
             token_reviews: Mutex::new(Vec::new()),
             open_watches: AtomicUsize::new(0),
+            admission: Admission::default(),
         }
     }
 
@@ -177,10 +183,21 @@ async fn handle(
     if cut() {
         return Err(unreachable());
     }
-    let response = match route(&shared, req).await {
+    let mut warnings = Vec::new();
+    let mut response = match route(&shared, req, &mut warnings).await {
         Ok(r) => r,
         Err(status) => json_response(status.code, &status.to_json()),
     };
+    // Admission warnings go back whether or not the request succeeded.
+    for w in &warnings {
+        if let Ok(v) =
+            hyper::header::HeaderValue::from_bytes(admission::warning_header(w).as_bytes())
+        {
+            response
+                .headers_mut()
+                .append(hyper::header::HeaderName::from_static("warning"), v);
+        }
+    }
     if cut() {
         return Err(unreachable());
     }
@@ -199,7 +216,11 @@ fn flag(q: &Query, name: &str) -> bool {
     matches!(q.get(name).map(String::as_str), Some("1" | "true"))
 }
 
-async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, Status> {
+async fn route(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+    warnings: &mut Vec<String>,
+) -> Result<Response<Body>, Status> {
     let path = req.uri().path().to_string();
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let doc = |v: Option<Value>| {
@@ -239,12 +260,12 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         }
         ["api", "v1", rest @ ..] => {
             let rest: Vec<String> = rest.iter().map(|s| s.to_string()).collect();
-            resource(shared, "", "v1", &rest, req).await
+            resource(shared, "", "v1", &rest, req, warnings).await
         }
         ["apis", g, v, rest @ ..] => {
             let (g, v) = (g.to_string(), v.to_string());
             let rest: Vec<String> = rest.iter().map(|s| s.to_string()).collect();
-            resource(shared, &g, &v, &rest, req).await
+            resource(shared, &g, &v, &rest, req, warnings).await
         }
         _ => Err(Status::no_route(&path)),
     }
@@ -398,6 +419,7 @@ async fn resource(
     version: &str,
     rest: &[String],
     req: Request<Incoming>,
+    warnings: &mut Vec<String>,
 ) -> Result<Response<Body>, Status> {
     let path = req.uri().path().to_string();
     let (res, target) = target(group, version, rest, &path)?;
@@ -478,7 +500,33 @@ async fn resource(
             if res.namespaced && !store.namespace_exists(&ns) {
                 return Err(namespace_missing(&ns));
             }
-            let obj = decode(&content_type, &body_bytes(req).await?)?;
+            let mut obj = decode(&content_type, &body_bytes(req).await?)?;
+            check_type(res, &obj)?;
+            let body_ns = meta_str(&obj, "namespace").unwrap_or_default();
+            // A mismatched namespace is refused by the store, before any
+            // webhook would see the object.
+            if !res.namespaced || body_ns.is_empty() || body_ns == ns {
+                if res.namespaced {
+                    obj["metadata"]["namespace"] = json!(ns);
+                }
+                let attrs = Attributes {
+                    res,
+                    version: version.to_string(),
+                    subresource: None,
+                    operation: Operation::Create,
+                    namespace: ns.clone(),
+                    name: meta_str(&obj, "name").unwrap_or_default().to_string(),
+                    object: Some(obj.clone()),
+                    old_object: None,
+                    options: options("CreateOptions", &q),
+                };
+                if let Some(o) = admission::admit(&shared.admission, store, attrs, warnings)
+                    .await?
+                    .object
+                {
+                    obj = o;
+                }
+            }
             let created = store.create(res, version, &ns, obj, Scope::Main)?;
             Ok(json_response(201, &one(created)))
         }
@@ -511,8 +559,30 @@ async fn resource(
             &one(store.get(res, version, &ns, &name)?),
         )),
         (Method::PUT, Target::Object { ns, name, status }) => {
-            let obj = decode(&content_type, &body_bytes(req).await?)?;
+            let mut obj = decode(&content_type, &body_bytes(req).await?)?;
             let scope = if status { Scope::Status } else { Scope::Main };
+            // A missing object is the store's 404, before admission.
+            if let Ok(old) = store.get(res, version, &ns, &name)
+                && check_type(res, &obj).is_ok()
+            {
+                let attrs = Attributes {
+                    res,
+                    version: version.to_string(),
+                    subresource: status.then_some("status"),
+                    operation: Operation::Update,
+                    namespace: request_namespace(res, &ns, &name),
+                    name: name.clone(),
+                    object: Some(obj.clone()),
+                    old_object: Some(old),
+                    options: options("UpdateOptions", &q),
+                };
+                if let Some(o) = admission::admit(&shared.admission, store, attrs, warnings)
+                    .await?
+                    .object
+                {
+                    obj = o;
+                }
+            }
             let updated = store.update(res, version, &ns, &name, obj, scope)?;
             Ok(json_response(200, &one(updated)))
         }
@@ -541,7 +611,15 @@ async fn resource(
                 return Err(namespace_missing(&ns));
             }
             let scope = if status { Scope::Status } else { Scope::Main };
-            let (obj, created) = store.patch(res, version, &ns, &name, kind, patch, scope)?;
+            let target = PatchTarget {
+                res,
+                version,
+                ns: &ns,
+                name: &name,
+                status,
+            };
+            let (obj, created) =
+                patch_admitted(shared, &target, kind, patch, scope, &q, warnings).await?;
             Ok(json_response(if created { 201 } else { 200 }, &one(obj)))
         }
         (
@@ -559,6 +637,24 @@ async fn resource(
                 decode(&content_type, &body)?
             };
             let pre = opts.get("preconditions").cloned().unwrap_or(Value::Null);
+            if let Ok(old) = store.get(res, version, &ns, &name) {
+                let mut delete_options = opts.clone();
+                if !delete_options.is_object() {
+                    delete_options = options("DeleteOptions", &q);
+                }
+                let attrs = Attributes {
+                    res,
+                    version: version.to_string(),
+                    subresource: None,
+                    operation: Operation::Delete,
+                    namespace: request_namespace(res, &ns, &name),
+                    name: name.clone(),
+                    object: None,
+                    old_object: Some(old),
+                    options: delete_options,
+                };
+                admission::admit(&shared.admission, store, attrs, warnings).await?;
+            }
             Ok(json_response(
                 200,
                 &one(store.delete(res, version, &ns, &name, &pre)?),
@@ -566,6 +662,108 @@ async fn resource(
         }
         (m, _) => Err(Status::method_not_allowed(m.as_str(), res.plural)),
     }
+}
+
+/// The request's namespace as the API's request info has it: a Namespace
+/// named on the path is its own.
+fn request_namespace(res: &Resource, ns: &str, name: &str) -> String {
+    if res.group.is_empty() && res.plural == "namespaces" {
+        name.to_string()
+    } else {
+        ns.to_string()
+    }
+}
+
+/// The options object of a write, as admission reports it.
+fn options(kind: &str, q: &Query) -> Value {
+    let mut o = json!({"kind": kind, "apiVersion": "meta.k8s.io/v1"});
+    if let Some(m) = q.get("fieldManager") {
+        o["fieldManager"] = json!(m);
+    }
+    o
+}
+
+/// How often a PATCH is admitted again when the object changed while its
+/// webhooks were called, as the API server retries a patch on a conflict.
+const PATCH_ATTEMPTS: usize = 5;
+
+/// The object a PATCH is for.
+struct PatchTarget<'a> {
+    res: &'static Resource,
+    version: &'a str,
+    ns: &'a str,
+    name: &'a str,
+    status: bool,
+}
+
+/// A PATCH with admission: the patch is applied to the stored object, the
+/// result admitted as an UPDATE (an apply that creates as a CREATE), and
+/// the admitted object written if the stored one has not changed meanwhile
+/// (else all again). With no webhook to call, the store patches as before.
+async fn patch_admitted(
+    shared: &Arc<Shared>,
+    t: &PatchTarget<'_>,
+    kind: PatchKind,
+    patch: Value,
+    scope: Scope,
+    q: &Query,
+    warnings: &mut Vec<String>,
+) -> Result<(Value, bool), Status> {
+    let store = &shared.store;
+    let (res, version, ns, name) = (t.res, t.version, t.ns, t.name);
+    let plain = || store.patch(res, version, ns, name, kind, patch.clone(), scope);
+    if !patch.is_object() || check_type(res, &patch).is_err() {
+        return plain();
+    }
+    let pinned = meta_str(&patch, "resourceVersion").is_some_and(|r| !r.is_empty());
+    for _ in 0..PATCH_ATTEMPTS {
+        let old = store.get(res, version, ns, name).ok();
+        let (operation, object, opts) = match &old {
+            None if kind == PatchKind::Apply && !t.status => {
+                if meta_str(&patch, "name").is_some_and(|n| n != name) {
+                    return plain();
+                }
+                let mut obj = patch.clone();
+                obj["metadata"]["name"] = json!(name);
+                if res.namespaced {
+                    obj["metadata"]["namespace"] = json!(ns);
+                }
+                (Operation::Create, obj, "CreateOptions")
+            }
+            None => return plain(),
+            Some(old) => {
+                let mut new = old.clone();
+                merge_patch(&mut new, &patch);
+                (Operation::Update, new, "PatchOptions")
+            }
+        };
+        let attrs = Attributes {
+            res,
+            version: version.to_string(),
+            subresource: t.status.then_some("status"),
+            operation,
+            namespace: request_namespace(res, ns, name),
+            name: name.to_string(),
+            object: Some(object.clone()),
+            old_object: old.clone(),
+            options: options(opts, q),
+        };
+        let admitted = admission::admit(&shared.admission, store, attrs, warnings).await?;
+        if !admitted.called {
+            return plain();
+        }
+        let mut obj = admitted.object.unwrap_or(object);
+        let Some(old) = old else {
+            // Created meanwhile: merged into it as an apply does.
+            return store.patch(res, version, ns, name, PatchKind::Apply, obj, scope);
+        };
+        obj["metadata"]["resourceVersion"] = json!(meta_str(&old, "resourceVersion"));
+        match store.update(res, version, ns, name, obj, scope) {
+            Err(s) if s.code == 409 && !pinned => continue,
+            r => return r.map(|o| (o, false)),
+        }
+    }
+    Err(Status::conflict(res, name))
 }
 
 fn namespace_missing(ns: &str) -> Status {

@@ -152,6 +152,46 @@ impl Status {
         s
     }
 
+    /// 500 `InternalError`, as the API reports a webhook it could not call
+    /// (or whose patch it could not apply): `Internal error occurred: ...`.
+    pub fn internal(message: impl Into<String>) -> Status {
+        let message = message.into();
+        let mut s = Status::new(
+            500,
+            "InternalError",
+            format!("Internal error occurred: {message}"),
+        );
+        s.details = Some(json!({"causes": [{"message": message}]}));
+        s
+    }
+
+    /// The rejection of a request by admission webhook `webhook`, from the
+    /// `status` it answered (absent: none), as the API server builds it: a
+    /// code below 400 becomes 400, the message is prefixed with
+    /// `admission webhook "<name>" denied the request`.
+    pub fn denied(webhook: &str, result: Option<&Value>) -> Status {
+        let result = result.cloned().unwrap_or(Value::Null);
+        let code = result
+            .get("code")
+            .and_then(Value::as_u64)
+            .and_then(|c| u16::try_from(c).ok())
+            .filter(|c| *c >= 400)
+            .unwrap_or(400);
+        let reason = result.get("reason").and_then(Value::as_str).unwrap_or("");
+        let message = result.get("message").and_then(Value::as_str).unwrap_or("");
+        let denied_by = format!("admission webhook {webhook:?} denied the request");
+        let message = if !message.is_empty() {
+            format!("{denied_by}: {message}")
+        } else if !reason.is_empty() {
+            format!("{denied_by}: {reason}")
+        } else {
+            format!("{denied_by} without explanation")
+        };
+        let mut s = Status::new(code, known_reason(reason), message);
+        s.details = result.get("details").cloned();
+        s
+    }
+
     /// The `Status` object as the API server writes it.
     pub fn to_json(&self) -> Value {
         let mut v = json!({
@@ -160,12 +200,46 @@ impl Status {
             "metadata": {},
             "status": "Failure",
             "message": self.message,
-            "reason": self.reason,
             "code": self.code,
         });
+        // As Go's `omitempty`: a webhook's rejection may carry no reason.
+        if !self.reason.is_empty() {
+            v["reason"] = json!(self.reason);
+        }
         if let Some(d) = &self.details {
             v["details"] = d.clone();
         }
         v
     }
+}
+
+/// `reason` as one of the API's `StatusReason` values; any other (a
+/// webhook may answer anything) is dropped.
+fn known_reason(reason: &str) -> &'static str {
+    const REASONS: &[&str] = &[
+        "Unauthorized",
+        "Forbidden",
+        "NotFound",
+        "AlreadyExists",
+        "Conflict",
+        "Gone",
+        "Invalid",
+        "ServerTimeout",
+        "StoreReadError",
+        "Timeout",
+        "TooManyRequests",
+        "BadRequest",
+        "MethodNotAllowed",
+        "NotAcceptable",
+        "RequestEntityTooLarge",
+        "UnsupportedMediaType",
+        "InternalError",
+        "Expired",
+        "ServiceUnavailable",
+    ];
+    REASONS
+        .iter()
+        .find(|r| **r == reason)
+        .copied()
+        .unwrap_or("")
 }

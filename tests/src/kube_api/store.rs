@@ -321,7 +321,9 @@ fn parse_rv(s: &str) -> Result<u64, Status> {
         .map_err(|_| Status::bad_request(format!("invalid resource version: {s:?}")))
 }
 
-fn check_type(res: &Resource, obj: &Value) -> Result<(), Status> {
+/// Refuses a body that is not an object of `res` (kind and apiVersion, when
+/// given, must be the resource's).
+pub fn check_type(res: &Resource, obj: &Value) -> Result<(), Status> {
     if !obj.is_object() {
         return Err(Status::bad_request(
             "the body of the request is not a JSON object",
