@@ -9,11 +9,19 @@
 //! webhook answers with [`patch::diff`] between the admitted pod and the result; whether to
 //! inject at all is [`policy`].
 
+pub mod config;
+mod gateway;
+mod grpc;
+mod overrides;
 pub mod patch;
 pub mod policy;
 mod probes;
 pub mod quantity;
 mod sidecar;
+mod template;
+
+pub use config::InjectorConfig;
+pub use template::Template;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -28,6 +36,8 @@ pub const INIT_CONTAINER: &str = "istio-init";
 pub const VALIDATION_CONTAINER: &str = "istio-validation";
 /// The core-dump init container's name.
 const ENABLE_CORE_DUMP_CONTAINER: &str = "enable-core-dump";
+/// The pod label naming its network in a multi-network mesh.
+const NETWORK_LABEL: &str = "topology.istio.io/network";
 /// The agent's status port, where Prometheus scrapes the merged metrics.
 const STATUS_PORT: i64 = 15020;
 
@@ -99,6 +109,10 @@ pub mod ann {
     pub const USER_VOLUME_MOUNT: &str = "sidecar.istio.io/userVolumeMount";
     /// Whether to rewrite app probes to the agent.
     pub const REWRITE_APP_PROBERS: &str = "sidecar.istio.io/rewriteAppHTTPProbers";
+    /// The templates to inject, comma-separated (`sidecar`, `gateway`, ...).
+    pub const TEMPLATES: &str = "inject.istio.io/templates";
+    /// Several `port:path` endpoints for the agent to scrape and merge.
+    pub const PROMETHEUS_SCRAPE_TARGETS: &str = "prometheus.istio.io/scrape-targets";
     /// Opt out of Prometheus metrics merging.
     pub const PROMETHEUS_MERGE: &str = "prometheus.istio.io/merge-metrics";
 }
@@ -129,6 +143,18 @@ pub enum InjectError {
         /// The parser's message.
         reason: String,
     },
+    /// The pod (or the injector's `defaultTemplates`) asks for a template that is not built
+    /// in. Custom templates in Go's template language are not interpreted.
+    #[error(
+        "injection template {name:?} is not available (built-in templates: {known}); \
+         custom templates in Go's template language are not supported: use a built-in one"
+    )]
+    UnknownTemplate {
+        /// The template asked for.
+        name: String,
+        /// The built-in templates, comma-separated.
+        known: String,
+    },
     /// The object has no pod spec where its kind says it should.
     #[error("{kind} has no pod template at {path}")]
     NoPodTemplate {
@@ -158,6 +184,17 @@ impl Values {
         Ok(Self(v))
     }
 
+    /// Values already parsed into a JSON tree (the `values` key of the
+    /// `istio-sidecar-injector` ConfigMap is JSON).
+    pub fn from_json(v: Value) -> Self {
+        Self(v)
+    }
+
+    /// The whole tree.
+    pub fn json(&self) -> &Value {
+        &self.0
+    }
+
     /// Sets the value at a dotted path (`global.proxy.statusPort`), creating objects.
     pub fn set(&mut self, path: &str, value: Value) {
         let mut cur = &mut self.0;
@@ -181,7 +218,7 @@ impl Values {
     /// The value at `path` as the template prints it (empty when unset).
     pub fn string(&self, path: &str) -> String {
         self.get(path)
-            .map(sidecar::scalar_string)
+            .map(template::scalar_string)
             .unwrap_or_default()
     }
 
@@ -239,11 +276,19 @@ pub struct InjectionConfig {
     pub revision: String,
     /// `COMPLIANCE_POLICY` (e.g. `fips-140-3`), passed to the proxy.
     pub compliance_policy: Option<String>,
+    /// The templates injected into a pod without an `inject.istio.io/templates` annotation
+    /// (the injector config's `defaultTemplates`; Istio's default is `[sidecar]`). Each must
+    /// be a built-in [`Template`]'s name, or injection fails with
+    /// [`InjectError::UnknownTemplate`].
+    pub default_templates: Vec<String>,
+    /// Annotations added to every injected pod, over the pod's own (the injector config's
+    /// `injectedAnnotations`).
+    pub injected_annotations: BTreeMap<String, String>,
 }
 
 impl InjectionConfig {
-    /// A config with these values, default mesh settings, native sidecars on and the
-    /// `default` revision.
+    /// A config with these values, default mesh settings, native sidecars on, the
+    /// `default` revision and the `sidecar` template.
     pub fn new(values: Values) -> Self {
         Self {
             values,
@@ -251,6 +296,8 @@ impl InjectionConfig {
             native_sidecars: true,
             revision: "default".into(),
             compliance_policy: None,
+            default_templates: vec![Template::Sidecar.name().to_string()],
+            injected_annotations: BTreeMap::new(),
         }
     }
 }
@@ -367,6 +414,7 @@ pub fn inject_pod(
         return Ok(Outcome::AlreadyInjected);
     }
     validate_annotations(&annotations)?;
+    let templates = template::select(&annotations, cfg)?;
     let proxy_config = proxy_config(&cfg.mesh, &annotations)?;
     let native_sidecar = annotations
         .get(ann::NATIVE_SIDECAR)
@@ -384,17 +432,14 @@ pub fn inject_pod(
             path: "spec",
         });
     };
-    let mut user_overrides = Vec::new();
+    let original_spec = spec.clone();
+    // The user's own istio-proxy / istio-init are overrides, taken out before rendering and
+    // merged back over the rendered ones (below).
     for list in ["initContainers", "containers"] {
         if let Some(Value::Array(items)) = spec.get_mut(list) {
             items.retain(|c| {
                 let name = c.get("name").and_then(Value::as_str).unwrap_or_default();
-                let injected =
-                    [PROXY_CONTAINER, INIT_CONTAINER, VALIDATION_CONTAINER].contains(&name);
-                if injected {
-                    user_overrides.push(c.clone());
-                }
-                !injected
+                ![PROXY_CONTAINER, INIT_CONTAINER, VALIDATION_CONTAINER].contains(&name)
             });
         }
     }
@@ -408,7 +453,11 @@ pub fn inject_pod(
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let input = sidecar::TemplateInput {
+    let user_proxy_sc = find_container(&original_spec, PROXY_CONTAINER)
+        .and_then(|c| c.get("securityContext"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let input = template::TemplateInput {
         values: &cfg.values,
         mesh: &cfg.mesh,
         proxy_config: &proxy_config,
@@ -423,8 +472,11 @@ pub fn inject_pod(
         native_sidecar,
         revision: &cfg.revision,
         compliance_policy: cfg.compliance_policy.as_deref(),
+        proxy_uid: user_proxy_sc.get("runAsUser").and_then(Value::as_i64),
+        proxy_gid: user_proxy_sc.get("runAsGroup").and_then(Value::as_i64),
     };
-    let rendered = sidecar::render(&input);
+    let tproxy = input.interception_mode() == "TPROXY";
+    let rendered = template::render_all(&templates, &input);
 
     let status = json!({
         "initContainers": names_or_null(&rendered.init_containers),
@@ -442,6 +494,16 @@ pub fn inject_pod(
         status["imagePullSecrets"],
         status["revision"]
     );
+    let rendered_names = |items: &[Value]| -> Vec<String> {
+        items
+            .iter()
+            .filter_map(|i| i.get("name").and_then(Value::as_str).map(str::to_string))
+            .collect()
+    };
+    let (rendered_containers, rendered_inits) = (
+        rendered_names(&rendered.containers),
+        rendered_names(&rendered.init_containers),
+    );
 
     for (list, items) in [
         ("initContainers", rendered.init_containers),
@@ -449,43 +511,55 @@ pub fn inject_pod(
         ("volumes", rendered.volumes),
         ("imagePullSecrets", rendered.image_pull_secrets),
     ] {
-        let names: Vec<String> = items
-            .iter()
-            .filter_map(|i| i.get("name").and_then(Value::as_str).map(str::to_string))
-            .collect();
+        let names = rendered_names(&items);
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
         for item in items {
             merge_named(spec, list, item, &names);
         }
     }
-    for user in &user_overrides {
-        let mut overlay = user.clone();
-        if overlay.get("image").and_then(Value::as_str) == Some("auto")
-            && let Some(o) = overlay.as_object_mut()
-        {
-            o.remove("image");
-        }
+    if let (Some(sc), Some(obj)) = (rendered.pod_security_context, spec.as_object_mut()) {
+        strategic_merge(
+            obj.entry("securityContext").or_insert_with(|| json!({})),
+            &sc,
+        );
+    }
+    let overrides = reapply_overrides(
+        spec,
+        &original_spec,
+        [&rendered_containers, &rendered_inits],
+        tproxy,
+    );
+
+    // Istio adds the network of a multi-network mesh after the template, as the last of the
+    // template's variables and as the pod's network label.
+    let network = cfg.values.string("global.network");
+    if !network.is_empty() {
         for list in ["initContainers", "containers"] {
             if let Some(Value::Array(items)) = spec.get_mut(list)
-                && let Some(c) = items
+                && let Some(proxy) = items
                     .iter_mut()
-                    .find(|c| c.get("name") == overlay.get("name"))
+                    .find(|c| c.get("name").and_then(Value::as_str) == Some(PROXY_CONTAINER))
+                && let Some(Value::Array(env)) = proxy.get_mut("env")
             {
-                strategic_merge(c, &overlay);
+                env.push(json!({"name": "ISTIO_META_NETWORK", "value": network}));
             }
         }
     }
 
+    // Metadata: the template's labels and annotations over the pod's.
+    let mut annotations_out = annotations.clone();
+    for (k, v) in rendered.annotations {
+        annotations_out.insert(k, v);
+    }
     // Prometheus merge, probe rewriting.
     let status_port = annotations
         .get(ann::STATUS_PORT)
         .cloned()
         .unwrap_or_else(|| cfg.values.string("global.proxy.statusPort"));
     let status_port: i64 = status_port.trim().parse().unwrap_or(0);
-    let mut annotations_out = annotations.clone();
     let mut proxy_env = Vec::new();
     prometheus_merge(&cfg.mesh, &mut annotations_out, &mut proxy_env);
-    let rewrite = annotations
+    let rewrite = annotations_out
         .get(ann::REWRITE_APP_PROBERS)
         .map(|v| v == "true")
         .unwrap_or_else(|| {
@@ -516,14 +590,22 @@ pub fn inject_pod(
             .bool("global.proxy.holdApplicationUntilProxyStarts");
     reorder(spec, hold);
 
-    // Metadata last: the template's labels and annotations, then the status record.
-    for (k, v) in rendered.annotations {
-        annotations_out.insert(k, v);
+    // Metadata last: the injector's annotations, the overrides and the status record.
+    for (k, v) in &cfg.injected_annotations {
+        annotations_out.insert(k.clone(), v.clone());
+    }
+    if !overrides.is_empty() {
+        annotations_out.insert(ann::OVERRIDES.into(), overrides.annotation());
     }
     annotations_out.insert(ann::STATUS.into(), status);
     let mut labels_out = labels;
     for (k, v) in rendered.labels {
         labels_out.insert(k, v);
+    }
+    if !network.is_empty() {
+        labels_out
+            .entry(NETWORK_LABEL.into())
+            .or_insert(network.clone());
     }
     let meta = pod
         .as_object_mut()
@@ -593,6 +675,62 @@ pub fn inject_object(obj: &Value, cfg: &InjectionConfig) -> Result<Value, Inject
         *template = pod;
     }
     Ok(out)
+}
+
+/// The container of this name in `spec`'s containers, else in its init containers (Istio's
+/// `FindContainerFromPod`).
+fn find_container<'a>(spec: &'a Value, name: &str) -> Option<&'a Value> {
+    ["containers", "initContainers"].iter().find_map(|list| {
+        spec.get(*list)
+            .and_then(Value::as_array)?
+            .iter()
+            .find(|c| c.get("name").and_then(Value::as_str) == Some(name))
+    })
+}
+
+/// Istio's `reapplyOverwrittenContainers`: each rendered container (`rendered[0]`) and init
+/// container (`rendered[1]`) the user's pod also has gets the user's container merged back
+/// over it, so the user's fields win; those are the overrides recorded on the pod.
+///
+/// With TPROXY interception the proxy must run as root, so a user's `runAsUser` for
+/// `istio-proxy` is recorded but not applied (Istio's goldens keep the template's `0`).
+fn reapply_overrides(
+    spec: &mut Value,
+    original: &Value,
+    rendered: [&[String]; 2],
+    tproxy: bool,
+) -> overrides::Overrides {
+    let mut out = overrides::Overrides::default();
+    for (i, names) in rendered.into_iter().enumerate() {
+        for name in names {
+            let Some(user) = find_container(original, name) else {
+                continue;
+            };
+            let overlay = overrides::overlay(user);
+            let mut applied = overlay.clone();
+            if tproxy
+                && name == PROXY_CONTAINER
+                && let Some(Value::Object(sc)) = applied.get_mut("securityContext")
+            {
+                sc.remove("runAsUser");
+            }
+            for list in ["initContainers", "containers"] {
+                if let Some(Value::Array(items)) = spec.get_mut(list)
+                    && let Some(c) = items
+                        .iter_mut()
+                        .find(|c| c.get("name").and_then(Value::as_str) == Some(name.as_str()))
+                {
+                    strategic_merge(c, &applied);
+                }
+            }
+            if i == 0 {
+                out.containers.push(overlay);
+            } else {
+                out.init_containers.push(overlay);
+            }
+        }
+    }
+    out
 }
 
 /// `kube-inject` honours the pod's own opt-out with the `enabled` policy.
@@ -667,7 +805,7 @@ fn string_map(v: Option<&Value>) -> BTreeMap<String, String> {
     v.and_then(Value::as_object)
         .map(|m| {
             m.iter()
-                .map(|(k, v)| (k.clone(), sidecar::scalar_string(v)))
+                .map(|(k, v)| (k.clone(), template::scalar_string(v)))
                 .collect()
         })
         .unwrap_or_default()
@@ -816,23 +954,53 @@ fn prometheus_merge(
             .find_map(|p| annotations.get(&format!("{p}{suffix}")).cloned())
             .unwrap_or_default()
     };
-    let (scrape, path, p) = (find("scrape"), find("path"), find("port"));
+    let (scrape, mut path, mut p) = (find("scrape"), find("path"), find("port"));
     if scrape == "false" {
         return;
     }
+    // `prometheus.istio.io/scrape-targets: "port:path,..."`: the agent scrapes each; the
+    // first fills an unset port or path.
+    let targets: Vec<(String, String)> = annotations
+        .get(ann::PROMETHEUS_SCRAPE_TARGETS)
+        .map(|t| {
+            t.split(',')
+                .filter_map(|t| t.trim().split_once(':'))
+                .map(|(port, path)| (port.trim().to_string(), path.trim().to_string()))
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some((first_port, first_path)) = targets.first() {
+        if p.is_empty() {
+            p.clone_from(first_port);
+        }
+        if path.is_empty() {
+            path.clone_from(first_path);
+        }
+    }
     if !(scrape.is_empty() && path.is_empty() && p.is_empty()) {
-        let v = format!(
-            "{{\"scrape\":{},\"path\":{},\"port\":{}}}",
+        let mut v = format!(
+            "{{\"scrape\":{},\"path\":{},\"port\":{}",
             json!(scrape),
             json!(path),
             json!(p)
         );
+        if !targets.is_empty() {
+            let items: Vec<String> = targets
+                .iter()
+                .map(|(port, path)| {
+                    format!("{{\"port\":{},\"path\":{}}}", json!(port), json!(path))
+                })
+                .collect();
+            v.push_str(&format!(",\"targets\":[{}]", items.join(",")));
+        }
+        v.push('}');
         proxy_env.push(json!({"name": "ISTIO_PROMETHEUS_ANNOTATIONS", "value": v}));
     }
     annotations.retain(|k, _| {
-        !["prometheus.io/", "prometheus.io.", "prometheus-io/"]
-            .iter()
-            .any(|p| k.starts_with(p))
+        k != ann::PROMETHEUS_SCRAPE_TARGETS
+            && !["prometheus.io/", "prometheus.io.", "prometheus-io/"]
+                .iter()
+                .any(|p| k.starts_with(p))
     });
     annotations.insert("prometheus.io/port".into(), port);
     annotations.insert("prometheus.io/path".into(), "/stats/prometheus".into());

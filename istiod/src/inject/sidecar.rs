@@ -4,110 +4,17 @@
 //! (the `istio-init` / `istio-validation` init container, the `istio-proxy` container as a
 //! native sidecar or a regular container, the volumes, labels and annotations), driven by the
 //! same inputs: Helm values, mesh config's `defaultConfig`, and the pod's annotations.
-//! Rendering Go templates is not needed: only the default template is supported, and the
-//! logic reads better as code than as a template engine port.
-
-use std::collections::BTreeMap;
+//! The logic reads better as code than as a template engine port; what the built-in
+//! templates share is in [`super::template`].
 
 use serde_json::{Map, Value, json};
 
-use super::{MeshSettings, Values, ann, quantity};
-
-/// The inputs the template reads (`SidecarTemplateData` in Istio).
-pub(crate) struct TemplateInput<'a> {
-    pub values: &'a Values,
-    pub mesh: &'a MeshSettings,
-    /// `proxy.istio.io/config` merged over mesh `defaultConfig`, non-default fields only.
-    pub proxy_config: &'a Map<String, Value>,
-    pub annotations: &'a BTreeMap<String, String>,
-    pub labels: &'a BTreeMap<String, String>,
-    /// The pod's containers before injection (istio-proxy excluded by the caller).
-    pub containers: &'a [Value],
-    pub service_account: &'a str,
-    pub deploy_name: &'a str,
-    pub deploy_namespace: &'a str,
-    pub api_version: &'a str,
-    pub kind: &'a str,
-    pub native_sidecar: bool,
-    pub revision: &'a str,
-    pub compliance_policy: Option<&'a str>,
-}
-
-/// What the template adds to the pod, before it is merged in.
-#[derive(Debug, Default)]
-pub(crate) struct Rendered {
-    pub labels: Vec<(String, String)>,
-    pub annotations: Vec<(String, String)>,
-    pub init_containers: Vec<Value>,
-    pub containers: Vec<Value>,
-    pub volumes: Vec<Value>,
-    pub image_pull_secrets: Vec<Value>,
-}
-
-impl TemplateInput<'_> {
-    /// `annotation .ObjectMeta key default`.
-    fn annotation(&self, key: &str, default: String) -> String {
-        self.annotations.get(key).cloned().unwrap_or(default)
-    }
-
-    fn interception_mode(&self) -> String {
-        let default = self
-            .proxy_config
-            .get("interceptionMode")
-            .and_then(Value::as_str)
-            .unwrap_or("REDIRECT")
-            .to_string();
-        self.annotation(ann::INTERCEPTION_MODE, default)
-    }
-
-    fn status_port(&self) -> String {
-        self.annotation(
-            ann::STATUS_PORT,
-            self.values.string("global.proxy.statusPort"),
-        )
-    }
-
-    fn proxy_metadata(&self) -> Vec<(String, String)> {
-        let mut md: Vec<(String, String)> = self
-            .proxy_config
-            .get("proxyMetadata")
-            .and_then(Value::as_object)
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| (k.clone(), scalar_string(v)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        md.sort();
-        md
-    }
-
-    fn hold_application(&self) -> bool {
-        let from_proxy_config = self
-            .proxy_config
-            .get("holdApplicationUntilProxyStarts")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
-        (from_proxy_config
-            || self
-                .values
-                .bool("global.proxy.holdApplicationUntilProxyStarts"))
-            && !self.native_sidecar
-    }
-
-    fn app_container_names(&self) -> Vec<String> {
-        self.containers
-            .iter()
-            .filter_map(|c| c.get("name").and_then(Value::as_str))
-            .filter(|n| *n != super::PROXY_CONTAINER)
-            .map(str::to_string)
-            .collect()
-    }
-
-    fn proxy_uid(&self) -> i64 {
-        1337
-    }
-}
+use super::ann;
+use super::template::{
+    Flavour, Rendered, TemplateInput, agent_args, canonical_labels, image, istiod_ca_volume,
+    label_or, number, podinfo_and_token_volumes, proxy_env, resources, revision_annotations,
+    scalar_string, seccomp,
+};
 
 /// Renders the template.
 pub(crate) fn render(t: &TemplateInput<'_>) -> Rendered {
@@ -130,36 +37,10 @@ pub(crate) fn render(t: &TemplateInput<'_>) -> Rendered {
         out.labels
             .push(("networking.istio.io/tunnel".into(), tunnel));
     }
-    out.labels
-        .push(("service.istio.io/canonical-name".into(), canonical_name(t)));
-    let revision = [
-        "service.istio.io/canonical-revision",
-        "app.kubernetes.io/version",
-        "version",
-    ]
-    .iter()
-    .find_map(|k| t.labels.get(*k).filter(|v| !v.is_empty()).cloned())
-    .unwrap_or_else(|| "latest".into());
-    out.labels
-        .push(("service.istio.io/canonical-revision".into(), revision));
+    out.labels.extend(canonical_labels(t));
 
     // metadata.annotations
-    let rev = if t.revision.is_empty() {
-        "default"
-    } else {
-        t.revision
-    };
-    out.annotations.push(("istio.io/rev".into(), rev.into()));
-    if let Some(first) = containers.first() {
-        for key in [
-            "kubectl.kubernetes.io/default-logs-container",
-            "kubectl.kubernetes.io/default-container",
-        ] {
-            if !t.annotations.contains_key(key) {
-                out.annotations.push((key.into(), first.clone()));
-            }
-        }
-    }
+    out.annotations = revision_annotations(t);
     if cni {
         cni_annotations(t, &mode, &mut out.annotations);
     }
@@ -170,7 +51,7 @@ pub(crate) fn render(t: &TemplateInput<'_>) -> Rendered {
         out.init_containers
             .push(init_container(t, &mode, tproxy, cni, &md));
     }
-    let proxy = proxy_container(t, &mode, tproxy, &containers, &md);
+    let proxy = proxy_container(t, tproxy, &containers, &md);
     if t.native_sidecar {
         out.init_containers.push(proxy);
     } else {
@@ -188,32 +69,6 @@ pub(crate) fn render(t: &TemplateInput<'_>) -> Rendered {
             .collect();
     }
     out
-}
-
-fn label_or(labels: &BTreeMap<String, String>, key: &str, default: &str) -> String {
-    labels
-        .get(key)
-        .filter(|v| !v.is_empty())
-        .cloned()
-        .unwrap_or_else(|| default.to_string())
-}
-
-/// `service.istio.io/canonical-name`: the first set of the canonical-name label,
-/// `app.kubernetes.io/name`, `app`, the workload name; at most 63 characters, trimmed of
-/// `-_.` at both ends.
-fn canonical_name(t: &TemplateInput<'_>) -> String {
-    let name = [
-        "service.istio.io/canonical-name",
-        "app.kubernetes.io/name",
-        "app",
-    ]
-    .iter()
-    .find_map(|k| t.labels.get(*k).filter(|v| !v.is_empty()).cloned())
-    .unwrap_or_else(|| t.deploy_name.to_string());
-    let truncated: String = name.chars().take(63).collect();
-    truncated
-        .trim_matches(|c| c == '-' || c == '_' || c == '.')
-        .to_string()
 }
 
 fn cni_annotations(t: &TemplateInput<'_>, mode: &str, out: &mut Vec<(String, String)>) {
@@ -286,35 +141,47 @@ fn cni_annotations(t: &TemplateInput<'_>, mode: &str, out: &mut Vec<(String, Str
     }
 }
 
-/// Istio's `appendMultusNetwork`: adds `network` to a `k8s.v1.cni.cncf.io/networks` value
-/// given as a comma list or as a JSON list of objects.
+/// Istio's `appendMultusNetwork`: adds `network` (`namespace/name` or `name`) to a
+/// `k8s.v1.cni.cncf.io/networks` value given as a comma list or as a JSON list of objects,
+/// unless `istio-cni` is already there. A JSON list is extended as text, so the user's own
+/// spelling (spaces, line breaks) is kept, as Istio does.
 pub(crate) fn append_multus_network(existing: &str, network: &str) -> String {
     let trimmed = existing.trim();
     if trimmed.is_empty() {
         return network.to_string();
     }
-    if trimmed.starts_with('[') {
-        if let Ok(Value::Array(mut items)) = serde_json::from_str::<Value>(trimmed) {
-            let present = items
-                .iter()
-                .any(|i| i.get("name").and_then(Value::as_str) == Some("istio-cni"));
-            if !present {
-                let (ns, name) = network.split_once('/').unwrap_or(("", network));
-                items.push(json!({"name": name, "namespace": ns}));
-            }
-            return serde_json::to_string(&items).unwrap_or_else(|_| existing.to_string());
+    let name = network.rsplit('/').next().unwrap_or(network);
+    if trimmed.starts_with('[') && trimmed.ends_with(']') {
+        if names_istio_cni(trimmed, name) {
+            return existing.to_string();
         }
-        return existing.to_string();
+        let item = match network.split_once('/') {
+            Some((ns, name)) => format!("{{\"name\": \"{name}\", \"namespace\": \"{ns}\"}}"),
+            None => format!("{{\"name\": \"{name}\"}}"),
+        };
+        return format!("{}, {item}]", &trimmed[..trimmed.len() - 1]);
     }
     let present = trimmed.split(',').any(|n| {
         let n = n.trim();
-        n == network || n == "istio-cni"
+        n == network || n == name
     });
     if present {
         existing.to_string()
     } else {
         format!("{existing}, {network}")
     }
+}
+
+/// Whether a JSON network list (possibly not strictly JSON, e.g. with a trailing comma)
+/// has an item `"name": "<name>"`.
+fn names_istio_cni(list: &str, name: &str) -> bool {
+    let quoted = format!("\"{name}\"");
+    list.match_indices(&quoted).any(|(i, _)| {
+        let before = list[..i].trim_end();
+        before
+            .strip_suffix(':')
+            .is_some_and(|b| b.trim_end().ends_with("\"name\""))
+    })
 }
 
 /// Istio's `excludeInboundPort`: the excluded inbound ports plus the status port.
@@ -341,92 +208,6 @@ fn excluded_inbound(t: &TemplateInput<'_>) -> String {
     out.join(",")
 }
 
-/// `updateImageTypeIfPresent`: the tag with the image variant (e.g. `-distroless`).
-fn tag_with_variant(tag: &str, variant: &str) -> String {
-    if variant.is_empty() || variant == "default" {
-        return tag.to_string();
-    }
-    let base = tag
-        .strip_suffix("-distroless")
-        .or_else(|| tag.strip_suffix("-debug"))
-        .unwrap_or(tag);
-    format!("{base}-{variant}")
-}
-
-/// The image of `istio-proxy` (`values_key` = `global.proxy.image`) or of `istio-init`
-/// (`global.proxy_init.image`), as Istio's `ProxyImage`/`ProxyInitImage` plus the template's
-/// "a value with a `/` is a full image name" rule.
-fn image(t: &TemplateInput<'_>, values_key: &str) -> String {
-    let v = t.values;
-    let configured = t.annotation(ann::PROXY_IMAGE, v.string(values_key));
-    if configured.contains('/') {
-        return configured;
-    }
-    let name = match v.string(values_key) {
-        s if s.is_empty() => "proxyv2".to_string(),
-        s => s,
-    };
-    let variant = t
-        .annotations
-        .get(ann::PROXY_IMAGE_TYPE)
-        .cloned()
-        .or_else(|| {
-            t.proxy_config
-                .get("image")
-                .and_then(|i| i.get("imageType"))
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        })
-        .unwrap_or_else(|| v.string("global.variant"));
-    format!(
-        "{}/{}:{}",
-        v.string("global.hub"),
-        name,
-        tag_with_variant(&v.string("global.tag"), &variant)
-    )
-}
-
-/// The `resources` block: from the `sidecar.istio.io/proxy{CPU,Memory}[Limit]` annotations
-/// when any is set, else `global.proxy.resources`.
-fn resources(t: &TemplateInput<'_>) -> Value {
-    let a = t.annotations;
-    let keys = [
-        (ann::PROXY_CPU, "requests", "cpu"),
-        (ann::PROXY_MEMORY, "requests", "memory"),
-        (ann::PROXY_CPU_LIMIT, "limits", "cpu"),
-        (ann::PROXY_MEMORY_LIMIT, "limits", "memory"),
-    ];
-    if keys.iter().any(|(k, _, _)| a.contains_key(*k)) {
-        let mut out = Map::new();
-        for (key, part, resource) in keys {
-            if let Some(q) = a.get(key) {
-                out.entry(part)
-                    .or_insert_with(|| json!({}))
-                    .as_object_mut()
-                    .map(|m| m.insert(resource.into(), json!(quantity::canonical(q))));
-            }
-        }
-        return Value::Object(out);
-    }
-    let mut out = Map::new();
-    if let Some(Value::Object(res)) = t.values.get("global.proxy.resources") {
-        for (part, amounts) in res {
-            let Value::Object(amounts) = amounts else {
-                continue;
-            };
-            let m: Map<String, Value> = amounts
-                .iter()
-                .filter(|(_, q)| !q.is_null())
-                .map(|(k, q)| (k.clone(), json!(quantity::canonical(&scalar_string(q)))))
-                .collect();
-            if !m.is_empty() {
-                out.insert(part.clone(), Value::Object(m));
-            }
-        }
-    }
-    Value::Object(out)
-}
-
 fn init_container(
     t: &TemplateInput<'_>,
     mode: &str,
@@ -436,7 +217,8 @@ fn init_container(
 ) -> Value {
     let v = t.values;
     let a = t.annotations;
-    let uid = if tproxy { 1337 } else { t.proxy_uid() };
+    // Istio's goldens keep the user's UID here even with TPROXY.
+    let uid = t.proxy_uid();
     let mut args: Vec<String> = vec!["istio-iptables".into()];
     let mut push = |k: &str, val: String| {
         args.push(k.into());
@@ -556,10 +338,14 @@ fn init_container(
     sc.insert("privileged".into(), json!(privileged));
     if cni {
         sc.insert("capabilities".into(), json!({"drop": ["ALL"]}));
-        let id = if tproxy { 1337 } else { t.proxy_uid() };
+        let (uid, gid) = if tproxy {
+            (1337, 1337)
+        } else {
+            (t.proxy_uid(), t.proxy_gid())
+        };
         sc.insert("readOnlyRootFilesystem".into(), json!(true));
-        sc.insert("runAsGroup".into(), json!(id));
-        sc.insert("runAsUser".into(), json!(id));
+        sc.insert("runAsGroup".into(), json!(gid));
+        sc.insert("runAsUser".into(), json!(uid));
         sc.insert("runAsNonRoot".into(), json!(true));
     } else {
         sc.insert(
@@ -576,36 +362,13 @@ fn init_container(
     Value::Object(c)
 }
 
-fn seccomp(v: &Values, sc: &mut Map<String, Value>) {
-    if let Some(p) = v
-        .get("global.proxy.seccompProfile")
-        .filter(|p| p.as_object().is_some_and(|m| !m.is_empty()))
-    {
-        sc.insert("seccompProfile".into(), p.clone());
-    }
-}
-
-fn env(name: &str, value: impl Into<String>) -> Value {
-    json!({"name": name, "value": value.into()})
-}
-
-fn env_field(name: &str, path: &str) -> Value {
-    json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}})
-}
-
-fn env_resource(name: &str, resource: &str) -> Value {
-    json!({"name": name, "valueFrom": {"resourceFieldRef": {"resource": resource, "divisor": "1"}}})
-}
-
 fn proxy_container(
     t: &TemplateInput<'_>,
-    mode: &str,
     tproxy: bool,
     app_containers: &[String],
     md: &[(String, String)],
 ) -> Value {
     let v = t.values;
-    let a = t.annotations;
     let status_port = t.status_port();
     let cap_net_bind = t.annotation(
         ann::CAP_NET_BIND_SERVICE,
@@ -621,37 +384,7 @@ fn proxy_container(
         "ports".into(),
         json!([{"containerPort": 15090, "protocol": "TCP", "name": "http-envoy-prom"}]),
     );
-    let mut args = vec![
-        "proxy".to_string(),
-        "sidecar".into(),
-        "--domain".into(),
-        format!(
-            "$(POD_NAMESPACE).svc.{}",
-            v.string("global.proxy.clusterDomain")
-        ),
-        format!(
-            "--proxyLogLevel={}",
-            t.annotation(ann::LOG_LEVEL, v.string("global.proxy.logLevel"))
-        ),
-        format!(
-            "--proxyComponentLogLevel={}",
-            t.annotation(
-                ann::COMPONENT_LOG_LEVEL,
-                v.string("global.proxy.componentLogLevel")
-            )
-        ),
-        format!(
-            "--log_output_level={}",
-            t.annotation(ann::AGENT_LOG_LEVEL, v.string("global.logging.level"))
-        ),
-    ];
-    let sts = v.string("global.sts.servicePort");
-    if !sts.is_empty() && sts != "0" {
-        args.push(format!("--stsPort={sts}"));
-    }
-    if v.bool("global.logAsJson") {
-        args.push("--log_as_json".into());
-    }
+    let mut args = agent_args(t, "sidecar");
     let outlier = v.string("global.proxy.outlierLogPath");
     if !outlier.is_empty() {
         args.push(format!("--outlierLogPath={outlier}"));
@@ -676,127 +409,10 @@ fn proxy_container(
         );
     }
 
-    let mut e = Vec::new();
-    if t.mesh.inbound_traffic_policy_localhost {
-        e.push(env("REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION", "true"));
-    }
-    let cert_provider = v.string("global.pilotCertProvider");
-    e.push(env("PILOT_CERT_PROVIDER", cert_provider.clone()));
-    let ca_addr = match v.string("global.caAddress") {
-        s if !s.is_empty() => s,
-        _ => {
-            let rev = v.string("revision");
-            let suffix = if rev.is_empty() {
-                String::new()
-            } else {
-                format!("-{rev}")
-            };
-            format!(
-                "istiod{suffix}.{}.svc:15012",
-                v.string("global.istioNamespace")
-            )
-        }
-    };
-    e.push(env("CA_ADDR", ca_addr));
-    e.push(env_field("POD_NAME", "metadata.name"));
-    e.push(env_field("POD_NAMESPACE", "metadata.namespace"));
-    e.push(env_field("INSTANCE_IP", "status.podIP"));
-    e.push(env_field("SERVICE_ACCOUNT", "spec.serviceAccountName"));
-    e.push(env_field("HOST_IP", "status.hostIP"));
-    e.push(env_resource("ISTIO_CPU_LIMIT", "limits.cpu"));
-    e.push(env(
-        "PROXY_CONFIG",
-        format!("{}\n", proxy_config_json(t.proxy_config)),
-    ));
-    e.push(env("ISTIO_META_POD_PORTS", pod_ports(t.containers)));
-    e.push(env("ISTIO_META_APP_CONTAINERS", app_containers.join(",")));
-    e.push(env_resource("GOMEMLIMIT", "limits.memory"));
-    if let Some(policy) = t.compliance_policy.filter(|p| !p.is_empty()) {
-        e.push(env("COMPLIANCE_POLICY", policy));
-        if policy == "fips-140-3" {
-            e.push(env("GODEBUG", "fips140=only"));
-        }
-    }
-    let cluster = match v.string("global.multiCluster.clusterName") {
-        s if s.is_empty() => "Kubernetes".to_string(),
-        s => s,
-    };
-    e.push(env("ISTIO_META_CLUSTER_ID", cluster));
-    e.push(env_field("ISTIO_META_NODE_NAME", "spec.nodeName"));
-    let meta_mode = a
-        .get(ann::INTERCEPTION_MODE)
-        .filter(|s| !s.is_empty())
-        .cloned()
-        .unwrap_or_else(|| {
-            t.proxy_config
-                .get("interceptionMode")
-                .and_then(Value::as_str)
-                .unwrap_or("REDIRECT")
-                .to_string()
-        });
-    let _ = mode;
-    e.push(env("ISTIO_META_INTERCEPTION_MODE", meta_mode));
-    let network = v.string("global.network");
-    if !network.is_empty() {
-        e.push(env("ISTIO_META_NETWORK", network));
-    }
-    let workload = t
-        .labels
-        .get("service.istio.io/workload-name")
-        .filter(|s| !s.is_empty())
-        .cloned()
-        .unwrap_or_else(|| t.deploy_name.to_string());
-    if !workload.is_empty() {
-        e.push(env("ISTIO_META_WORKLOAD_NAME", workload));
-    }
-    if !t.api_version.is_empty() && !t.deploy_name.is_empty() {
-        let ns = if t.deploy_namespace.is_empty() {
-            "default"
-        } else {
-            t.deploy_namespace
-        };
-        e.push(env(
-            "ISTIO_META_OWNER",
-            format!(
-                "kubernetes://apis/{}/namespaces/{ns}/{}s/{}",
-                t.api_version,
-                t.kind.to_lowercase(),
-                t.deploy_name
-            ),
-        ));
-    }
-    if a.contains_key(ann::BOOTSTRAP_OVERRIDE) {
-        e.push(env(
-            "ISTIO_BOOTSTRAP_OVERRIDE",
-            "/etc/istio/custom-bootstrap/custom_bootstrap.json",
-        ));
-    }
-    let trust_domain = match t.mesh.trust_domain.as_str() {
-        "" => v.string("global.trustDomain"),
-        s => s.to_string(),
-    };
-    let mesh_id = v.string("global.meshID");
-    if !mesh_id.is_empty() {
-        e.push(env("ISTIO_META_MESH_ID", mesh_id));
-    } else if !trust_domain.is_empty() {
-        e.push(env("ISTIO_META_MESH_ID", trust_domain.clone()));
-    }
-    if !trust_domain.is_empty() {
-        e.push(env("TRUST_DOMAIN", trust_domain));
-    }
-    if v.string("global.proxy.tracer") == "datadog"
-        && let Some(Ok(Value::Object(m))) = a
-            .get("apm.datadoghq.com/env")
-            .map(|s| serde_json::from_str::<Value>(s))
-    {
-        for (k, val) in m {
-            e.push(env(&k, scalar_string(&val)));
-        }
-    }
-    for (k, val) in md {
-        e.push(env(k, val.clone()));
-    }
-    c.insert("env".into(), Value::Array(e));
+    c.insert(
+        "env".into(),
+        Value::Array(proxy_env(t, Flavour::Sidecar, app_containers)),
+    );
     let pull = v.string("global.imagePullPolicy");
     if !pull.is_empty() {
         c.insert("imagePullPolicy".into(), json!(pull));
@@ -951,34 +567,8 @@ fn volumes(t: &TemplateInput<'_>) -> Vec<Value> {
     }
     out.push(json!({"name": "istio-envoy", "emptyDir": {"medium": "Memory"}}));
     out.push(json!({"name": "istio-data", "emptyDir": {}}));
-    out.push(json!({"name": "istio-podinfo", "downwardAPI": {"items": [
-        {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
-        {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}},
-    ]}}));
-    out.push(json!({"name": "istio-token", "projected": {"sources": [{"serviceAccountToken": {
-        "path": "istio-token", "expirationSeconds": 43200, "audience": v.string("global.sds.token.aud"),
-    }}]}}));
-    if v.string("global.pilotCertProvider") == "istiod" {
-        let bundle = v.string("global.trustBundleName");
-        if v.bool("pilot.env.ENABLE_CLUSTER_TRUST_BUNDLE_API") {
-            let name = if bundle.is_empty() {
-                "root-cert".to_string()
-            } else {
-                bundle
-            };
-            out.push(
-                json!({"name": "istiod-ca-cert", "projected": {"sources": [{"clusterTrustBundle": {
-                "name": format!("istio.io:istiod-ca:{name}"), "path": "root-cert.pem"}}]}}),
-            );
-        } else {
-            let name = if bundle.is_empty() {
-                "istio-ca-root-cert".to_string()
-            } else {
-                bundle
-            };
-            out.push(json!({"name": "istiod-ca-cert", "configMap": {"name": name}}));
-        }
-    }
+    out.extend(podinfo_and_token_volumes(v));
+    out.extend(istiod_ca_volume(v));
     let crl = match v.string("pilot.crlConfigMapName") {
         s if s.is_empty() => "istio-ca-crl".to_string(),
         s => s,
@@ -1008,108 +598,44 @@ fn volumes(t: &TemplateInput<'_>) -> Vec<Value> {
     out
 }
 
-/// `ISTIO_META_POD_PORTS`: the app containers' ports as the template writes them, one
-/// JSON object a line in Go's field order.
-fn pod_ports(containers: &[Value]) -> String {
-    let mut lines = Vec::new();
-    for c in containers {
-        for p in c
-            .get("ports")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let mut fields = Vec::new();
-            for key in ["name", "hostPort", "containerPort", "protocol", "hostIP"] {
-                match p.get(key) {
-                    None | Some(Value::Null) => {}
-                    Some(Value::String(s)) if s.is_empty() => {}
-                    Some(Value::Number(n)) if n.as_i64() == Some(0) && key != "containerPort" => {}
-                    Some(val) => fields.push(format!("{}:{}", json!(key), val)),
-                }
-            }
-            let sep = if lines.is_empty() { "" } else { "," };
-            lines.push(format!("    {sep}{{{}}}", fields.join(",")));
+#[cfg(test)]
+mod tests {
+    use super::append_multus_network;
+
+    /// Istio's `TestAppendMultusNetwork` table, applied twice (idempotence).
+    #[test]
+    fn appends_istio_cni_once_keeping_the_user_spelling() {
+        let multiline =
+            "[\n  {\"name\": \"macvlan-conf-1\"},\n  {\"name\": \"macvlan-conf-2\"}\n  ]";
+        let preconfigured = "[\n  {\"name\": \"macvlan-conf-1\"},\n  {\"name\": \"istio-cni\", \"config\": \"x\"},\n  ]";
+        for (input, want) in [
+            ("", "istio-cni"),
+            ("macvlan-conf-1", "macvlan-conf-1, istio-cni"),
+            (
+                "macvlan-conf-1, macvlan-conf-2",
+                "macvlan-conf-1, macvlan-conf-2, istio-cni",
+            ),
+            (
+                r#"[{"name": "macvlan-conf-1"}]"#,
+                r#"[{"name": "macvlan-conf-1"}, {"name": "istio-cni"}]"#,
+            ),
+            (
+                multiline,
+                "[\n  {\"name\": \"macvlan-conf-1\"},\n  {\"name\": \"macvlan-conf-2\"}\n  , {\"name\": \"istio-cni\"}]",
+            ),
+            (preconfigured, preconfigured),
+        ] {
+            let once = append_multus_network(input, "istio-cni");
+            assert_eq!(once, want, "{input:?}");
+            assert_eq!(
+                append_multus_network(&once, "istio-cni"),
+                want,
+                "{input:?} twice"
+            );
         }
+        assert_eq!(
+            append_multus_network(r#"[{"name": "alt"}]"#, "default/istio-cni"),
+            r#"[{"name": "alt"}, {"name": "istio-cni", "namespace": "default"}]"#
+        );
     }
-    if lines.is_empty() {
-        "[\n]".to_string()
-    } else {
-        format!("[\n{}\n]", lines.join("\n"))
-    }
-}
-
-/// ProxyConfig's fields in proto declaration order, the order `protojson` writes them.
-const PROXY_CONFIG_FIELDS: &[&str] = &[
-    "configPath",
-    "binaryPath",
-    "serviceCluster",
-    "drainDuration",
-    "parentShutdownDuration",
-    "discoveryAddress",
-    "discoveryRefreshDelay",
-    "zipkinAddress",
-    "statsdUdpAddress",
-    "envoyMetricsServiceAddress",
-    "proxyAdminPort",
-    "availabilityZone",
-    "controlPlaneAuthPolicy",
-    "customConfigFile",
-    "statNameLength",
-    "concurrency",
-    "proxyBootstrapTemplatePath",
-    "interceptionMode",
-    "tracing",
-    "sds",
-    "envoyAccessLogService",
-    "envoyMetricsService",
-    "proxyMetadata",
-    "runtimeValues",
-    "statusPort",
-    "extraStatTags",
-    "gatewayTopology",
-    "terminationDrainDuration",
-    "meshId",
-    "readinessProbe",
-    "proxyStatsMatcher",
-    "holdApplicationUntilProxyStarts",
-    "caCertificatesPem",
-    "image",
-    "privateKeyProvider",
-    "proxyHeaders",
-];
-
-/// `protoToJSON .ProxyConfig` over the non-default fields, in protojson's field order.
-pub(crate) fn proxy_config_json(pc: &Map<String, Value>) -> String {
-    let mut keys: Vec<&String> = pc.keys().collect();
-    keys.sort_by_key(|k| {
-        PROXY_CONFIG_FIELDS
-            .iter()
-            .position(|f| f == k)
-            .unwrap_or(usize::MAX)
-    });
-    let fields: Vec<String> = keys
-        .iter()
-        .map(|k| format!("{}:{}", json!(k), pc[k.as_str()]))
-        .collect();
-    format!("{{{}}}", fields.join(","))
-}
-
-/// A Helm value as the template prints it: strings bare, numbers and booleans as text,
-/// null as empty.
-pub(crate) fn scalar_string(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => String::new(),
-        Value::Number(n) => n.to_string(),
-        other => other.to_string(),
-    }
-}
-
-/// A rendered number: integers as JSON numbers, anything else kept as text.
-fn number(s: &str) -> Value {
-    s.trim()
-        .parse::<i64>()
-        .map(Value::from)
-        .unwrap_or_else(|_| json!(s))
 }
