@@ -6,7 +6,9 @@
 //!   injected containers' `args[0]` is a pilot-agent subcommand, every path the sidecar
 //!   mounts is created in the image, the sidecar's `runAsUser` is the image's user, and
 //!   Envoy sits where pilot-agent runs it, from the PyPI wheel at the version
-//!   `scripts/setup.sh` pins.
+//!   `scripts/setup.sh` pins. Every built-in template (`sidecar`, `gateway`, `grpc-agent`,
+//!   `grpc-simple`) is injected too: its proxy-image containers run subcommands, as the
+//!   image's user, with their mount points made in the image.
 //! - The control-plane image (`Dockerfile.istiod`) against `manifests/istiod`: the
 //!   Deployment runs the entrypoint (`pilot-discovery`, as Istio's image) with an istiod
 //!   subcommand, as a numeric non-root user, from the root directory istiod's relative
@@ -490,4 +492,85 @@ fn the_istiod_deployment_runs_the_images_entrypoint() {
     );
     assert_eq!(arg0, "discovery");
     assert_eq!(c["securityContext"]["runAsNonRoot"], json!(true));
+}
+
+/// A Pod asking for `template` (`inject.istio.io/templates`), injected with the chart's
+/// values. A gateway Pod names its proxy container, as Istio's gateway Deployments do.
+fn injected_with_template(template: &str) -> Value {
+    let mut containers = vec![json!({"name": "app", "image": "fake.docker.io/app:1.0"})];
+    if template == "gateway" {
+        containers = vec![json!({"name": "istio-proxy", "image": "auto"})];
+    }
+    let pod = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "p", "namespace": "default", "labels": {"app": "p"},
+            "annotations": {"inject.istio.io/templates": template}
+        },
+        "spec": {"containers": containers}
+    });
+    inject::inject_object(&pod, &InjectionConfig::new(chart_values()))
+        .unwrap_or_else(|e| panic!("template {template}: {e}"))
+}
+
+#[test]
+fn every_built_in_template_runs_the_proxy_image_as_built() {
+    let all = stages(&read(PROXY_DOCKERFILE));
+    let image = all.last().unwrap();
+    let dirs = image.made_dirs();
+    let (uid, _) = image.user();
+    let commands = subcommands("pilot-agent/src/main.rs");
+    let values = chart_values();
+    let proxy_image = format!(
+        "{}/{}:{}",
+        values.string("global.hub"),
+        values.string("global.proxy.image"),
+        values.string("global.tag")
+    );
+    for template in inject::Template::ALL {
+        let name = template.name();
+        let pod = injected_with_template(name);
+        let containers: Vec<&Value> = ["/spec/initContainers", "/spec/containers"]
+            .into_iter()
+            .filter_map(|p| pod.pointer(p).and_then(Value::as_array))
+            .flatten()
+            .filter(|c| c["image"] == json!(proxy_image))
+            .collect();
+        // grpc-simple is proxyless: only a bootstrap init container, not the proxy image.
+        assert!(
+            !containers.is_empty() || template == inject::Template::GrpcSimple,
+            "{name}: no container runs {proxy_image}"
+        );
+        for c in containers {
+            let what = format!("{name}: {}", c["name"]);
+            assert!(c.get("command").is_none(), "{what}: the entrypoint runs");
+            let arg0 = c["args"][0].as_str().unwrap_or_default();
+            assert!(
+                commands.contains(arg0),
+                "{what}: {arg0:?} is not a pilot-agent subcommand"
+            );
+            let mounts: Vec<&str> = c["volumeMounts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|m| m["mountPath"].as_str().unwrap())
+                .collect();
+            for m in &mounts {
+                let nested = mounts
+                    .iter()
+                    .any(|outer| outer != m && m.starts_with(&format!("{outer}/")));
+                assert!(
+                    dirs.contains(*m) || nested,
+                    "{what} mounts {m}, not made in the image"
+                );
+            }
+            // istio-init runs as root to program iptables; the agent runs as the image's user.
+            if let Some(run_as) = c.pointer("/securityContext/runAsUser")
+                && c["name"] != "istio-init"
+            {
+                assert_eq!(run_as, &json!(uid), "{what}: runAsUser");
+            }
+        }
+    }
 }

@@ -1052,18 +1052,22 @@ fn the_injector_configmap_holds_values_and_config_istiod_reads() {
         istiod::ca::authn::DEFAULT_AUDIENCE
     );
 
-    let config: Value = serde_yaml_ng::from_str(&data["config"]).expect("config is YAML");
-    assert_eq!(config["defaultTemplates"], serde_json::json!(["sidecar"]));
-    assert_eq!(config["policy"], "enabled");
-    assert!(config["alwaysInjectSelector"].is_array());
-    assert!(config["neverInjectSelector"].is_array());
-    let templates: Vec<&String> = config["templates"]
-        .as_object()
-        .expect("templates")
-        .keys()
+    let config = istiod::inject::InjectorConfig::parse(&data["config"])
+        .unwrap_or_else(|e| panic!("istio-sidecar-injector config: {e}"));
+    assert_eq!(config.default_templates, ["sidecar"]);
+    assert_eq!(config.policy, istiod::inject::policy::Policy::Enabled);
+    assert!(config.always_inject_selector.is_empty() && config.never_inject_selector.is_empty());
+    // The templates are the injector's built-ins, named as Istio's chart names them; their
+    // text is not interpreted, so any other name would be a template that does not exist.
+    let named: BTreeSet<&str> = config.templates.keys().map(String::as_str).collect();
+    let built_in: BTreeSet<&str> = istiod::inject::Template::ALL
+        .iter()
+        .map(|t| t.name())
         .collect();
-    // Our injector renders these built-in templates by name.
-    assert_eq!(templates, ["sidecar"]);
+    assert_eq!(
+        named, built_in,
+        "the ConfigMap lists exactly the built-in templates"
+    );
 }
 
 #[test]
