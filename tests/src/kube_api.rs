@@ -82,7 +82,8 @@
 //!   function the test sets.
 //! - Test controls: direct writes with the same events as over HTTP (but
 //!   no admission: they are the test's hand in the store, as a write to
-//!   etcd would be; create over HTTP to have an object admitted),
+//!   etcd would be; [`KubeApi::create_admitted`] creates as over HTTP,
+//!   admission included),
 //!   `break_watches`, `compact`, latency, unreachability, a request log.
 //!
 //! ```no_run
@@ -106,7 +107,8 @@
 //! - No admission plugins but the webhooks above and the namespace-exists
 //!   check on create (no defaulting beyond the fields listed above, no
 //!   quota, limit ranges or pod security). Of webhook admission: no
-//!   admission on the test's direct writes or on DELETE of a collection;
+//!   admission on the test's direct writes (but `create_admitted`) or on
+//!   DELETE of a collection;
 //!   `reinvocationPolicy` is ignored (no webhook is called twice);
 //!   `matchConditions` are ignored (every condition taken as true);
 //!   `matchPolicy: Equivalent` is treated as `Exact` (no conversion to a
@@ -392,6 +394,26 @@ impl KubeApi {
             .create(res, version, &ns, obj, Scope::Whole)
     }
 
+    /// Creates `obj` as a client over HTTP would (`POST`): the namespace
+    /// must exist, `status` is dropped, and the admission webhooks are
+    /// called, so the object stored (and returned) is the admitted one. Runs
+    /// on the stand-in's runtime, so it can be awaited from any runtime, or
+    /// from a plain thread with `futures::executor::block_on`.
+    pub async fn create_admitted(&self, obj: Value) -> Result<Value, Status> {
+        let (res, version, ns) = place(&obj)?;
+        let shared = self.shared.clone();
+        let rt = self.rt.as_ref().expect("the runtime runs until drop");
+        let task = rt.spawn(async move {
+            if res.namespaced && !shared.store.namespace_exists(&ns) {
+                return Err(server::namespace_missing(&ns));
+            }
+            let q = server::Query::new();
+            server::create_admitted(&shared, res, version, &ns, obj, &q, &mut Vec::new()).await
+        });
+        task.await
+            .unwrap_or_else(|e| Err(Status::internal(format!("the create was cut: {e}"))))
+    }
+
     /// Creates `obj`, or merges it into the existing object (as a merge
     /// patch, status included).
     pub fn apply(&self, obj: Value) -> Result<Value, Status> {
@@ -530,7 +552,8 @@ impl KubeApi {
     /// Routes admission webhooks' `clientConfig.service` `namespace/name` to
     /// `addr` (the endpoint: the service's `port` is not mapped, whatever it
     /// says, the call goes to `addr`). The certificate is still verified
-    /// for `<name>.<namespace>.svc`.
+    /// for `<name>.<namespace>.svc`. Webhooks are called from the network
+    /// namespace [`KubeApi::start`] was called in.
     pub fn set_service_address(&self, namespace: &str, name: &str, addr: SocketAddr) {
         self.shared
             .admission

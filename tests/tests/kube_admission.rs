@@ -480,6 +480,15 @@ async fn a_pod_in_a_labelled_namespace_is_patched_then_validated() {
     assert_eq!(label(&last["oldObject"], "v"), None);
     assert_eq!(label(&last["object"], "v").as_deref(), Some("2"));
 
+    // `create_admitted` is a create as over HTTP.
+    let mut helper = pod("helper", json!({}));
+    helper["metadata"]["namespace"] = json!("mesh");
+    let created = api.create_admitted(helper.clone()).await.unwrap();
+    assert_eq!(label(&created, "injected").as_deref(), Some("yes"));
+    assert_eq!(api.get("v1", "Pod", "mesh", "helper").unwrap(), created);
+    helper["metadata"]["namespace"] = json!("nowhere");
+    assert_eq!(api.create_admitted(helper).await.unwrap_err().code, 404);
+
     // Direct writes are the test's hand in the store: no admission.
     api.clear_admission_calls();
     api.create(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "direct", "namespace": "mesh"}})).unwrap();
@@ -929,4 +938,122 @@ async fn webhook_configurations_are_served_and_never_admitted() {
     )
     .await;
     assert_eq!(r.code, 201);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutating_configurations_run_by_name_each_seeing_the_last_patch() {
+    let pki = pki();
+    let (api, hook) = setup(&pki).await;
+    let cm_rules = rules(&["CREATE"], &["configmaps"]);
+    // Created out of order: the order is the configurations' names.
+    configure(
+        &api,
+        true,
+        "b-second",
+        vec![webhook(
+            "second.example.com",
+            "/allow",
+            &pki.ca_pem,
+            cm_rules.clone(),
+        )],
+    )
+    .await;
+    configure(
+        &api,
+        true,
+        "a-first",
+        vec![
+            webhook("first.example.com", "/patch", &pki.ca_pem, cm_rules.clone()),
+            webhook(
+                "first-warn.example.com",
+                "/warn",
+                &pki.ca_pem,
+                cm_rules.clone(),
+            ),
+        ],
+    )
+    .await;
+    let r = post(
+        &api,
+        "/api/v1/namespaces/default/configmaps",
+        &config_map("c", json!({})),
+    )
+    .await;
+    assert_eq!(r.code, 201, "{:?}", r.body);
+    let order: Vec<String> = api
+        .admission_calls()
+        .into_iter()
+        .map(|c| c.webhook)
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "first.example.com",
+            "first-warn.example.com",
+            "second.example.com"
+        ]
+    );
+    let seen_last = &hook.reviews("/allow")[0]["request"]["object"];
+    assert_eq!(label(seen_last, "injected").as_deref(), Some("yes"));
+    assert_eq!(label(&r.body, "injected").as_deref(), Some("yes"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_write_is_admitted_as_the_status_subresource() {
+    let pki = pki();
+    let (api, hook) = setup(&pki).await;
+    configure(
+        &api,
+        false,
+        "status-guard",
+        vec![webhook(
+            "status.example.com",
+            "/deny",
+            &pki.ca_pem,
+            rules(&["UPDATE"], &["pods/status"]),
+        )],
+    )
+    .await;
+    let created = post(
+        &api,
+        "/api/v1/namespaces/default/pods",
+        &pod("p", json!({})),
+    )
+    .await;
+    assert_eq!(created.code, 201);
+    assert!(api.admission_calls().is_empty());
+    let mut obj = created.body.clone();
+    obj["metadata"]["labels"] = json!({"deny": "true"});
+    obj["status"] = json!({"phase": "Running"});
+    // The main resource is not covered by `pods/status`.
+    let r = call(
+        &api,
+        "PUT",
+        "/api/v1/namespaces/default/pods/p",
+        "application/json",
+        Some(&obj),
+    )
+    .await;
+    assert_eq!(r.code, 200, "{:?}", r.body);
+    assert!(api.admission_calls().is_empty());
+    let r = call(
+        &api,
+        "PUT",
+        "/api/v1/namespaces/default/pods/p/status",
+        "application/json",
+        Some(&obj),
+    )
+    .await;
+    assert_eq!(r.code, 403, "{:?}", r.body);
+    let req = &hook.reviews("/deny")[0]["request"];
+    assert_eq!(req["subResource"], "status");
+    assert_eq!(req["requestSubResource"], "status");
+    assert_eq!(req["operation"], "UPDATE");
+    assert_eq!(req["options"]["kind"], "UpdateOptions");
+    assert!(
+        api.get("v1", "Pod", "default", "p")
+            .unwrap()
+            .get("status")
+            .is_none()
+    );
 }

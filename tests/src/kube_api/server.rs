@@ -204,7 +204,8 @@ async fn handle(
     Ok(response)
 }
 
-type Query = HashMap<String, String>;
+/// Query parameters.
+pub type Query = HashMap<String, String>;
 
 fn parse_query(q: Option<&str>) -> Query {
     form_urlencoded::parse(q.unwrap_or_default().as_bytes())
@@ -500,34 +501,8 @@ async fn resource(
             if res.namespaced && !store.namespace_exists(&ns) {
                 return Err(namespace_missing(&ns));
             }
-            let mut obj = decode(&content_type, &body_bytes(req).await?)?;
-            check_type(res, &obj)?;
-            let body_ns = meta_str(&obj, "namespace").unwrap_or_default();
-            // A mismatched namespace is refused by the store, before any
-            // webhook would see the object.
-            if !res.namespaced || body_ns.is_empty() || body_ns == ns {
-                if res.namespaced {
-                    obj["metadata"]["namespace"] = json!(ns);
-                }
-                let attrs = Attributes {
-                    res,
-                    version: version.to_string(),
-                    subresource: None,
-                    operation: Operation::Create,
-                    namespace: ns.clone(),
-                    name: meta_str(&obj, "name").unwrap_or_default().to_string(),
-                    object: Some(obj.clone()),
-                    old_object: None,
-                    options: options("CreateOptions", &q),
-                };
-                if let Some(o) = admission::admit(&shared.admission, store, attrs, warnings)
-                    .await?
-                    .object
-                {
-                    obj = o;
-                }
-            }
-            let created = store.create(res, version, &ns, obj, Scope::Main)?;
+            let obj = decode(&content_type, &body_bytes(req).await?)?;
+            let created = create_admitted(shared, res, version, &ns, obj, &q, warnings).await?;
             Ok(json_response(201, &one(created)))
         }
         (Method::DELETE, Target::Collection { ns }) => {
@@ -664,6 +639,47 @@ async fn resource(
     }
 }
 
+/// A CREATE as over HTTP (the namespace, if any, known to exist): the
+/// body's namespace filled in from the path, the object admitted, then
+/// stored.
+pub async fn create_admitted(
+    shared: &Shared,
+    res: &'static Resource,
+    version: &str,
+    ns: &str,
+    mut obj: Value,
+    q: &Query,
+    warnings: &mut Vec<String>,
+) -> Result<Value, Status> {
+    check_type(res, &obj)?;
+    let body_ns = meta_str(&obj, "namespace").unwrap_or_default();
+    // A mismatched namespace is refused by the store, before any webhook
+    // would see the object.
+    if !res.namespaced || body_ns.is_empty() || body_ns == ns {
+        if res.namespaced {
+            obj["metadata"]["namespace"] = json!(ns);
+        }
+        let attrs = Attributes {
+            res,
+            version: version.to_string(),
+            subresource: None,
+            operation: Operation::Create,
+            namespace: ns.to_string(),
+            name: meta_str(&obj, "name").unwrap_or_default().to_string(),
+            object: Some(obj.clone()),
+            old_object: None,
+            options: options("CreateOptions", q),
+        };
+        if let Some(o) = admission::admit(&shared.admission, &shared.store, attrs, warnings)
+            .await?
+            .object
+        {
+            obj = o;
+        }
+    }
+    shared.store.create(res, version, ns, obj, Scope::Main)
+}
+
 /// The request's namespace as the API's request info has it: a Namespace
 /// named on the path is its own.
 fn request_namespace(res: &Resource, ns: &str, name: &str) -> String {
@@ -766,7 +782,8 @@ async fn patch_admitted(
     Err(Status::conflict(res, name))
 }
 
-fn namespace_missing(ns: &str) -> Status {
+/// 404 for a namespace that does not exist.
+pub fn namespace_missing(ns: &str) -> Status {
     let namespaces = resources::find("", "v1", "namespaces").expect("namespaces are served");
     Status::not_found(namespaces, ns)
 }
