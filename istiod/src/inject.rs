@@ -1,13 +1,17 @@
 //! The sidecar injector's core: turns a Pod (or a workload's pod template) into Istio's
 //! injected Pod, as istiod's `/inject` webhook and `istioctl kube-inject` do.
 //!
-//! The pipeline follows Istio's `injectPod`: validate the traffic annotations, render the
-//! default `sidecar` template ([`sidecar`]), merge it into the pod the way a strategic merge
-//! patch does (lists keyed by name), re-apply the user's own `istio-proxy`/`istio-init`
-//! fields over the injected ones, merge Prometheus annotations, rewrite app probes to the
-//! agent ([`probes`]), record `sidecar.istio.io/status`, and order the containers. The
-//! webhook answers with [`patch::diff`] between the admitted pod and the result; whether to
-//! inject at all is [`policy`].
+//! The pipeline follows Istio's `injectPod`: validate the traffic annotations, select the
+//! templates (`inject.istio.io/templates` or the injector's `defaultTemplates`) among the
+//! built-in ones ([`Template`]: `sidecar`, `gateway`, `grpc-simple`, `grpc-agent`, written
+//! in Rust; Go-template custom templates are refused), render them, merge them into the pod
+//! the way a strategic merge patch does (lists keyed by name), merge the user's own
+//! containers of the same names back over the rendered ones and record them in
+//! `proxy.istio.io/overrides` ([`overrides`]), merge Prometheus annotations, rewrite app
+//! probes to the agent ([`probes`]), record `sidecar.istio.io/status`, and order the
+//! containers. The webhook answers with [`patch::diff`] between the admitted pod and the
+//! result; whether to inject at all is [`policy`]; the injector ConfigMap's `config` key is
+//! [`InjectorConfig`].
 
 pub mod config;
 mod gateway;
@@ -284,6 +288,10 @@ pub struct InjectionConfig {
     /// Annotations added to every injected pod, over the pod's own (the injector config's
     /// `injectedAnnotations`).
     pub injected_annotations: BTreeMap<String, String>,
+    /// The cluster is OpenShift (Istio's `PLATFORM=openshift`): the proxy's UID and GID come
+    /// from the pod's namespace (see [`inject_pod_in_namespace`]), not from 1337 or the
+    /// user's own `istio-proxy`.
+    pub openshift: bool,
 }
 
 impl InjectionConfig {
@@ -298,6 +306,7 @@ impl InjectionConfig {
             compliance_policy: None,
             default_templates: vec![Template::Sidecar.name().to_string()],
             injected_annotations: BTreeMap::new(),
+            openshift: false,
         }
     }
 }
@@ -404,6 +413,18 @@ pub fn inject_pod(
     workload: &WorkloadMeta,
     cfg: &InjectionConfig,
 ) -> Result<Outcome, InjectError> {
+    inject_pod_in_namespace(pod, workload, &BTreeMap::new(), cfg)
+}
+
+/// [`inject_pod`] for a pod of a namespace with these annotations. Only OpenShift
+/// ([`InjectionConfig::openshift`]) reads them: the proxy's UID and GID are the last of the
+/// namespace's `openshift.io/sa.scc.uid-range` and `openshift.io/sa.scc.supplemental-groups`.
+pub fn inject_pod_in_namespace(
+    pod: &Value,
+    workload: &WorkloadMeta,
+    namespace_annotations: &BTreeMap<String, String>,
+    cfg: &InjectionConfig,
+) -> Result<Outcome, InjectError> {
     let mut pod = pod.clone();
     let annotations = string_map(pod.pointer("/metadata/annotations"));
     let labels = string_map(pod.pointer("/metadata/labels"));
@@ -457,6 +478,19 @@ pub fn inject_pod(
         .and_then(|c| c.get("securityContext"))
         .cloned()
         .unwrap_or(Value::Null);
+    let user_id = |key: &str| user_proxy_sc.get(key).and_then(Value::as_i64);
+    // Istio's `GetProxyIDs`: the namespace's ranges on OpenShift, else the user's own
+    // istio-proxy, else 1337.
+    let (proxy_uid, proxy_gid, uid_from_user) = if cfg.openshift {
+        let top = |key: &str| namespace_annotations.get(key).and_then(|r| range_top(r));
+        (top(OPENSHIFT_UID_RANGE), top(OPENSHIFT_GROUPS), false)
+    } else {
+        (
+            user_id("runAsUser"),
+            user_id("runAsGroup"),
+            user_id("runAsUser").is_some(),
+        )
+    };
     let input = template::TemplateInput {
         values: &cfg.values,
         mesh: &cfg.mesh,
@@ -472,8 +506,9 @@ pub fn inject_pod(
         native_sidecar,
         revision: &cfg.revision,
         compliance_policy: cfg.compliance_policy.as_deref(),
-        proxy_uid: user_proxy_sc.get("runAsUser").and_then(Value::as_i64),
-        proxy_gid: user_proxy_sc.get("runAsGroup").and_then(Value::as_i64),
+        proxy_uid,
+        proxy_gid,
+        uid_from_user,
     };
     let tproxy = input.interception_mode() == "TPROXY";
     let rendered = template::render_all(&templates, &input);
@@ -527,7 +562,10 @@ pub fn inject_pod(
         spec,
         &original_spec,
         [&rendered_containers, &rendered_inits],
-        tproxy,
+        ProxyRunAs {
+            tproxy,
+            openshift: cfg.openshift,
+        },
     );
 
     // Istio adds the network of a multi-network mesh after the template, as the last of the
@@ -622,18 +660,29 @@ pub fn inject_pod(
 /// ReplicationController or DeploymentConfig, the job template's pod template of a CronJob,
 /// each item of a List. Other kinds, and pods that are skipped, come back unchanged.
 pub fn inject_object(obj: &Value, cfg: &InjectionConfig) -> Result<Value, InjectError> {
+    inject_object_in_namespace(obj, &BTreeMap::new(), cfg)
+}
+
+/// [`inject_object`] for an object of a namespace with these annotations (see
+/// [`inject_pod_in_namespace`]).
+pub fn inject_object_in_namespace(
+    obj: &Value,
+    namespace_annotations: &BTreeMap<String, String>,
+    cfg: &InjectionConfig,
+) -> Result<Value, InjectError> {
+    let ns = namespace_annotations;
     let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default();
     let mut out = obj.clone();
     if kind == "List" {
         if let Some(Value::Array(items)) = out.get_mut("items") {
             for item in items.iter_mut() {
-                *item = inject_object(item, cfg)?;
+                *item = inject_object_in_namespace(item, ns, cfg)?;
             }
         }
         return Ok(out);
     }
     if kind == "CronJob" {
-        return inject_cron_job(out, cfg);
+        return inject_cron_job(out, ns, cfg);
     }
     let template_path = match kind {
         "Pod" => "",
@@ -670,7 +719,7 @@ pub fn inject_object(obj: &Value, cfg: &InjectionConfig) -> Result<Value, Inject
         });
     };
     if kube_inject_required(template, &workload)
-        && let Outcome::Injected(pod) = inject_pod(template, &workload, cfg)?
+        && let Outcome::Injected(pod) = inject_pod_in_namespace(template, &workload, ns, cfg)?
     {
         *template = pod;
     }
@@ -692,13 +741,14 @@ fn find_container<'a>(spec: &'a Value, name: &str) -> Option<&'a Value> {
 /// container (`rendered[1]`) the user's pod also has gets the user's container merged back
 /// over it, so the user's fields win; those are the overrides recorded on the pod.
 ///
-/// With TPROXY interception the proxy must run as root, so a user's `runAsUser` for
-/// `istio-proxy` is recorded but not applied (Istio's goldens keep the template's `0`).
+/// A user's `runAsUser` for `istio-proxy` is not applied where the platform decides it: with
+/// TPROXY interception the proxy runs as root (the override is still recorded, as Istio's
+/// goldens show), and on OpenShift the namespace's range decides (the override is dropped).
 fn reapply_overrides(
     spec: &mut Value,
     original: &Value,
     rendered: [&[String]; 2],
-    tproxy: bool,
+    run_as: ProxyRunAs,
 ) -> overrides::Overrides {
     let mut out = overrides::Overrides::default();
     for (i, names) in rendered.into_iter().enumerate() {
@@ -706,13 +756,13 @@ fn reapply_overrides(
             let Some(user) = find_container(original, name) else {
                 continue;
             };
-            let overlay = overrides::overlay(user);
+            let mut overlay = overrides::overlay(user);
+            if run_as.openshift && name == PROXY_CONTAINER {
+                drop_run_as_user(&mut overlay);
+            }
             let mut applied = overlay.clone();
-            if tproxy
-                && name == PROXY_CONTAINER
-                && let Some(Value::Object(sc)) = applied.get_mut("securityContext")
-            {
-                sc.remove("runAsUser");
+            if run_as.tproxy && name == PROXY_CONTAINER {
+                drop_run_as_user(&mut applied);
             }
             for list in ["initContainers", "containers"] {
                 if let Some(Value::Array(items)) = spec.get_mut(list)
@@ -733,6 +783,42 @@ fn reapply_overrides(
     out
 }
 
+/// What decides the proxy's user besides the user's own `istio-proxy`.
+#[derive(Clone, Copy)]
+struct ProxyRunAs {
+    tproxy: bool,
+    openshift: bool,
+}
+
+/// Removes `securityContext.runAsUser` (and an emptied `securityContext`) from a container.
+fn drop_run_as_user(c: &mut Value) {
+    if let Some(c) = c.as_object_mut()
+        && let Some(Value::Object(sc)) = c.get_mut("securityContext")
+    {
+        sc.remove("runAsUser");
+        if sc.is_empty() {
+            c.remove("securityContext");
+        }
+    }
+}
+
+/// The namespace annotation of OpenShift's UID range for its pods (`start/size`).
+const OPENSHIFT_UID_RANGE: &str = "openshift.io/sa.scc.uid-range";
+/// The namespace annotation of OpenShift's supplemental group range (`start/size`).
+const OPENSHIFT_GROUPS: &str = "openshift.io/sa.scc.supplemental-groups";
+
+/// The last ID of an OpenShift range, `start/size` or `start-end`; the first of several
+/// comma-separated ranges is used.
+fn range_top(range: &str) -> Option<i64> {
+    let first = range.split(',').next()?.trim();
+    if let Some((start, size)) = first.split_once('/') {
+        let (start, size): (i64, i64) = (start.trim().parse().ok()?, size.trim().parse().ok()?);
+        return (size > 0).then(|| start + size - 1);
+    }
+    let (_, end) = first.split_once('-')?;
+    end.trim().parse().ok()
+}
+
 /// `kube-inject` honours the pod's own opt-out with the `enabled` policy.
 fn kube_inject_required(template: &Value, workload: &WorkloadMeta) -> bool {
     let labels = string_map(template.pointer("/metadata/labels"));
@@ -748,7 +834,11 @@ fn kube_inject_required(template: &Value, workload: &WorkloadMeta) -> bool {
 
 /// A CronJob as `kube-inject` treats it: the metadata read and written is the job template's
 /// (`spec.jobTemplate.metadata`), the spec the pod template's. Istio's goldens record this.
-fn inject_cron_job(mut out: Value, cfg: &InjectionConfig) -> Result<Value, InjectError> {
+fn inject_cron_job(
+    mut out: Value,
+    ns: &BTreeMap<String, String>,
+    cfg: &InjectionConfig,
+) -> Result<Value, InjectError> {
     let s = |p: &str| {
         out.pointer(p)
             .and_then(Value::as_str)
@@ -774,7 +864,7 @@ fn inject_cron_job(mut out: Value, cfg: &InjectionConfig) -> Result<Value, Injec
     if !kube_inject_required(&pod, &workload) {
         return Ok(out);
     }
-    if let Outcome::Injected(pod) = inject_pod(&pod, &workload, cfg)?
+    if let Outcome::Injected(pod) = inject_pod_in_namespace(&pod, &workload, ns, cfg)?
         && let (Some(meta), Some(spec)) = (pod.get("metadata"), pod.get("spec"))
         && let Some(job) = out.pointer_mut("/spec/jobTemplate")
     {

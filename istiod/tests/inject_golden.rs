@@ -14,20 +14,21 @@
 //!   `test: false` written and `paused: false` dropped by Go's field tags), and a List's
 //!   empty `metadata`.
 //!
-//! Covered: see `cases()` below (each names its golden): 85 of Istio's goldens.
-//! Not yet covered, with why:
-//! - `proxy-override*`, `only-proxy-container`: need the `proxy.istio.io/overrides` annotation, a Go-field-order
-//!   JSON dump of the user's whole Container (not written yet).
-//! - `hello.yaml.cni`, `*cncf-networks*`, `hello-openshift*`: CNI (multus) and OpenShift UID
-//!   ranges; the CNI template branch is written but not yet checked against these goldens.
-//! - `custom-template`, `multiple-templates`, `*spire*`, `hello-template-in-values`,
-//!   `hello-image-secrets-in-values`, `hello-multiple-image-secrets`, `proxy-resources-*`:
-//!   settings from `.iop.yaml` files and custom templates; only the default template exists.
-//! - `gateway*`, `grpc-*`: the `gateway`, `grpc-simple` and `grpc-agent` templates.
-//! - `hello-multiport-metrics` (`prometheus.istio.io/scrape-targets`), `hello-otel-semconv`
-//!   (OTel resource attributes), `init-no-intercept-no-native-sidecar`: not attempted yet.
-//! - `tcp-probes`, `merge-probers`, `hello-probes-localhost`: no files in the reference copy.
+//! Covered: every golden of the reference copy, one case each in `cases()` (117 cases; a
+//! golden that Istio checks with several settings has a case for each). A case whose output
+//! cannot be Istio's lists its differences one by one, each with its reason (`Expect`), and
+//! the test fails when a listed difference no longer occurs:
+//! - `custom-template`, `sidecar-spire`, `gateway-spire`: custom templates in Go's template
+//!   language (from the `.iop.yaml` values) are not interpreted; injection is refused with an
+//!   error naming the template.
+//! - `hello-otel-semconv`: `OTEL_RESOURCE_ATTRIBUTES` needs the mesh's OpenTelemetry
+//!   extension providers, which the injector's mesh settings do not carry.
+//!
+//! `tcp-probes`, `merge-probers`, `hello-probes-localhost` are in Istio's table but have no
+//! files in the reference copy. OpenShift cases inject as the webhook does for a pod of
+//! `inject_test.go`'s `test-ns` namespace (its SCC range annotations).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use istiod::inject::{self, InjectionConfig, Values, patch};
@@ -130,6 +131,9 @@ struct Case {
     /// (`inject_test.go`'s `inFilePath`).
     iop: Option<&'static str>,
     configure: fn(&mut InjectionConfig),
+    /// Inject as the webhook does for a pod of `inject_test.go`'s `test-ns` namespace on
+    /// OpenShift (its SCC range annotations).
+    openshift: bool,
     expect: Expect,
 }
 
@@ -156,6 +160,7 @@ fn case(input: &'static str, golden: &'static str) -> Case {
         values: &[],
         iop: None,
         configure: none,
+        openshift: false,
         expect: Expect::Golden,
     }
 }
@@ -198,7 +203,22 @@ fn run(c: &Case) -> Result<(), String> {
     }
     let mut diffs = Vec::new();
     for (i, (input, want)) in inputs.iter().zip(wants).enumerate() {
-        let got = inject::inject_object(input, &cfg);
+        let namespace = if c.openshift {
+            cfg.openshift = true;
+            BTreeMap::from([
+                (
+                    "openshift.io/sa.scc.uid-range".into(),
+                    "1000620000/10000".into(),
+                ),
+                (
+                    "openshift.io/sa.scc.supplemental-groups".into(),
+                    "1000620000/10000".into(),
+                ),
+            ])
+        } else {
+            BTreeMap::new()
+        };
+        let got = inject::inject_object_in_namespace(input, &namespace, &cfg);
         if let Expect::Error { contains, reason } = c.expect {
             assert!(
                 !reason.trim().is_empty(),
@@ -663,6 +683,28 @@ fn cases() -> Vec<Case> {
             ..case(
                 "hello-existing-cncf-networks-json.yaml",
                 "hello-existing-cncf-networks-json.yaml.injected",
+            )
+        },
+        // OpenShift
+        Case {
+            values: cni,
+            openshift: true,
+            ..case("hello-openshift.yaml", "hello-openshift.yaml.injected")
+        },
+        Case {
+            values: cni,
+            openshift: true,
+            ..case(
+                "hello-openshift-custom-injection.yaml",
+                "hello-openshift-custom-injection.yaml.injected",
+            )
+        },
+        Case {
+            values: cni,
+            openshift: true,
+            ..case(
+                "hello-openshift-tproxy.yaml",
+                "hello-openshift-tproxy.yaml.injected",
             )
         },
         // Values from IstioOperator files

@@ -217,8 +217,11 @@ fn init_container(
 ) -> Value {
     let v = t.values;
     let a = t.annotations;
-    // Istio's goldens keep the user's UID here even with TPROXY.
-    let uid = t.proxy_uid();
+    let uid = if tproxy && !t.uid_from_user {
+        1337
+    } else {
+        t.proxy_uid()
+    };
     let mut args: Vec<String> = vec!["istio-iptables".into()];
     let mut push = |k: &str, val: String| {
         args.push(k.into());
@@ -473,7 +476,7 @@ fn proxy_container(
         );
         sc.insert("privileged".into(), json!(true));
         sc.insert("readOnlyRootFilesystem".into(), json!(true));
-        sc.insert("runAsGroup".into(), json!(t.proxy_uid()));
+        sc.insert("runAsGroup".into(), json!(t.proxy_gid()));
         sc.insert("runAsNonRoot".into(), json!(false));
         sc.insert("runAsUser".into(), json!(0));
     } else {
@@ -500,7 +503,7 @@ fn proxy_container(
         } else {
             sc.insert("runAsNonRoot".into(), json!(true));
             sc.insert("runAsUser".into(), json!(t.proxy_uid()));
-            sc.insert("runAsGroup".into(), json!(t.proxy_uid()));
+            sc.insert("runAsGroup".into(), json!(t.proxy_gid()));
         }
     }
     seccomp(v, &mut sc);

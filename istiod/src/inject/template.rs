@@ -31,10 +31,14 @@ pub(crate) struct TemplateInput<'a> {
     pub native_sidecar: bool,
     pub revision: &'a str,
     pub compliance_policy: Option<&'a str>,
-    /// `.ProxyUID`: the user's own `istio-proxy` `runAsUser`, when it sets one.
+    /// `.ProxyUID`: the namespace's on OpenShift, else the user's own `istio-proxy`
+    /// `runAsUser`, when set.
     pub proxy_uid: Option<i64>,
     /// `.ProxyGID`: the user's own `istio-proxy` `runAsGroup`, when it sets one.
     pub proxy_gid: Option<i64>,
+    /// `proxy_uid` is the user's own `runAsUser`: Istio's goldens then keep it for
+    /// iptables' `-u` even with TPROXY (where the template otherwise writes 1337).
+    pub uid_from_user: bool,
 }
 
 /// The proxy's UID and GID when nothing else sets them.
