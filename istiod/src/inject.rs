@@ -16,6 +16,7 @@
 pub mod config;
 mod gateway;
 mod grpc;
+mod objects;
 mod overrides;
 pub mod patch;
 pub mod policy;
@@ -25,6 +26,7 @@ mod sidecar;
 mod template;
 
 pub use config::InjectorConfig;
+pub use objects::{inject_object, inject_object_in_namespace, parse_yaml_documents};
 pub use template::Template;
 
 use std::collections::BTreeMap;
@@ -474,7 +476,7 @@ pub fn inject_pod_in_namespace(
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let user_proxy_sc = find_container(&original_spec, PROXY_CONTAINER)
+    let user_proxy_sc = overrides::find_container(&original_spec, PROXY_CONTAINER)
         .and_then(|c| c.get("securityContext"))
         .cloned()
         .unwrap_or(Value::Null);
@@ -482,8 +484,16 @@ pub fn inject_pod_in_namespace(
     // Istio's `GetProxyIDs`: the namespace's ranges on OpenShift, else the user's own
     // istio-proxy, else 1337.
     let (proxy_uid, proxy_gid, uid_from_user) = if cfg.openshift {
-        let top = |key: &str| namespace_annotations.get(key).and_then(|r| range_top(r));
-        (top(OPENSHIFT_UID_RANGE), top(OPENSHIFT_GROUPS), false)
+        let top = |key: &str| {
+            namespace_annotations
+                .get(key)
+                .and_then(|r| overrides::range_top(r))
+        };
+        (
+            top(overrides::OPENSHIFT_UID_RANGE),
+            top(overrides::OPENSHIFT_GROUPS),
+            false,
+        )
     } else {
         (
             user_id("runAsUser"),
@@ -558,11 +568,11 @@ pub fn inject_pod_in_namespace(
             &sc,
         );
     }
-    let overrides = reapply_overrides(
+    let overrides = overrides::reapply(
         spec,
         &original_spec,
         [&rendered_containers, &rendered_inits],
-        ProxyRunAs {
+        overrides::ProxyRunAs {
             tproxy,
             openshift: cfg.openshift,
         },
@@ -653,242 +663,6 @@ pub fn inject_pod_in_namespace(
         meta.insert("labels".into(), to_value(labels_out));
     }
     Ok(Outcome::Injected(pod))
-}
-
-/// Injects into any object `kubectl apply` would take, as `istioctl kube-inject` does: a Pod,
-/// the pod template of a Deployment, StatefulSet, DaemonSet, ReplicaSet, Job,
-/// ReplicationController or DeploymentConfig, the job template's pod template of a CronJob,
-/// each item of a List. Other kinds, and pods that are skipped, come back unchanged.
-pub fn inject_object(obj: &Value, cfg: &InjectionConfig) -> Result<Value, InjectError> {
-    inject_object_in_namespace(obj, &BTreeMap::new(), cfg)
-}
-
-/// [`inject_object`] for an object of a namespace with these annotations (see
-/// [`inject_pod_in_namespace`]).
-pub fn inject_object_in_namespace(
-    obj: &Value,
-    namespace_annotations: &BTreeMap<String, String>,
-    cfg: &InjectionConfig,
-) -> Result<Value, InjectError> {
-    let ns = namespace_annotations;
-    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default();
-    let mut out = obj.clone();
-    if kind == "List" {
-        if let Some(Value::Array(items)) = out.get_mut("items") {
-            for item in items.iter_mut() {
-                *item = inject_object_in_namespace(item, ns, cfg)?;
-            }
-        }
-        return Ok(out);
-    }
-    if kind == "CronJob" {
-        return inject_cron_job(out, ns, cfg);
-    }
-    let template_path = match kind {
-        "Pod" => "",
-        "Deployment"
-        | "StatefulSet"
-        | "DaemonSet"
-        | "ReplicaSet"
-        | "Job"
-        | "ReplicationController"
-        | "DeploymentConfig" => "/spec/template",
-        "CronJob" => "/spec/jobTemplate/spec/template",
-        _ => return Ok(out),
-    };
-    let s = |p: &str| {
-        obj.pointer(p)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string()
-    };
-    let workload = if kind == "Pod" {
-        WorkloadMeta::from_pod(obj)
-    } else {
-        WorkloadMeta {
-            name: s("/metadata/name"),
-            namespace: s("/metadata/namespace"),
-            api_version: s("/apiVersion"),
-            kind: kind.to_string(),
-        }
-    };
-    let Some(template) = out.pointer_mut(template_path) else {
-        return Err(InjectError::NoPodTemplate {
-            kind: kind.into(),
-            path: "spec.template",
-        });
-    };
-    if kube_inject_required(template, &workload)
-        && let Outcome::Injected(pod) = inject_pod_in_namespace(template, &workload, ns, cfg)?
-    {
-        *template = pod;
-    }
-    Ok(out)
-}
-
-/// The container of this name in `spec`'s containers, else in its init containers (Istio's
-/// `FindContainerFromPod`).
-fn find_container<'a>(spec: &'a Value, name: &str) -> Option<&'a Value> {
-    ["containers", "initContainers"].iter().find_map(|list| {
-        spec.get(*list)
-            .and_then(Value::as_array)?
-            .iter()
-            .find(|c| c.get("name").and_then(Value::as_str) == Some(name))
-    })
-}
-
-/// Istio's `reapplyOverwrittenContainers`: each rendered container (`rendered[0]`) and init
-/// container (`rendered[1]`) the user's pod also has gets the user's container merged back
-/// over it, so the user's fields win; those are the overrides recorded on the pod.
-///
-/// A user's `runAsUser` for `istio-proxy` is not applied where the platform decides it: with
-/// TPROXY interception the proxy runs as root (the override is still recorded, as Istio's
-/// goldens show), and on OpenShift the namespace's range decides (the override is dropped).
-fn reapply_overrides(
-    spec: &mut Value,
-    original: &Value,
-    rendered: [&[String]; 2],
-    run_as: ProxyRunAs,
-) -> overrides::Overrides {
-    let mut out = overrides::Overrides::default();
-    for (i, names) in rendered.into_iter().enumerate() {
-        for name in names {
-            let Some(user) = find_container(original, name) else {
-                continue;
-            };
-            let mut overlay = overrides::overlay(user);
-            if run_as.openshift && name == PROXY_CONTAINER {
-                drop_run_as_user(&mut overlay);
-            }
-            let mut applied = overlay.clone();
-            if run_as.tproxy && name == PROXY_CONTAINER {
-                drop_run_as_user(&mut applied);
-            }
-            for list in ["initContainers", "containers"] {
-                if let Some(Value::Array(items)) = spec.get_mut(list)
-                    && let Some(c) = items
-                        .iter_mut()
-                        .find(|c| c.get("name").and_then(Value::as_str) == Some(name.as_str()))
-                {
-                    strategic_merge(c, &applied);
-                }
-            }
-            if i == 0 {
-                out.containers.push(overlay);
-            } else {
-                out.init_containers.push(overlay);
-            }
-        }
-    }
-    out
-}
-
-/// What decides the proxy's user besides the user's own `istio-proxy`.
-#[derive(Clone, Copy)]
-struct ProxyRunAs {
-    tproxy: bool,
-    openshift: bool,
-}
-
-/// Removes `securityContext.runAsUser` (and an emptied `securityContext`) from a container.
-fn drop_run_as_user(c: &mut Value) {
-    if let Some(c) = c.as_object_mut()
-        && let Some(Value::Object(sc)) = c.get_mut("securityContext")
-    {
-        sc.remove("runAsUser");
-        if sc.is_empty() {
-            c.remove("securityContext");
-        }
-    }
-}
-
-/// The namespace annotation of OpenShift's UID range for its pods (`start/size`).
-const OPENSHIFT_UID_RANGE: &str = "openshift.io/sa.scc.uid-range";
-/// The namespace annotation of OpenShift's supplemental group range (`start/size`).
-const OPENSHIFT_GROUPS: &str = "openshift.io/sa.scc.supplemental-groups";
-
-/// The last ID of an OpenShift range, `start/size` or `start-end`; the first of several
-/// comma-separated ranges is used.
-fn range_top(range: &str) -> Option<i64> {
-    let first = range.split(',').next()?.trim();
-    if let Some((start, size)) = first.split_once('/') {
-        let (start, size): (i64, i64) = (start.trim().parse().ok()?, size.trim().parse().ok()?);
-        return (size > 0).then(|| start + size - 1);
-    }
-    let (_, end) = first.split_once('-')?;
-    end.trim().parse().ok()
-}
-
-/// `kube-inject` honours the pod's own opt-out with the `enabled` policy.
-fn kube_inject_required(template: &Value, workload: &WorkloadMeta) -> bool {
-    let labels = string_map(template.pointer("/metadata/labels"));
-    let annotations = string_map(template.pointer("/metadata/annotations"));
-    let facts = policy::PodFacts {
-        namespace: &workload.namespace,
-        labels: &labels,
-        annotations: &annotations,
-        host_network: false,
-    };
-    policy::inject_required(&facts, policy::Policy::Enabled, &[], &[]) == policy::Decision::Inject
-}
-
-/// A CronJob as `kube-inject` treats it: the metadata read and written is the job template's
-/// (`spec.jobTemplate.metadata`), the spec the pod template's. Istio's goldens record this.
-fn inject_cron_job(
-    mut out: Value,
-    ns: &BTreeMap<String, String>,
-    cfg: &InjectionConfig,
-) -> Result<Value, InjectError> {
-    let s = |p: &str| {
-        out.pointer(p)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string()
-    };
-    let workload = WorkloadMeta {
-        name: s("/metadata/name"),
-        namespace: s("/metadata/namespace"),
-        api_version: s("/apiVersion"),
-        kind: "CronJob".into(),
-    };
-    let Some(job) = out.pointer_mut("/spec/jobTemplate") else {
-        return Err(InjectError::NoPodTemplate {
-            kind: "CronJob".into(),
-            path: "spec.jobTemplate",
-        });
-    };
-    let pod = json!({
-        "metadata": job.get("metadata").cloned().unwrap_or_else(|| json!({})),
-        "spec": job.pointer("/spec/template/spec").cloned().unwrap_or_else(|| json!({})),
-    });
-    if !kube_inject_required(&pod, &workload) {
-        return Ok(out);
-    }
-    if let Outcome::Injected(pod) = inject_pod_in_namespace(&pod, &workload, ns, cfg)?
-        && let (Some(meta), Some(spec)) = (pod.get("metadata"), pod.get("spec"))
-        && let Some(job) = out.pointer_mut("/spec/jobTemplate")
-    {
-        job["metadata"] = meta.clone();
-        if let Some(template) = job.pointer_mut("/spec/template") {
-            template["spec"] = spec.clone();
-        }
-    }
-    Ok(out)
-}
-
-/// Parses a multi-document YAML stream into its (non-empty) documents.
-pub fn parse_yaml_documents(text: &str) -> Result<Vec<Value>, InjectError> {
-    let mut out = Vec::new();
-    for doc in serde_yaml_ng::Deserializer::from_str(text) {
-        let v: Value = serde::Deserialize::deserialize(doc).map_err(|e| InjectError::Parse {
-            what: "YAML document".into(),
-            reason: e.to_string(),
-        })?;
-        if !v.is_null() {
-            out.push(v);
-        }
-    }
-    Ok(out)
 }
 
 fn string_map(v: Option<&Value>) -> BTreeMap<String, String> {

@@ -13,7 +13,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::quantity;
+use super::{PROXY_CONTAINER, quantity, strategic_merge};
 
 /// The user's containers that override rendered ones, by the list of the rendered pod they
 /// override (Istio's `ParsedContainers`).
@@ -202,6 +202,101 @@ fn go_ordered(m: &Map<String, Value>) -> Vec<(&String, &Value)> {
         )
     });
     fields
+}
+
+/// The container of this name in `spec`'s containers, else in its init containers (Istio's
+/// `FindContainerFromPod`).
+pub(crate) fn find_container<'a>(spec: &'a Value, name: &str) -> Option<&'a Value> {
+    ["containers", "initContainers"].iter().find_map(|list| {
+        spec.get(*list)
+            .and_then(Value::as_array)?
+            .iter()
+            .find(|c| c.get("name").and_then(Value::as_str) == Some(name))
+    })
+}
+
+/// Istio's `reapplyOverwrittenContainers`: each rendered container (`rendered[0]`) and init
+/// container (`rendered[1]`) the user's pod also has gets the user's container merged back
+/// over it, so the user's fields win; those are the overrides recorded on the pod.
+///
+/// A user's `runAsUser` for `istio-proxy` is not applied where the platform decides it: with
+/// TPROXY interception the proxy runs as root (the override is still recorded, as Istio's
+/// goldens show), and on OpenShift the namespace's range decides (the override is dropped).
+pub(crate) fn reapply(
+    spec: &mut Value,
+    original: &Value,
+    rendered: [&[String]; 2],
+    run_as: ProxyRunAs,
+) -> Overrides {
+    let mut out = Overrides::default();
+    for (i, names) in rendered.into_iter().enumerate() {
+        for name in names {
+            let Some(user) = find_container(original, name) else {
+                continue;
+            };
+            let mut overlay = overlay(user);
+            if run_as.openshift && name == PROXY_CONTAINER {
+                drop_run_as_user(&mut overlay);
+            }
+            let mut applied = overlay.clone();
+            if run_as.tproxy && name == PROXY_CONTAINER {
+                drop_run_as_user(&mut applied);
+            }
+            for list in ["initContainers", "containers"] {
+                if let Some(Value::Array(items)) = spec.get_mut(list)
+                    && let Some(c) = items
+                        .iter_mut()
+                        .find(|c| c.get("name").and_then(Value::as_str) == Some(name.as_str()))
+                {
+                    strategic_merge(c, &applied);
+                }
+            }
+            if i == 0 {
+                out.containers.push(overlay);
+            } else {
+                out.init_containers.push(overlay);
+            }
+        }
+    }
+    out
+}
+
+/// What decides the proxy's user besides the user's own `istio-proxy`.
+#[derive(Clone, Copy)]
+pub(crate) struct ProxyRunAs {
+    /// TPROXY interception.
+    pub tproxy: bool,
+    /// OpenShift.
+    pub openshift: bool,
+}
+
+/// Removes `securityContext.runAsUser` (and an emptied `securityContext`) from a container.
+fn drop_run_as_user(c: &mut Value) {
+    if let Some(c) = c.as_object_mut()
+        && let Some(Value::Object(sc)) = c.get_mut("securityContext")
+    {
+        sc.remove("runAsUser");
+        if sc.is_empty() {
+            c.remove("securityContext");
+        }
+    }
+}
+
+/// The namespace annotation of OpenShift's UID range for its pods (`start/size`).
+pub(crate) const OPENSHIFT_UID_RANGE: &str = "openshift.io/sa.scc.uid-range";
+/// The namespace annotation of OpenShift's supplemental group range (`start/size`).
+pub(crate) const OPENSHIFT_GROUPS: &str = "openshift.io/sa.scc.supplemental-groups";
+
+/// The last ID of an OpenShift range, `start/size` or `start-end`; the first of several
+/// comma-separated ranges is used.
+pub(crate) fn range_top(range: &str) -> Option<i64> {
+    let first = range.split(',').next()?.trim();
+    if let Some((start, size)) = first.split_once('/') {
+        let (start, size): (i64, i64) = (start.trim().parse().ok()?, size.trim().parse().ok()?);
+        return (size > 0).then(|| start + size - 1);
+    }
+    let (_, end) = first.split_once('-')?;
+    end.trim().parse().ok()
 }
 
 #[cfg(test)]
