@@ -476,31 +476,8 @@ pub fn inject_pod_in_namespace(
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let user_proxy_sc = overrides::find_container(&original_spec, PROXY_CONTAINER)
-        .and_then(|c| c.get("securityContext"))
-        .cloned()
-        .unwrap_or(Value::Null);
-    let user_id = |key: &str| user_proxy_sc.get(key).and_then(Value::as_i64);
-    // Istio's `GetProxyIDs`: the namespace's ranges on OpenShift, else the user's own
-    // istio-proxy, else 1337.
-    let (proxy_uid, proxy_gid, uid_from_user) = if cfg.openshift {
-        let top = |key: &str| {
-            namespace_annotations
-                .get(key)
-                .and_then(|r| overrides::range_top(r))
-        };
-        (
-            top(overrides::OPENSHIFT_UID_RANGE),
-            top(overrides::OPENSHIFT_GROUPS),
-            false,
-        )
-    } else {
-        (
-            user_id("runAsUser"),
-            user_id("runAsGroup"),
-            user_id("runAsUser").is_some(),
-        )
-    };
+    let (proxy_uid, proxy_gid, uid_from_user) =
+        proxy_ids(&original_spec, namespace_annotations, cfg.openshift);
     let input = template::TemplateInput {
         values: &cfg.values,
         mesh: &cfg.mesh,
@@ -523,51 +500,22 @@ pub fn inject_pod_in_namespace(
     let tproxy = input.interception_mode() == "TPROXY";
     let rendered = template::render_all(&templates, &input);
 
-    let status = json!({
-        "initContainers": names_or_null(&rendered.init_containers),
-        "containers": names_or_null(&rendered.containers),
-        "volumes": names_or_null(&rendered.volumes),
-        "imagePullSecrets": names_or_null(&rendered.image_pull_secrets),
-        "revision": cfg.revision,
-    });
-    // Key order as Istio's SidecarInjectionStatus struct writes it.
-    let status = format!(
-        "{{\"initContainers\":{},\"containers\":{},\"volumes\":{},\"imagePullSecrets\":{},\"revision\":{}}}",
-        status["initContainers"],
-        status["containers"],
-        status["volumes"],
-        status["imagePullSecrets"],
-        status["revision"]
-    );
-    let rendered_names = |items: &[Value]| -> Vec<String> {
-        items
-            .iter()
-            .filter_map(|i| i.get("name").and_then(Value::as_str).map(str::to_string))
-            .collect()
-    };
+    let status = status_annotation(&rendered, &cfg.revision);
     let (rendered_containers, rendered_inits) = (
         rendered_names(&rendered.containers),
         rendered_names(&rendered.init_containers),
     );
 
-    for (list, items) in [
-        ("initContainers", rendered.init_containers),
-        ("containers", rendered.containers),
-        ("volumes", rendered.volumes),
-        ("imagePullSecrets", rendered.image_pull_secrets),
-    ] {
-        let names = rendered_names(&items);
-        let names: Vec<&str> = names.iter().map(String::as_str).collect();
-        for item in items {
-            merge_named(spec, list, item, &names);
-        }
-    }
-    if let (Some(sc), Some(obj)) = (rendered.pod_security_context, spec.as_object_mut()) {
-        strategic_merge(
-            obj.entry("securityContext").or_insert_with(|| json!({})),
-            &sc,
-        );
-    }
+    merge_rendered(
+        spec,
+        [
+            ("initContainers", rendered.init_containers),
+            ("containers", rendered.containers),
+            ("volumes", rendered.volumes),
+            ("imagePullSecrets", rendered.image_pull_secrets),
+        ],
+        rendered.pod_security_context,
+    );
     let overrides = overrides::reapply(
         spec,
         &original_spec,
@@ -582,16 +530,10 @@ pub fn inject_pod_in_namespace(
     // template's variables and as the pod's network label.
     let network = cfg.values.string("global.network");
     if !network.is_empty() {
-        for list in ["initContainers", "containers"] {
-            if let Some(Value::Array(items)) = spec.get_mut(list)
-                && let Some(proxy) = items
-                    .iter_mut()
-                    .find(|c| c.get("name").and_then(Value::as_str) == Some(PROXY_CONTAINER))
-                && let Some(Value::Array(env)) = proxy.get_mut("env")
-            {
-                env.push(json!({"name": "ISTIO_META_NETWORK", "value": network}));
-            }
-        }
+        push_proxy_env(
+            spec,
+            &[json!({"name": "ISTIO_META_NETWORK", "value": network})],
+        );
     }
 
     // Metadata: the template's labels and annotations over the pod's.
@@ -599,44 +541,7 @@ pub fn inject_pod_in_namespace(
     for (k, v) in rendered.annotations {
         annotations_out.insert(k, v);
     }
-    // Prometheus merge, probe rewriting.
-    let status_port = annotations
-        .get(ann::STATUS_PORT)
-        .cloned()
-        .unwrap_or_else(|| cfg.values.string("global.proxy.statusPort"));
-    let status_port: i64 = status_port.trim().parse().unwrap_or(0);
-    let mut proxy_env = Vec::new();
-    prometheus_merge(&cfg.mesh, &mut annotations_out, &mut proxy_env);
-    let rewrite = annotations_out
-        .get(ann::REWRITE_APP_PROBERS)
-        .map(|v| v == "true")
-        .unwrap_or_else(|| {
-            cfg.values.get("sidecarInjectorWebhook.rewriteAppHTTPProbe") != Some(&json!(false))
-        });
-    if rewrite
-        && status_port != 0
-        && let Some(probers) = probes::rewrite(spec, status_port)
-    {
-        proxy_env.push(json!({"name": "ISTIO_KUBE_APP_PROBERS", "value": probers}));
-    }
-    for list in ["initContainers", "containers"] {
-        if let Some(Value::Array(items)) = spec.get_mut(list)
-            && let Some(proxy) = items
-                .iter_mut()
-                .find(|c| c.get("name").and_then(Value::as_str) == Some(PROXY_CONTAINER))
-            && let Some(Value::Array(env)) = proxy.get_mut("env")
-        {
-            env.extend(proxy_env.iter().cloned());
-        }
-    }
-    let hold = proxy_config
-        .get("holdApplicationUntilProxyStarts")
-        .and_then(Value::as_bool)
-        .unwrap_or(false)
-        || cfg
-            .values
-            .bool("global.proxy.holdApplicationUntilProxyStarts");
-    reorder(spec, hold);
+    post_process(spec, &annotations, &mut annotations_out, &proxy_config, cfg);
 
     // Metadata last: the injector's annotations, the overrides and the status record.
     for (k, v) in &cfg.injected_annotations {
@@ -663,6 +568,143 @@ pub fn inject_pod_in_namespace(
         meta.insert("labels".into(), to_value(labels_out));
     }
     Ok(Outcome::Injected(pod))
+}
+
+/// Istio's `GetProxyIDs`: the proxy's UID and GID from the namespace's ranges on OpenShift,
+/// else from the user's own `istio-proxy`, else unset (1337); and whether the UID is the
+/// user's.
+fn proxy_ids(
+    original_spec: &Value,
+    namespace_annotations: &BTreeMap<String, String>,
+    openshift: bool,
+) -> (Option<i64>, Option<i64>, bool) {
+    let user_proxy_sc = overrides::find_container(original_spec, PROXY_CONTAINER)
+        .and_then(|c| c.get("securityContext"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let user_id = |key: &str| user_proxy_sc.get(key).and_then(Value::as_i64);
+    if openshift {
+        let top = |key: &str| {
+            namespace_annotations
+                .get(key)
+                .and_then(|r| overrides::range_top(r))
+        };
+        (
+            top(overrides::OPENSHIFT_UID_RANGE),
+            top(overrides::OPENSHIFT_GROUPS),
+            false,
+        )
+    } else {
+        (
+            user_id("runAsUser"),
+            user_id("runAsGroup"),
+            user_id("runAsUser").is_some(),
+        )
+    }
+}
+
+/// The names of rendered items.
+fn rendered_names(items: &[Value]) -> Vec<String> {
+    items
+        .iter()
+        .filter_map(|i| i.get("name").and_then(Value::as_str).map(str::to_string))
+        .collect()
+}
+
+/// Merges the rendered lists (by name) and pod `securityContext` into the pod's spec.
+fn merge_rendered(
+    spec: &mut Value,
+    lists: [(&str, Vec<Value>); 4],
+    pod_security_context: Option<Value>,
+) {
+    for (list, items) in lists {
+        let names = rendered_names(&items);
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        for item in items {
+            merge_named(spec, list, item, &names);
+        }
+    }
+    if let (Some(sc), Some(obj)) = (pod_security_context, spec.as_object_mut()) {
+        strategic_merge(
+            obj.entry("securityContext").or_insert_with(|| json!({})),
+            &sc,
+        );
+    }
+}
+
+/// The `sidecar.istio.io/status` annotation: the names of what the templates added, keys in
+/// the order Istio's `SidecarInjectionStatus` struct writes them.
+fn status_annotation(rendered: &template::Rendered, revision: &str) -> String {
+    let status = json!({
+        "initContainers": names_or_null(&rendered.init_containers),
+        "containers": names_or_null(&rendered.containers),
+        "volumes": names_or_null(&rendered.volumes),
+        "imagePullSecrets": names_or_null(&rendered.image_pull_secrets),
+        "revision": revision,
+    });
+    // Key order as Istio's SidecarInjectionStatus struct writes it.
+    format!(
+        "{{\"initContainers\":{},\"containers\":{},\"volumes\":{},\"imagePullSecrets\":{},\"revision\":{}}}",
+        status["initContainers"],
+        status["containers"],
+        status["volumes"],
+        status["imagePullSecrets"],
+        status["revision"]
+    )
+}
+
+/// Istio's `postProcessPod` steps after the templates: Prometheus merge, app probes
+/// rewritten to the agent, and the containers' order.
+fn post_process(
+    spec: &mut Value,
+    annotations: &BTreeMap<String, String>,
+    annotations_out: &mut BTreeMap<String, String>,
+    proxy_config: &Map<String, Value>,
+    cfg: &InjectionConfig,
+) {
+    // Prometheus merge, probe rewriting.
+    let status_port = annotations
+        .get(ann::STATUS_PORT)
+        .cloned()
+        .unwrap_or_else(|| cfg.values.string("global.proxy.statusPort"));
+    let status_port: i64 = status_port.trim().parse().unwrap_or(0);
+    let mut proxy_env = Vec::new();
+    prometheus_merge(&cfg.mesh, annotations_out, &mut proxy_env);
+    let rewrite = annotations_out
+        .get(ann::REWRITE_APP_PROBERS)
+        .map(|v| v == "true")
+        .unwrap_or_else(|| {
+            cfg.values.get("sidecarInjectorWebhook.rewriteAppHTTPProbe") != Some(&json!(false))
+        });
+    if rewrite
+        && status_port != 0
+        && let Some(probers) = probes::rewrite(spec, status_port)
+    {
+        proxy_env.push(json!({"name": "ISTIO_KUBE_APP_PROBERS", "value": probers}));
+    }
+    push_proxy_env(spec, &proxy_env);
+    let hold = proxy_config
+        .get("holdApplicationUntilProxyStarts")
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+        || cfg
+            .values
+            .bool("global.proxy.holdApplicationUntilProxyStarts");
+    reorder(spec, hold);
+}
+
+/// Appends `envs` to the `istio-proxy` container's env, wherever the templates put it.
+fn push_proxy_env(spec: &mut Value, envs: &[Value]) {
+    for list in ["initContainers", "containers"] {
+        if let Some(Value::Array(items)) = spec.get_mut(list)
+            && let Some(proxy) = items
+                .iter_mut()
+                .find(|c| c.get("name").and_then(Value::as_str) == Some(PROXY_CONTAINER))
+            && let Some(Value::Array(env)) = proxy.get_mut("env")
+        {
+            env.extend(envs.iter().cloned());
+        }
+    }
 }
 
 fn string_map(v: Option<&Value>) -> BTreeMap<String, String> {
