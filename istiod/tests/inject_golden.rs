@@ -14,7 +14,7 @@
 //!   `test: false` written and `paused: false` dropped by Go's field tags), and a List's
 //!   empty `metadata`.
 //!
-//! Covered: every golden of the reference copy, one case each in `cases()` (117 cases; a
+//! Covered: every golden of the reference copy, one case each in `cases()` (118 cases; a
 //! golden that Istio checks with several settings has a case for each). A case whose output
 //! cannot be Istio's lists its differences one by one, each with its reason (`Expect`), and
 //! the test fails when a listed difference no longer occurs:
