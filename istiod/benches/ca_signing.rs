@@ -250,6 +250,7 @@ async fn run() -> anyhow::Result<()> {
         "--httpAddr=",
         "--monitoringAddr=",
         "--grpcAddr=",
+        "--httpsAddr=",
         "--meshConfig=/nonexistent",
     ])?;
     let config = Arc::new(Config::from_args(&cli.args, &env).map_err(anyhow::Error::msg)?);

@@ -32,6 +32,8 @@ pub struct Bound {
     pub monitoring_addr: Option<SocketAddr>,
     /// The plaintext xDS address.
     pub grpc_addr: Option<SocketAddr>,
+    /// The webhook (HTTPS) address.
+    pub https_addr: Option<SocketAddr>,
     /// The CA root bundle (what `istio-ca-root-cert` carries).
     pub root_pem: String,
     shutdown: watch::Sender<bool>,
@@ -232,6 +234,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     let sources =
         crate::generate::start_sources(&config, kube.clone(), shutdown_rx.clone()).await?;
     let configz = sources.configz.clone();
+    let mesh = sources.mesh.clone();
     // The root every namespace gets, as `istio-ca-root-cert` (fixed while
     // istiod runs: the signer's material is chosen at start).
     let (root_tx, root_rx) = watch::channel(root_pem.clone());
@@ -273,7 +276,8 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     if let Some(addr) = config.secure_grpc_addr {
         let listener = bind(addr, "the secure gRPC server (--secureGRPCAddr)").await?;
         secure_grpc_addr = Some(listener.local_addr()?);
-        let tls = crate::grpc::server_config(serving_chain, serving_key, &roots)?;
+        let tls =
+            crate::grpc::server_config(serving_chain.clone(), serving_key.clone_key(), &roots)?;
         let incoming =
             crate::grpc::tls_incoming(listener, tokio_rustls::TlsAcceptor::from(Arc::new(tls)));
         let ca = CaServer::new(signer.clone(), authenticators.clone(), ca_metrics.clone());
@@ -342,6 +346,50 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         tracing::info!("starting HTTP service at {}", http_addr.unwrap_or(addr));
     }
 
+    let mut https_addr = None;
+    if let Some(addr) = config.webhooks.https_addr {
+        use crate::webhooks::{inject, patcher, server, validation};
+        let listener = bind(addr, "the webhook server (--httpsAddr)").await?;
+        https_addr = Some(listener.local_addr()?);
+        let tls = server::tls_config(serving_chain, serving_key)?;
+        let listener =
+            server::TlsListener::new(listener, tokio_rustls::TlsAcceptor::from(Arc::new(tls)))?;
+        let injector = config.webhooks.inject_enabled.then(|| {
+            let state = inject::start(
+                &config.webhooks,
+                &config.namespace,
+                kube.clone(),
+                mesh.clone(),
+                shutdown_rx.clone(),
+            );
+            Arc::new(inject::Injector::new(
+                state,
+                inject::InjectMetrics::new(&registry),
+            ))
+        });
+        let validator = Arc::new(validation::Validator::new(
+            &config.webhooks.revision,
+            validation::ValidationMetrics::new(&registry),
+        ));
+        let app = server::router(injector, validator, ready_rx.clone());
+        let rx = shutdown_rx.clone();
+        tasks.spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown_signal(rx))
+                .await
+                .context("webhook server")
+        });
+        if let Some(client) = &kube {
+            patcher::start(
+                client.clone(),
+                &config.webhooks.revision,
+                &root_pem,
+                shutdown_rx.clone(),
+            );
+        }
+        tracing::info!("starting webhook service at {}", https_addr.unwrap_or(addr));
+    }
+
     let mut monitoring_addr = None;
     if let Some(addr) = config.monitoring_addr {
         let listener = bind(addr, "the monitoring server (--monitoringAddr)").await?;
@@ -375,6 +423,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         http_addr,
         monitoring_addr,
         grpc_addr,
+        https_addr,
         root_pem,
         shutdown,
         tasks,

@@ -163,6 +163,10 @@ pub struct Config {
     pub mesh: MeshConfig,
     /// Mesh config `discoverySelectors` from the file.
     pub discovery_selectors: Vec<LabelSelector>,
+    /// What the sidecar injector reads from the mesh config file.
+    pub mesh_injection: crate::mesh::MeshInjection,
+    /// The webhooks on `--httpsAddr`.
+    pub webhooks: crate::webhooks::WebhookConfig,
     /// Whether the `--meshConfig` file exists; when it does not, istiod on
     /// Kubernetes watches the `istio` ConfigMap instead, as Istio does.
     pub mesh_file_found: bool,
@@ -302,6 +306,8 @@ impl Config {
         let secure_grpc_addr = addr("secureGRPCAddr", &args.secure_grpc_addr, &mut r);
         let http_addr = addr("httpAddr", &args.http_addr, &mut r);
         let monitoring_addr = addr("monitoringAddr", &args.monitoring_addr, &mut r);
+        let https_addr = addr("httpsAddr", &args.https_addr, &mut r);
+        let webhooks = crate::webhooks::WebhookConfig::read(https_addr, &args.namespace, &mut r);
 
         let (mesh, mesh_file_found) = read_mesh_config(&args.mesh_config, &mut r);
         let trust_domain = mesh
@@ -410,6 +416,8 @@ impl Config {
             trust_domain,
             mesh: mesh.config,
             discovery_selectors: mesh.discovery_selectors,
+            mesh_injection: mesh.injection,
+            webhooks,
             mesh_file_found,
             kube,
             jwt_policy,

@@ -65,6 +65,7 @@ pub async fn start_sources(
         trust_domain: Some(config.trust_domain.clone()),
         config: config.mesh,
         discovery_selectors: config.discovery_selectors.clone(),
+        injection: config.mesh_injection.clone(),
     }));
 
     // The file slice is created first: a file's object wins over the API's.

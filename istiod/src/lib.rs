@@ -15,6 +15,7 @@ pub mod model;
 pub mod push;
 pub mod source;
 pub mod token;
+pub mod webhooks;
 pub mod xds;
 
 /// The version reported by `/version` and `istiod version`.

@@ -28,6 +28,24 @@ pub struct Mesh {
     /// `discoverySelectors`: the namespaces whose objects istiod uses (any
     /// selector matching the Namespace's labels); empty means every namespace.
     pub discovery_selectors: Vec<LabelSelector>,
+    /// What the sidecar injector reads.
+    pub injection: MeshInjection,
+}
+
+/// The mesh config fields the sidecar injector reads (Istio's injection
+/// template takes them from the mesh config in force).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MeshInjection {
+    /// `defaultConfig`, the ProxyConfig every proxy starts from, as written.
+    pub default_config: serde_json::Map<String, serde_json::Value>,
+    /// `enablePrometheusMerge` (Istio's default: true).
+    pub enable_prometheus_merge: Option<bool>,
+    /// `proxyListenPort` (15001).
+    pub proxy_listen_port: Option<u16>,
+    /// `proxyInboundListenPort` (15006).
+    pub proxy_inbound_listen_port: Option<u16>,
+    /// `inboundTrafficPolicy.mode` is `LOCALHOST`.
+    pub inbound_traffic_policy_localhost: bool,
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -39,6 +57,24 @@ struct MeshConfigFile {
     outbound_traffic_policy: Option<MeshOutboundTrafficPolicy>,
     #[serde(default)]
     discovery_selectors: Option<Vec<LabelSelector>>,
+    #[serde(default)]
+    default_config: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default)]
+    enable_prometheus_merge: Option<bool>,
+    #[serde(default)]
+    proxy_listen_port: Option<u16>,
+    #[serde(default)]
+    proxy_inbound_listen_port: Option<u16>,
+    #[serde(default)]
+    inbound_traffic_policy: Option<MeshInboundTrafficPolicy>,
+}
+
+/// Istio's `MeshConfig.InboundTrafficPolicy`: only `mode` exists there.
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct MeshInboundTrafficPolicy {
+    #[serde(default)]
+    mode: Option<String>,
 }
 
 /// Istio's `MeshConfig.OutboundTrafficPolicy`: only `mode` exists there.
@@ -95,6 +131,16 @@ impl Mesh {
                 outbound_traffic_policy,
             },
             discovery_selectors,
+            injection: MeshInjection {
+                default_config: file.default_config.unwrap_or_default(),
+                enable_prometheus_merge: file.enable_prometheus_merge,
+                proxy_listen_port: file.proxy_listen_port,
+                proxy_inbound_listen_port: file.proxy_inbound_listen_port,
+                inbound_traffic_policy_localhost: file
+                    .inbound_traffic_policy
+                    .and_then(|p| p.mode)
+                    .is_some_and(|m| m == "LOCALHOST"),
+            },
         })
     }
 

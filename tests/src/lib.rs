@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod ads;
+pub mod injected;
 pub mod kube_api;
 pub mod mesh;
 pub mod netns;
@@ -203,7 +204,8 @@ pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> 
     Ok((status, body))
 }
 
-fn dechunk(body: &str) -> String {
+/// Decodes an HTTP/1.1 chunked body.
+pub(crate) fn dechunk(body: &str) -> String {
     let mut out = String::new();
     let mut rest = body;
     while let Some((size, after)) = rest.split_once("\r\n") {
@@ -233,6 +235,8 @@ pub struct Istiod {
     pub http: SocketAddr,
     /// The monitoring address (:15014).
     pub monitoring: SocketAddr,
+    /// The webhook address (:15017, HTTPS).
+    pub https: SocketAddr,
     env: Vec<(String, String)>,
     netns: Option<String>,
 }
@@ -345,13 +349,15 @@ impl Istiod {
             .collect();
         let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let monitoring: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let https: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let mut istiod = Istiod {
-            proc: Self::spawn(dir, grpc, http, monitoring, &env, netns.as_deref()),
+            proc: Self::spawn(dir, [grpc, http, monitoring, https], &env, netns.as_deref()),
             dir: dir.to_path_buf(),
             issuer_dir,
             grpc,
             http,
             monitoring,
+            https,
             env,
             netns,
         };
@@ -359,11 +365,10 @@ impl Istiod {
         istiod
     }
 
+    /// `addrs`: the TLS gRPC, HTTP, monitoring and webhook addresses.
     fn spawn(
         dir: &Path,
-        grpc: SocketAddr,
-        http: SocketAddr,
-        monitoring: SocketAddr,
+        addrs: [SocketAddr; 4],
         env: &[(String, String)],
         netns: Option<&str>,
     ) -> Proc {
@@ -375,11 +380,13 @@ impl Istiod {
             }
             None => Command::new(bin("istiod")),
         };
+        let [grpc, http, monitoring, https] = addrs;
         cmd.current_dir(dir)
             .arg("discovery")
             .arg(format!("--secureGRPCAddr={grpc}"))
             .arg(format!("--httpAddr={http}"))
             .arg(format!("--monitoringAddr={monitoring}"))
+            .arg(format!("--httpsAddr={https}"))
             .arg(format!(
                 "--grpcAddr={}",
                 env.iter()
@@ -429,9 +436,7 @@ impl Istiod {
         }
         self.proc = Self::spawn(
             &self.dir,
-            self.grpc,
-            self.http,
-            self.monitoring,
+            [self.grpc, self.http, self.monitoring, self.https],
             &self.env,
             self.netns.as_deref(),
         );

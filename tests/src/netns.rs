@@ -67,6 +67,54 @@ impl Netns {
     }
 }
 
+impl Netns {
+    /// Forwards TCP connections accepted on 127.0.0.1 of the test's own
+    /// network to `target` inside this namespace, as a Service's cluster IP
+    /// reaches a Pod: returns the local address. Each connection is spliced
+    /// in both directions until either side closes; the forwarder lives as
+    /// long as the process.
+    pub fn forward_to(&self, target: std::net::SocketAddr) -> std::net::SocketAddr {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a forwarder");
+        let local = listener.local_addr().expect("the forwarder's address");
+        let path = format!("/var/run/netns/{}", self.name);
+        std::thread::spawn(move || {
+            for conn in listener.incoming().take(1_000_000) {
+                let Ok(client) = conn else { continue };
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    let Ok(file) = std::fs::File::open(&path) else {
+                        return;
+                    };
+                    if nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET).is_err() {
+                        return;
+                    }
+                    let Ok(server) = std::net::TcpStream::connect(target) else {
+                        return;
+                    };
+                    splice(client, server);
+                });
+            }
+        });
+        local
+    }
+}
+
+/// Copies bytes both ways between two connections until both directions end.
+fn splice(a: std::net::TcpStream, b: std::net::TcpStream) {
+    let (Ok(a2), Ok(b2)) = (a.try_clone(), b.try_clone()) else {
+        return;
+    };
+    let one = std::thread::spawn(move || {
+        let (mut from, to) = (a, b2);
+        let _ = std::io::copy(&mut from, &mut &to);
+        let _ = to.shutdown(std::net::Shutdown::Write);
+    });
+    let (mut from, to) = (b, a2);
+    let _ = std::io::copy(&mut from, &mut &to);
+    let _ = to.shutdown(std::net::Shutdown::Write);
+    let _ = one.join();
+}
+
 impl Drop for Netns {
     fn drop(&mut self) {
         let _ = Command::new("ip")

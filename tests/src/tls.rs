@@ -67,3 +67,63 @@ pub fn probe(
     let info = pki::cert_info(leaf.as_ref()).map_err(|e| e.to_string())?;
     Ok((info, body))
 }
+
+/// One HTTPS request as an API server sends it to a webhook: TLS verified
+/// against `root_pem` for `server_name` (a DNS name), HTTP/1.1, body as
+/// given, `Connection: close`. Returns (status, body), or what failed.
+pub fn https_post(
+    addr: SocketAddr,
+    server_name: &str,
+    root_pem: &str,
+    path: &str,
+    content_type: &str,
+    body: &[u8],
+) -> Result<(u16, String), String> {
+    common::tls::install_crypto_provider();
+    let roots = common::tls::root_store("root", root_pem).map_err(|e| e.to_string())?;
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from(server_name.to_string())
+        .map_err(|e| e.to_string())?;
+    let mut conn =
+        rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
+    let mut sock = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+        .map_err(|e| format!("connect: {e}"))?;
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    let mut tls = rustls::Stream::new(&mut conn, &mut sock);
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {server_name}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(body);
+    tls.write_all(&request)
+        .map_err(|e| format!("TLS handshake or write: {e}"))?;
+    let mut buf = Vec::new();
+    match tls.read_to_end(&mut buf) {
+        Ok(_) => {}
+        // A server may close without close_notify after a complete response.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !buf.is_empty() => {}
+        Err(e) => return Err(format!("read: {e}")),
+    }
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("not an HTTP response: {text:?}"))?;
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    Ok((
+        status,
+        if chunked {
+            crate::dechunk(body)
+        } else {
+            body.to_string()
+        },
+    ))
+}

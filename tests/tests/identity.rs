@@ -563,6 +563,7 @@ fn incomplete_plugin_ca_stops_istiod_naming_the_file() {
             "--httpAddr=",
             "--monitoringAddr=",
             "--grpcAddr=",
+            "--httpsAddr=",
         ])
         .output()
         .unwrap();

@@ -91,6 +91,7 @@ impl Cluster {
             .arg(format!("--grpcAddr={xds}"))
             .arg(format!("--secureGRPCAddr={secure}"))
             .arg(format!("--monitoringAddr={monitoring}"))
+            .arg(format!("--httpsAddr=127.0.0.1:{}", free_port()))
             .args(
                 opts.config_dir
                     .map(|d| format!("--configDir={}", d.display())),

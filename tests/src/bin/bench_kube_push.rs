@@ -415,6 +415,7 @@ fn start_istiod(dir: &Path, source_flag: &str) -> (Proc, SocketAddr) {
         .arg(format!("--grpcAddr={grpc}"))
         .arg(format!("--secureGRPCAddr=127.0.0.1:{}", free_port()))
         .arg(format!("--httpAddr={http}"))
+        .arg("--httpsAddr=")
         .arg(format!("--monitoringAddr=127.0.0.1:{}", free_port()))
         .arg("--meshConfig=./mesh.yaml")
         .env("XDS_AUTH", "false")
