@@ -6,10 +6,12 @@
 //! in a ValidatingWebhookConfiguration, all of them). A configuration someone
 //! resets is patched again on the next event.
 //!
-//! Unlike Istio's validation controller, the `failurePolicy` of the
-//! validating webhooks is left as installed: Istio flips `Ignore` to `Fail`
-//! after a dry-run create proves the API server reaches the webhook; our
-//! manifests install `Fail` directly once the CA bundle is in place.
+//! The validating webhooks are installed failing open (`failurePolicy:
+//! Ignore`, as Istio's chart does) and set to `Fail` together with the CA
+//! bundle. Istio's validation controller flips them after a dry-run create
+//! proves the API server reaches the webhook; we flip them once istiod's
+//! webhook server is listening (the patcher starts after it binds), without
+//! that round trip.
 
 use std::fmt::Debug;
 
@@ -56,14 +58,22 @@ pub fn patch_mutating(config: &mut MutatingWebhookConfiguration, root: &[u8]) ->
     )
 }
 
-/// Patches a ValidatingWebhookConfiguration in place; true when it changed.
+/// Patches a ValidatingWebhookConfiguration in place (CA bundle, and
+/// `failurePolicy: Fail`); true when it changed.
 pub fn patch_validating(config: &mut ValidatingWebhookConfiguration, root: &[u8]) -> bool {
+    let mut changed = false;
+    for w in config.webhooks.iter_mut().flatten() {
+        if w.failure_policy.as_deref() != Some("Fail") {
+            w.failure_policy = Some("Fail".into());
+            changed = true;
+        }
+    }
     let hooks = config.webhooks.iter_mut().flatten();
     set_bundle(
         hooks.map(|w| (w.name.as_str(), &mut w.client_config.ca_bundle)),
         root,
         |_| true,
-    )
+    ) || changed
 }
 
 /// Watches the configurations of kind `K` for `revision` and patches each
@@ -176,5 +186,20 @@ mod tests {
         // The API carries the bundle base64-encoded.
         let v = serde_json::to_value(&mwc).unwrap();
         assert_eq!(v["webhooks"][0]["clientConfig"]["caBundle"], "Uk9PVA==");
+    }
+
+    #[test]
+    fn validating_webhooks_stop_failing_open_once_patched() {
+        let mut vwc: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+            "metadata": {"name": "istio-validator-istio-system"},
+            "webhooks": [{"name": "rev.validation.istio.io", "failurePolicy": "Ignore",
+                "clientConfig": {"service": {"name": "istiod", "namespace": "istio-system"}},
+                "sideEffects": "None", "admissionReviewVersions": ["v1"]}]
+        }))
+        .unwrap();
+        assert!(patch_validating(&mut vwc, b"ROOT"));
+        let hook = &vwc.webhooks.as_ref().unwrap()[0];
+        assert_eq!(hook.failure_policy.as_deref(), Some("Fail"));
+        assert!(!patch_validating(&mut vwc, b"ROOT"));
     }
 }
