@@ -14,6 +14,7 @@ pub mod istio;
 pub mod kube;
 pub mod meta;
 pub mod parse;
+pub mod security;
 pub mod service;
 pub mod store;
 pub mod validate;

@@ -2,6 +2,8 @@
 //! ACK/NACK/nonce rules. Generation is behind the [`PushContext`] trait so the
 //! protocol is independent of how configuration is built.
 
+pub mod authn;
+pub mod authz;
 pub mod cds;
 pub mod context;
 pub mod eds;
@@ -9,6 +11,7 @@ pub mod lds;
 pub mod nds;
 pub mod proxy;
 pub mod rds;
+pub mod security;
 pub mod server;
 pub mod util;
 

@@ -11,6 +11,7 @@ use super::istio::{
     DestinationRule, PeerAuthentication, ServiceEntry, Sidecar, VirtualService, WorkloadEntry,
 };
 use super::kube::{EndpointSlice, Namespace, Node, Pod, Service};
+use super::security::{AuthorizationPolicy, RequestAuthentication};
 
 /// Istio's networking API group.
 pub const NETWORKING_GROUP: &str = "networking.istio.io";
@@ -37,6 +38,10 @@ pub enum Kind {
     Sidecar,
     /// `security.istio.io` PeerAuthentication: inbound mTLS mode.
     PeerAuthentication,
+    /// `security.istio.io` AuthorizationPolicy: access control.
+    AuthorizationPolicy,
+    /// `security.istio.io` RequestAuthentication: end-user JWTs.
+    RequestAuthentication,
     /// Kubernetes `v1` Service.
     Service,
     /// Kubernetes `discovery.k8s.io/v1` EndpointSlice.
@@ -51,13 +56,15 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 13] = [
         Kind::ServiceEntry,
         Kind::WorkloadEntry,
         Kind::VirtualService,
         Kind::DestinationRule,
         Kind::Sidecar,
         Kind::PeerAuthentication,
+        Kind::AuthorizationPolicy,
+        Kind::RequestAuthentication,
         Kind::Service,
         Kind::EndpointSlice,
         Kind::Pod,
@@ -74,6 +81,8 @@ impl Kind {
             Kind::DestinationRule => "DestinationRule",
             Kind::Sidecar => "Sidecar",
             Kind::PeerAuthentication => "PeerAuthentication",
+            Kind::AuthorizationPolicy => "AuthorizationPolicy",
+            Kind::RequestAuthentication => "RequestAuthentication",
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Pod => "Pod",
@@ -90,7 +99,9 @@ impl Kind {
             | Kind::VirtualService
             | Kind::DestinationRule
             | Kind::Sidecar => NETWORKING_GROUP,
-            Kind::PeerAuthentication => SECURITY_GROUP,
+            Kind::PeerAuthentication | Kind::AuthorizationPolicy | Kind::RequestAuthentication => {
+                SECURITY_GROUP
+            }
             Kind::EndpointSlice => DISCOVERY_GROUP,
             Kind::Service | Kind::Pod | Kind::Namespace | Kind::Node => "",
         }
@@ -242,6 +253,10 @@ pub enum Spec {
     Sidecar(Sidecar),
     /// A PeerAuthentication's `spec`.
     PeerAuthentication(PeerAuthentication),
+    /// An AuthorizationPolicy's `spec`.
+    AuthorizationPolicy(AuthorizationPolicy),
+    /// A RequestAuthentication's `spec`.
+    RequestAuthentication(RequestAuthentication),
     /// A Service (its `spec`).
     Service(Service),
     /// An EndpointSlice (its top-level fields).
@@ -264,6 +279,8 @@ impl Spec {
             Spec::DestinationRule(_) => Kind::DestinationRule,
             Spec::Sidecar(_) => Kind::Sidecar,
             Spec::PeerAuthentication(_) => Kind::PeerAuthentication,
+            Spec::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
+            Spec::RequestAuthentication(_) => Kind::RequestAuthentication,
             Spec::Service(_) => Kind::Service,
             Spec::EndpointSlice(_) => Kind::EndpointSlice,
             Spec::Pod(_) => Kind::Pod,
@@ -358,6 +375,8 @@ kind_spec!(
     DestinationRule,
     Sidecar,
     PeerAuthentication,
+    AuthorizationPolicy,
+    RequestAuthentication,
     Service,
     EndpointSlice,
     Pod,

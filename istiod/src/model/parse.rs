@@ -198,6 +198,8 @@ fn decode_body(kind: Kind, map: Map<String, Value>) -> Result<Spec, FieldError> 
         Kind::DestinationRule => Spec::DestinationRule(istio(body)?),
         Kind::Sidecar => Spec::Sidecar(istio(body)?),
         Kind::PeerAuthentication => Spec::PeerAuthentication(istio(body)?),
+        Kind::AuthorizationPolicy => Spec::AuthorizationPolicy(istio(body)?),
+        Kind::RequestAuthentication => Spec::RequestAuthentication(istio(body)?),
         Kind::Service => Spec::Service(typed(body)?),
         Kind::EndpointSlice => Spec::EndpointSlice(typed(body)?),
         Kind::Pod => Spec::Pod(typed(body)?),

@@ -43,7 +43,7 @@ pub const SLICE: &str = "kubernetes";
 const CRD_RECHECK: Duration = Duration::from_secs(60);
 
 /// The kinds the source watches: all of them.
-pub const KINDS: [Kind; 11] = Kind::ALL;
+pub const KINDS: [Kind; 13] = Kind::ALL;
 
 /// The resource name (plural) of a kind.
 pub fn plural(kind: Kind) -> &'static str {
@@ -54,6 +54,8 @@ pub fn plural(kind: Kind) -> &'static str {
         Kind::DestinationRule => "destinationrules",
         Kind::Sidecar => "sidecars",
         Kind::PeerAuthentication => "peerauthentications",
+        Kind::AuthorizationPolicy => "authorizationpolicies",
+        Kind::RequestAuthentication => "requestauthentications",
         Kind::Service => "services",
         Kind::EndpointSlice => "endpointslices",
         Kind::Pod => "pods",

@@ -11,6 +11,7 @@ use crate::model::istio::{
     CaptureMode, DestinationRule, IstioEgressListener, Labels, MtlsMode, OutboundMode,
     PeerAuthentication, PolicySelector, Sidecar, VirtualService, WorkloadSelector,
 };
+use crate::model::security::{AuthorizationPolicy, RequestAuthentication};
 use crate::model::service::{
     Protocol, Service, ServiceRegistry, egress_host_matches, host_matches, is_exported_to,
 };
@@ -49,6 +50,10 @@ pub struct IstioContext {
     pub peer_authentications: Vec<Named<PeerAuthentication>>,
     /// Sidecars.
     pub sidecars: Vec<Named<Sidecar>>,
+    /// AuthorizationPolicies.
+    pub authorization_policies: Vec<Named<AuthorizationPolicy>>,
+    /// RequestAuthentications.
+    pub request_authentications: Vec<Named<RequestAuthentication>>,
     /// Pod labels by Pod IP, for proxies whose Pod no Service lists yet.
     pub pod_labels: std::collections::HashMap<String, Labels>,
     /// What the generators apply from the mesh config.
@@ -148,6 +153,8 @@ impl IstioContext {
             virtual_services: collect(snapshot),
             peer_authentications: collect(snapshot),
             sidecars: collect(snapshot),
+            authorization_policies: collect(snapshot),
+            request_authentications: collect(snapshot),
             pod_labels: snapshot
                 .list::<crate::model::kube::Pod>()
                 .filter_map(|p| {

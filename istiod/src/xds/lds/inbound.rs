@@ -28,6 +28,7 @@ use proto::pb::google::protobuf::BoolValue;
 use super::super::Proxy;
 use super::super::cds::{inbound_name, mesh_tls_params};
 use super::super::context::{InboundPort, IstioContext};
+use super::super::security::InboundSecurity;
 use super::super::util::{
     BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER, IpMode, VIRTUAL_INBOUND, VIRTUAL_INBOUND_PORT,
     delimited, duration, sds, socket, transport_socket, u32v,
@@ -218,16 +219,25 @@ impl ChainConfig {
         }
     }
 
-    fn chains(&self, mode: MtlsMode, trust_domain: &str) -> Vec<FilterChain> {
+    fn chains(
+        &self,
+        mode: MtlsMode,
+        trust_domain: &str,
+        security: &InboundSecurity,
+    ) -> Vec<FilterChain> {
         match_options(mode, self.protocol)
             .iter()
             .map(|o| FilterChain {
                 name: self.name(o.serve),
                 filter_chain_match: Some(self.chain_match(o)),
-                filters: vec![match o.serve {
-                    Serve::Http => self.hcm(),
-                    Serve::Tcp => tcp_proxy_to(&self.cluster),
-                }],
+                filters: match o.serve {
+                    Serve::Http => vec![self.hcm(security)],
+                    Serve::Tcp => {
+                        let mut filters = security.tcp.clone();
+                        filters.push(tcp_proxy_to(&self.cluster));
+                        filters
+                    }
+                },
                 transport_socket: o.mtls.then(|| mesh_mtls(trust_domain)),
                 ..Default::default()
             })
@@ -235,8 +245,11 @@ impl ChainConfig {
     }
 
     /// The inbound HTTP connection manager: an inline route to the cluster,
-    /// the client's identity in `X-Forwarded-Client-Cert`.
-    fn hcm(&self) -> Filter {
+    /// the client's identity in `X-Forwarded-Client-Cert`, the security
+    /// filters ahead of the router.
+    fn hcm(&self, security: &InboundSecurity) -> Filter {
+        let mut http_filters = security.http.clone();
+        http_filters.push(http_filter("envoy.filters.http.router", &Router::default()));
         network_filter(
             "envoy.filters.network.http_connection_manager",
             &HttpConnectionManager {
@@ -255,7 +268,7 @@ impl ChainConfig {
                     },
                 ),
                 http2_protocol_options: self.protocol.is_http2().then(Default::default),
-                http_filters: vec![http_filter("envoy.filters.http.router", &Router::default())],
+                http_filters,
                 ..Default::default()
             },
         )
@@ -369,6 +382,7 @@ fn passthrough_chains(
     ctx: &IstioContext,
     proxy: &Proxy,
     ports: &[InboundPort],
+    security: &InboundSecurity,
 ) -> Vec<FilterChain> {
     let mut chains = vec![blackhole_chain()];
     let mut modes = vec![(0, ctx.mtls_mode(proxy, 0))];
@@ -378,7 +392,7 @@ fn passthrough_chains(
         }
     }
     for (port, mode) in modes {
-        chains.extend(ChainConfig::passthrough(port).chains(mode, &ctx.trust_domain));
+        chains.extend(ChainConfig::passthrough(port).chains(mode, &ctx.trust_domain, security));
     }
     chains
 }
@@ -467,11 +481,12 @@ fn inbound_listener(
 pub(super) fn listeners(ctx: &IstioContext, proxy: &Proxy) -> Vec<Listener> {
     let ip = IpMode::of(&proxy.ips);
     let ports = ctx.inbound_ports(proxy);
+    let security = InboundSecurity::build(ctx, proxy);
     let mut out = Vec::new();
     let mut virtual_chains = Vec::new();
     for p in &ports {
         let cc = ChainConfig::from_port(p, ip);
-        let chains = cc.chains(ctx.mtls_mode(proxy, p.port), &ctx.trust_domain);
+        let chains = cc.chains(ctx.mtls_mode(proxy, p.port), &ctx.trust_domain, &security);
         if p.bind_to_port {
             out.push(inbound_listener(
                 proxy,
@@ -486,7 +501,7 @@ pub(super) fn listeners(ctx: &IstioContext, proxy: &Proxy) -> Vec<Listener> {
         }
     }
     if !no_interception(proxy) {
-        let mut chains = passthrough_chains(ctx, proxy, &ports);
+        let mut chains = passthrough_chains(ctx, proxy, &ports, &security);
         chains.extend(virtual_chains);
         out.insert(
             0,
