@@ -17,7 +17,8 @@ use super::kube::{AddressType, EndpointSlice, IntOrString, Pod, Service, Service
 use super::meta::{Object, Spec};
 use super::service::Protocol;
 
-mod security;
+mod authn;
+mod authz;
 
 /// Envoy's `retry_on` conditions that Istio accepts (besides status codes).
 const RETRY_ON: &[&str] = &[
@@ -59,8 +60,8 @@ pub fn validate(object: &Object) -> Vec<FieldError> {
         Spec::WorkloadEntry(we) => workload_entry("spec", we, None, &mut e),
         Spec::Sidecar(sc) => sidecar(sc, &mut e),
         Spec::PeerAuthentication(pa) => peer_authentication(pa, &mut e),
-        Spec::AuthorizationPolicy(ap) => security::authorization_policy(ap, &mut e),
-        Spec::RequestAuthentication(ra) => security::request_authentication(ra, &mut e),
+        Spec::AuthorizationPolicy(ap) => authz::authorization_policy(ap, &mut e),
+        Spec::RequestAuthentication(ra) => authn::request_authentication(ra, &mut e),
         Spec::Service(svc) => service(svc, &mut e),
         Spec::EndpointSlice(slice) => endpoint_slice(slice, &mut e),
         Spec::Pod(pod) => self::pod(pod, &mut e),

@@ -122,7 +122,7 @@ fn selects(selector: &Option<WorkloadSelector>, labels: &Labels) -> bool {
 
 /// Whether a security policy's `selector.matchLabels` picks the workload:
 /// only a non-empty selector picks a workload (an empty one is namespace-wide).
-fn policy_selects(selector: &Option<PolicySelector>, labels: &Labels) -> bool {
+pub fn policy_selects(selector: &Option<PolicySelector>, labels: &Labels) -> bool {
     selector.as_ref().is_some_and(|s| {
         !s.match_labels.is_empty() && s.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
     })

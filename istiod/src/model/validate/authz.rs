@@ -1,14 +1,14 @@
-//! Validation of AuthorizationPolicy and RequestAuthentication, with the
-//! rules of Istio's `ValidateAuthorizationPolicy` and
-//! `ValidateRequestAuthentication`.
+//! Validation of AuthorizationPolicy, with the rules of Istio's
+//! `ValidateAuthorizationPolicy`, and the policy scope both request-level
+//! security kinds share.
 
-use super::super::security::{AuthorizationPolicy, PolicyTargetReference, RequestAuthentication};
+use super::super::security::{AuthorizationPolicy, PolicyTargetReference};
 use super::{Errors, check_policy_selector};
 
 /// Shared by both kinds: `selector` and `targetRef(s)` are exclusive, and a
 /// target reference attaches a policy to a gateway or waypoint, which this
 /// istiod does not serve: refused rather than accepted and never applied.
-fn scope(
+pub(super) fn scope(
     selector: bool,
     target_ref: Option<&PolicyTargetReference>,
     target_refs: &[PolicyTargetReference],
@@ -42,18 +42,6 @@ pub(super) fn authorization_policy(ap: &AuthorizationPolicy, e: &mut Errors) {
         ap.selector.is_some(),
         ap.target_ref.as_ref(),
         &ap.target_refs,
-        e,
-    );
-}
-
-pub(super) fn request_authentication(ra: &RequestAuthentication, e: &mut Errors) {
-    if let Some(sel) = &ra.selector {
-        check_policy_selector("spec.selector", sel, e);
-    }
-    scope(
-        ra.selector.is_some(),
-        ra.target_ref.as_ref(),
-        &ra.target_refs,
         e,
     );
 }
