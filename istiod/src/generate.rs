@@ -151,6 +151,25 @@ pub async fn start_sources(
         });
     }
 
+    // RequestAuthentication's `jwksUri` keys, fetched in the background; a
+    // change of keys is a full push (Istio's `JwksResolver.PushFunc`).
+    let jwks = Arc::new(crate::jwks::JwksResolver::new());
+    {
+        let refresh = crate::jwks::resolver::refresh_interval(&common::env::ProcessEnv)?;
+        let tx = tx.clone();
+        let on_change = move || {
+            let change = Change {
+                key: "JWKS".into(),
+                endpoint_only: false,
+                hosts: BTreeSet::new(),
+            };
+            if let Err(e) = tx.try_send(change) {
+                tracing::warn!(target: "authn", "cannot queue the push for changed JWT public keys: {e}");
+            }
+        };
+        tokio::spawn(jwks.clone().run(refresh, on_change, shutdown.clone()));
+    }
+
     // Store batches become push changes; endpoint-only batches name the
     // hosts whose endpoints changed, for incremental EDS.
     {
@@ -205,8 +224,11 @@ pub async fn start_sources(
     let builder_mesh = mesh.clone();
     let builder: Box<dyn FnMut(String) -> Arc<dyn PushContext> + Send> = Box::new(move |version| {
         let mesh = builder_mesh.borrow().config;
-        Arc::new(IstioContext::new(version, &builder_store.snapshot(), &options).with_mesh(mesh))
-            as Arc<dyn PushContext>
+        Arc::new(
+            IstioContext::new(version, &builder_store.snapshot(), &options)
+                .with_mesh(mesh)
+                .with_jwks(jwks.clone()),
+        ) as Arc<dyn PushContext>
     });
     let configz: Arc<dyn Fn() -> Value + Send + Sync> = Arc::new(move || {
         let snapshot = store.snapshot();

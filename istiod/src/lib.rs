@@ -9,6 +9,7 @@ pub mod debug;
 pub mod generate;
 pub mod grpc;
 pub mod inject;
+pub mod jwks;
 pub mod mesh;
 pub mod metrics;
 pub mod model;

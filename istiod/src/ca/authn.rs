@@ -3,7 +3,6 @@
 //! against `JWT_RULE`, then the same token reviewed by the Kubernetes API
 //! ([`super::kube_jwt`]). The caller's identity is what the CA signs for.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,6 +20,8 @@ pub const DEFAULT_AUDIENCE: &str = "istio-ca";
 
 /// How long fetched signing keys are trusted before they are fetched again.
 const JWKS_REFRESH: Duration = Duration::from_secs(300);
+/// How long one fetch of the keys may take.
+const JWKS_FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// The shortest gap between fetches forced by an unknown key id.
 const JWKS_MIN_REFETCH: Duration = Duration::from_secs(5);
 
@@ -91,7 +92,6 @@ pub struct JwtAuthenticator {
     audiences: Vec<String>,
     trust_domain: String,
     cache: Mutex<KeyCache>,
-    http: std::sync::OnceLock<Result<reqwest::Client, String>>,
 }
 
 impl std::fmt::Debug for JwtAuthenticator {
@@ -118,40 +118,14 @@ impl JwtAuthenticator {
                 keys: None,
                 fetched: None,
             }),
-            http: std::sync::OnceLock::new(),
         }
     }
 
     async fn fetch(&self) -> Result<JwkSet, String> {
         let uri = &self.rule.jwks_uri;
-        let body = if let Some(path) = uri.strip_prefix("file://") {
-            tokio::fs::read_to_string(PathBuf::from(path))
-                .await
-                .map_err(|e| format!("reading JWKS {uri}: {e}"))?
-        } else {
-            let client = self
-                .http
-                .get_or_init(|| {
-                    common::tls::install_crypto_provider();
-                    reqwest::Client::builder()
-                        .timeout(Duration::from_secs(10))
-                        .build()
-                        .map_err(|e| e.to_string())
-                })
-                .as_ref()
-                .map_err(|e| format!("HTTP client for {uri}: {e}"))?;
-            let resp = client
-                .get(uri)
-                .send()
-                .await
-                .map_err(|e| format!("fetching JWKS {uri}: {e}"))?;
-            if !resp.status().is_success() {
-                return Err(format!("fetching JWKS {uri}: HTTP {}", resp.status()));
-            }
-            resp.text()
-                .await
-                .map_err(|e| format!("fetching JWKS {uri}: {e}"))?
-        };
+        let body = crate::jwks::fetch(uri, JWKS_FETCH_TIMEOUT, true)
+            .await
+            .map_err(|e| format!("fetching JWKS {e}"))?;
         serde_json::from_str(&body)
             .map_err(|e| format!("JWKS {uri} is not a JSON Web Key Set: {e}"))
     }

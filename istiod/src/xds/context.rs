@@ -58,6 +58,8 @@ pub struct IstioContext {
     pub pod_labels: std::collections::HashMap<String, Labels>,
     /// What the generators apply from the mesh config.
     pub mesh: MeshConfig,
+    /// The JWKS of RequestAuthentication `jwksUri`s, fetched by istiod.
+    pub jwks: Arc<crate::jwks::JwksResolver>,
 }
 
 /// Where a proxy's traffic to destinations outside the registry goes
@@ -165,7 +167,14 @@ impl IstioContext {
                 })
                 .collect(),
             mesh: MeshConfig::default(),
+            jwks: Arc::default(),
         }
+    }
+
+    /// The context with this JWKS resolver (shared by every push context).
+    pub fn with_jwks(mut self, jwks: Arc<crate::jwks::JwksResolver>) -> Self {
+        self.jwks = jwks;
+        self
     }
 
     /// The context with these mesh config settings.
