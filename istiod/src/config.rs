@@ -234,12 +234,14 @@ pub fn parse_listen_addr(flag: &str, s: &str) -> Result<Option<SocketAddr>, Stri
 /// The parts of Istio's `MeshConfig` that the xDS generators apply;
 /// `trustDomain` is [`Config::trust_domain`]. Read from the `--meshConfig`
 /// file at start-up, or live from the `istio` ConfigMap (see [`crate::mesh`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct MeshConfig {
     /// `outboundTrafficPolicy.mode`: where traffic to destinations outside
     /// the registry goes (`ALLOW_ANY`, the default, or `REGISTRY_ONLY`). A
     /// Sidecar's `outboundTrafficPolicy` overrides it for its workloads.
     pub outbound_traffic_policy: OutboundMode,
+    /// `extensionProviders`: what CUSTOM AuthorizationPolicies name.
+    pub extension_providers: Vec<crate::mesh::ExtensionProvider>,
 }
 
 /// How istiod reaches the Kubernetes API.

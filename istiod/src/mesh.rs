@@ -13,6 +13,12 @@ use crate::config::MeshConfig;
 use crate::model::istio::OutboundMode;
 use crate::model::kube::LabelSelector;
 
+mod providers;
+pub use providers::{
+    BodyInCheck, ExtAuthzGrpc, ExtAuthzHttp, ExtensionProvider, ExtensionProviderKind,
+    extension_providers,
+};
+
 /// The ConfigMap Istio keeps the mesh config in (in istiod's namespace).
 pub const MESH_CONFIGMAP: &str = "istio";
 /// The ConfigMap key of the mesh config.
@@ -67,6 +73,8 @@ struct MeshConfigFile {
     proxy_inbound_listen_port: Option<u16>,
     #[serde(default)]
     inbound_traffic_policy: Option<MeshInboundTrafficPolicy>,
+    #[serde(default)]
+    extension_providers: Vec<serde_json::Value>,
 }
 
 /// Istio's `MeshConfig.InboundTrafficPolicy`: only `mode` exists there.
@@ -122,6 +130,7 @@ impl Mesh {
                 errors.push(e);
             }
         }
+        let extension_providers = extension_providers(&file.extension_providers, &mut errors);
         if !errors.is_empty() {
             return Err(errors);
         }
@@ -129,6 +138,7 @@ impl Mesh {
             trust_domain: file.trust_domain.filter(|t| !t.is_empty()),
             config: MeshConfig {
                 outbound_traffic_policy,
+                extension_providers,
             },
             discovery_selectors,
             injection: MeshInjection {

@@ -23,6 +23,7 @@ const HTTPBIN: &str = "httpbin.demo.svc.cluster.local";
 fn registry_only() -> MeshConfig {
     MeshConfig {
         outbound_traffic_policy: OutboundMode::RegistryOnly,
+        ..MeshConfig::default()
     }
 }
 
