@@ -1096,7 +1096,7 @@ spec:
 apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
 metadata: {name: vm-1, namespace: demo}
-spec: {address: 10.2.0.1, labels: {app: vm, security.istio.io/tlsMode: istio}, serviceAccount: vm, weight: 3, network: n1}
+spec: {address: 10.2.0.1, labels: {app: vm, security.istio.io/tlsMode: istio}, serviceAccount: vm, weight: 3}
 ---
 apiVersion: networking.istio.io/v1
 kind: WorkloadEntry
@@ -1138,7 +1138,7 @@ spec: {address: 10.2.0.9, labels: {app: other}}
             (ep.address.as_str(), ep.port, ep.weight),
             ("10.2.0.1", 8080, 3)
         );
-        assert_eq!(ep.network, "n1");
+        assert_eq!(ep.network, "");
         assert_eq!(ep.tls_mode, EndpointTlsMode::Istio);
         assert_eq!(
             ep.identity.as_ref().map(ToString::to_string).as_deref(),

@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use super::error::FieldError;
 use super::istio::{
-    ClientTlsSettings, Destination, DestinationRule, HttpRoute, LoadBalancerSettings,
-    PeerAuthentication, Percent, PolicySelector, Port, RouteDestination, ServiceEntry, Sidecar,
-    StringMatch, TlsMode, TrafficPolicy, VirtualService, WorkloadEntry, WorkloadSelector,
+    PeerAuthentication, Percent, PolicySelector, Port, ServiceEntry, Sidecar,
+    WorkloadEntry, WorkloadSelector,
 };
 use super::kube::{AddressType, EndpointSlice, IntOrString, Pod, Service, ServiceType};
 use super::meta::{Object, Spec};
@@ -19,26 +18,11 @@ use super::service::Protocol;
 
 mod authn;
 mod authz;
+mod destination_rule;
+mod virtual_service;
 
-/// Envoy's `retry_on` conditions that Istio accepts (besides status codes).
-const RETRY_ON: &[&str] = &[
-    "5xx",
-    "gateway-error",
-    "reset",
-    "reset-before-request",
-    "connect-failure",
-    "envoy-ratelimited",
-    "retriable-4xx",
-    "refused-stream",
-    "retriable-status-codes",
-    "retriable-headers",
-    "http3-post-connect-failure",
-    "cancelled",
-    "deadline-exceeded",
-    "internal",
-    "resource-exhausted",
-    "unavailable",
-];
+use destination_rule::destination_rule;
+use virtual_service::{destination, virtual_service};
 
 #[derive(Default)]
 struct Errors(Vec<FieldError>);
@@ -94,582 +78,6 @@ fn validate_metadata(object: &Object, e: &mut Errors) {
                 meta.namespace
             ),
         );
-    }
-}
-
-// ---------------------------------------------------------------------------
-// VirtualService
-
-fn virtual_service(vs: &VirtualService, e: &mut Errors) {
-    if vs.hosts.is_empty() {
-        e.add(
-            "spec.hosts",
-            "at least one host is required (list the service names this rule routes, e.g. reviews or reviews.default.svc.cluster.local)",
-        );
-    }
-    let mesh_bound = vs.gateways.is_empty() || vs.gateways.iter().any(|g| g == "mesh");
-    for (i, host) in vs.hosts.iter().enumerate() {
-        let field = format!("spec.hosts[{i}]");
-        if host == "*" && mesh_bound {
-            e.add(
-                field,
-                "the wildcard host * is not allowed for rules that apply to sidecars (gateway mesh); name the services instead",
-            );
-        } else {
-            check_host(&field, host, e);
-        }
-    }
-    for (i, gw) in vs.gateways.iter().enumerate() {
-        if gw.is_empty() || gw.split('/').count() > 2 {
-            e.add(
-                format!("spec.gateways[{i}]"),
-                format!(
-                    "{gw:?} is not a gateway reference (use mesh, <name> or <namespace>/<name>)"
-                ),
-            );
-        }
-    }
-    check_export_to("spec.exportTo", &vs.export_to, e);
-    if vs.http.is_empty() && vs.tcp.is_empty() && vs.tls.is_empty() {
-        e.add(
-            "spec",
-            "the rule has no http, tcp or tls routes (add at least one route)",
-        );
-    }
-    for (i, route) in vs.http.iter().enumerate() {
-        http_route(&format!("spec.http[{i}]"), route, e);
-    }
-    for (i, route) in vs.tcp.iter().enumerate() {
-        let field = format!("spec.tcp[{i}]");
-        for (j, m) in route.r#match.iter().enumerate() {
-            if let Some(p) = m.port {
-                check_port(&format!("{field}.match[{j}].port"), p, e);
-            }
-            check_subnets(&format!("{field}.match[{j}]"), &m.destination_subnets, e);
-        }
-        route_destinations(&field, &route.route, e);
-    }
-    for (i, route) in vs.tls.iter().enumerate() {
-        let field = format!("spec.tls[{i}]");
-        if route.r#match.is_empty() {
-            e.add(
-                format!("{field}.match"),
-                "a TLS route needs at least one match (give the SNI host names it applies to)",
-            );
-        }
-        for (j, m) in route.r#match.iter().enumerate() {
-            if m.sni_hosts.is_empty() {
-                e.add(
-                    format!("{field}.match[{j}].sniHosts"),
-                    "at least one SNI host is required",
-                );
-            }
-            if let Some(p) = m.port {
-                check_port(&format!("{field}.match[{j}].port"), p, e);
-            }
-            check_subnets(&format!("{field}.match[{j}]"), &m.destination_subnets, e);
-        }
-        route_destinations(&field, &route.route, e);
-    }
-}
-
-fn http_route(field: &str, r: &HttpRoute, e: &mut Errors) {
-    let actions = [
-        !r.route.is_empty(),
-        r.redirect.is_some(),
-        r.direct_response.is_some(),
-        r.delegate.is_some(),
-    ]
-    .iter()
-    .filter(|b| **b)
-    .count();
-    if actions == 0 {
-        e.add(
-            field,
-            "an HTTP route needs one of route, redirect, directResponse or delegate (add a route with a destination)",
-        );
-    } else if actions > 1 {
-        e.add(
-            field,
-            "route, redirect, directResponse and delegate are mutually exclusive (keep one of them)",
-        );
-    }
-    for (j, m) in r.r#match.iter().enumerate() {
-        let mf = format!("{field}.match[{j}]");
-        for (name, sm) in [
-            ("uri", &m.uri),
-            ("scheme", &m.scheme),
-            ("method", &m.method),
-            ("authority", &m.authority),
-        ] {
-            if let Some(sm) = sm {
-                string_match(&format!("{mf}.{name}"), sm, false, e);
-            }
-        }
-        for (name, map) in [
-            ("headers", &m.headers),
-            ("withoutHeaders", &m.without_headers),
-        ] {
-            for (header, sm) in map {
-                let hf = format!("{mf}.{name}.{header}");
-                if header.is_empty() || header.chars().any(|c| c.is_ascii_uppercase()) {
-                    e.add(
-                        &hf,
-                        "header names must be non-empty and lower case (write the name in lower case)",
-                    );
-                }
-                string_match(&hf, sm, true, e);
-            }
-        }
-        for (param, sm) in &m.query_params {
-            string_match(&format!("{mf}.queryParams.{param}"), sm, true, e);
-        }
-        if let Some(p) = m.port {
-            check_port(&format!("{mf}.port"), p, e);
-        }
-    }
-    let dests: Vec<(&Destination, Option<i32>)> =
-        r.route.iter().map(|d| (&d.destination, d.weight)).collect();
-    destinations(&format!("{field}.route"), &dests, e);
-    if let Some(redirect) = &r.redirect {
-        if let Some(code) = redirect.redirect_code
-            && !(300..=399).contains(&code)
-        {
-            e.add(
-                format!("{field}.redirect.redirectCode"),
-                format!("{code} is not a redirect status (use a 3xx code such as 301 or 302)"),
-            );
-        }
-        if let Some(p) = redirect.port {
-            check_port(&format!("{field}.redirect.port"), p, e);
-        }
-    }
-    if let Some(dr) = &r.direct_response
-        && !(200..=599).contains(&dr.status)
-    {
-        e.add(
-            format!("{field}.directResponse.status"),
-            format!(
-                "{} is not an HTTP status (use a code between 200 and 599)",
-                dr.status
-            ),
-        );
-    }
-    if let Some(rw) = &r.rewrite
-        && let Some(rr) = &rw.uri_regex_rewrite
-    {
-        if !rw.uri.is_empty() {
-            e.add(
-                format!("{field}.rewrite"),
-                "uri and uriRegexRewrite are mutually exclusive (keep one of them)",
-            );
-        }
-        check_regex(
-            &format!("{field}.rewrite.uriRegexRewrite.match"),
-            &rr.r#match,
-            e,
-        );
-    }
-    if let Some(retries) = &r.retries {
-        let rf = format!("{field}.retries");
-        if retries.attempts < 0 {
-            e.add(
-                format!("{rf}.attempts"),
-                "cannot be negative (use 0 to disable retries)",
-            );
-        }
-        if let Some(t) = retries.per_try_timeout {
-            check_min_duration(&format!("{rf}.perTryTimeout"), t, e);
-        }
-        for cond in retries
-            .retry_on
-            .split(',')
-            .map(str::trim)
-            .filter(|c| !c.is_empty())
-        {
-            let is_status = cond.parse::<u16>().is_ok_and(|c| (100..=599).contains(&c));
-            if !is_status && !RETRY_ON.contains(&cond) {
-                e.add(
-                    format!("{rf}.retryOn"),
-                    format!(
-                        "{cond:?} is not a retry condition (use Envoy's conditions such as 5xx, connect-failure, reset, or HTTP status codes)"
-                    ),
-                );
-            }
-        }
-    }
-    if let Some(fault) = &r.fault {
-        let ff = format!("{field}.fault");
-        if fault.delay.is_none() && fault.abort.is_none() {
-            e.add(&ff, "a fault needs a delay or an abort");
-        }
-        if let Some(delay) = &fault.delay {
-            if delay.fixed_delay.is_none() {
-                e.add(
-                    format!("{ff}.delay.fixedDelay"),
-                    "is required (say how long to delay, e.g. 5s)",
-                );
-            }
-            if let Some(p) = &delay.percentage {
-                check_percent(&format!("{ff}.delay.percentage.value"), p, e);
-            }
-        }
-        if let Some(abort) = &fault.abort {
-            match abort.http_status {
-                Some(s) if !(200..=599).contains(&s) => e.add(
-                    format!("{ff}.abort.httpStatus"),
-                    format!("{s} is not an HTTP status (use a code between 200 and 599)"),
-                ),
-                None if abort.grpc_status.is_none() => e.add(
-                    format!("{ff}.abort"),
-                    "an abort needs httpStatus or grpcStatus",
-                ),
-                _ => {}
-            }
-            if let Some(p) = &abort.percentage {
-                check_percent(&format!("{ff}.abort.percentage.value"), p, e);
-            }
-        }
-    }
-    if let Some(m) = &r.mirror {
-        destination(&format!("{field}.mirror"), m, e);
-    }
-    if let Some(p) = &r.mirror_percentage {
-        check_percent(&format!("{field}.mirrorPercentage.value"), p, e);
-    }
-    for (i, m) in r.mirrors.iter().enumerate() {
-        destination(
-            &format!("{field}.mirrors[{i}].destination"),
-            &m.destination,
-            e,
-        );
-        if let Some(p) = &m.percentage {
-            check_percent(&format!("{field}.mirrors[{i}].percentage.value"), p, e);
-        }
-    }
-    if let Some(cors) = &r.cors_policy {
-        for (i, sm) in cors.allow_origins.iter().enumerate() {
-            string_match(
-                &format!("{field}.corsPolicy.allowOrigins[{i}]"),
-                sm,
-                false,
-                e,
-            );
-        }
-    }
-}
-
-fn route_destinations(field: &str, route: &[RouteDestination], e: &mut Errors) {
-    if route.is_empty() {
-        e.add(
-            format!("{field}.route"),
-            "at least one destination is required (add a route with a destination host)",
-        );
-    }
-    let dests: Vec<(&Destination, Option<i32>)> =
-        route.iter().map(|d| (&d.destination, d.weight)).collect();
-    destinations(&format!("{field}.route"), &dests, e);
-}
-
-/// Destinations and weights: each weight 0-100, summing to 100 when there
-/// are several destinations.
-fn destinations(field: &str, dests: &[(&Destination, Option<i32>)], e: &mut Errors) {
-    let mut total: i64 = 0;
-    for (i, (dest, weight)) in dests.iter().enumerate() {
-        destination(&format!("{field}[{i}].destination"), dest, e);
-        let w = weight.unwrap_or(0);
-        if !(0..=100).contains(&w) {
-            e.add(
-                format!("{field}[{i}].weight"),
-                format!("{w} is out of range (use a weight between 0 and 100)"),
-            );
-        }
-        total += i64::from(w);
-    }
-    if dests.len() > 1 && total != 100 {
-        e.add(
-            format!("{field}[{}].weight", dests.len() - 1),
-            format!(
-                "the weights of the {} destinations add up to {total}, not 100 (adjust them so they add up to 100)",
-                dests.len()
-            ),
-        );
-    }
-}
-
-fn destination(field: &str, d: &Destination, e: &mut Errors) {
-    if d.host.is_empty() {
-        e.add(
-            format!("{field}.host"),
-            "is required (name the service to send traffic to, e.g. reviews)",
-        );
-    } else {
-        check_host(&format!("{field}.host"), &d.host, e);
-    }
-    if !d.subset.is_empty() && !is_dns1123_label(&d.subset) {
-        e.add(
-            format!("{field}.subset"),
-            format!(
-                "{:?} is not a valid subset name (use the name of a subset in the host's DestinationRule)",
-                d.subset
-            ),
-        );
-    }
-    if let Some(p) = &d.port {
-        check_port(&format!("{field}.port.number"), p.number, e);
-    }
-}
-
-fn string_match(field: &str, sm: &StringMatch, empty_ok: bool, e: &mut Errors) {
-    let set = [&sm.exact, &sm.prefix, &sm.regex]
-        .iter()
-        .filter(|v| v.is_some())
-        .count();
-    if set > 1 {
-        e.add(
-            field,
-            "only one of exact, prefix and regex may be set (keep one of them)",
-        );
-    } else if set == 0 && !empty_ok {
-        e.add(field, "needs one of exact, prefix or regex");
-    }
-    if let Some(re) = &sm.regex {
-        check_regex(&format!("{field}.regex"), re, e);
-    }
-}
-
-fn check_regex(field: &str, re: &str, e: &mut Errors) {
-    if let Err(err) = regex::Regex::new(re) {
-        let first = err.to_string();
-        let first = first.lines().last().unwrap_or("invalid").trim().to_string();
-        e.add(
-            field,
-            format!("{re:?} is not a valid regular expression: {first} (use RE2 syntax)"),
-        );
-    }
-}
-
-// ---------------------------------------------------------------------------
-// DestinationRule
-
-fn destination_rule(dr: &DestinationRule, e: &mut Errors) {
-    if dr.host.is_empty() {
-        e.add(
-            "spec.host",
-            "is required (name the service the rule applies to, e.g. reviews)",
-        );
-    } else {
-        check_host("spec.host", &dr.host, e);
-    }
-    if let Some(tp) = &dr.traffic_policy {
-        traffic_policy("spec.trafficPolicy", tp, true, e);
-    }
-    let mut names = BTreeSet::new();
-    for (i, subset) in dr.subsets.iter().enumerate() {
-        let field = format!("spec.subsets[{i}]");
-        if subset.name.is_empty() {
-            e.add(
-                format!("{field}.name"),
-                "is required (name the subset, e.g. v1)",
-            );
-        } else if !is_dns1123_label(&subset.name) {
-            e.add(
-                format!("{field}.name"),
-                format!(
-                    "{:?} is not a valid subset name (use lower-case letters, digits and '-')",
-                    subset.name
-                ),
-            );
-        } else if !names.insert(subset.name.as_str()) {
-            e.add(
-                format!("{field}.name"),
-                format!(
-                    "subset {:?} is defined twice (give each subset a unique name)",
-                    subset.name
-                ),
-            );
-        }
-        if let Some(tp) = &subset.traffic_policy {
-            traffic_policy(&format!("{field}.trafficPolicy"), tp, true, e);
-        }
-    }
-    check_export_to("spec.exportTo", &dr.export_to, e);
-    if let Some(sel) = &dr.workload_selector {
-        check_selector("spec.workloadSelector", sel, e);
-    }
-}
-
-fn traffic_policy(field: &str, tp: &TrafficPolicy, port_level: bool, e: &mut Errors) {
-    if let Some(lb) = &tp.load_balancer {
-        load_balancer(&format!("{field}.loadBalancer"), lb, e);
-    }
-    if let Some(cp) = &tp.connection_pool {
-        connection_pool(&format!("{field}.connectionPool"), cp, e);
-    }
-    if let Some(od) = &tp.outlier_detection {
-        outlier_detection(&format!("{field}.outlierDetection"), od, e);
-    }
-    if let Some(tls) = &tp.tls {
-        client_tls(&format!("{field}.tls"), tls, e);
-    }
-    if !port_level {
-        return;
-    }
-    let mut ports = BTreeSet::new();
-    for (i, p) in tp.port_level_settings.iter().enumerate() {
-        let pf = format!("{field}.portLevelSettings[{i}]");
-        match &p.port {
-            None => e.add(
-                format!("{pf}.port"),
-                "is required (give the port number the settings apply to)",
-            ),
-            Some(port) => {
-                check_port(&format!("{pf}.port.number"), port.number, e);
-                if !ports.insert(port.number) {
-                    e.add(
-                        format!("{pf}.port.number"),
-                        format!(
-                            "port {} has settings twice (merge them into one entry)",
-                            port.number
-                        ),
-                    );
-                }
-            }
-        }
-        if let Some(lb) = &p.load_balancer {
-            load_balancer(&format!("{pf}.loadBalancer"), lb, e);
-        }
-        if let Some(cp) = &p.connection_pool {
-            connection_pool(&format!("{pf}.connectionPool"), cp, e);
-        }
-        if let Some(od) = &p.outlier_detection {
-            outlier_detection(&format!("{pf}.outlierDetection"), od, e);
-        }
-        if let Some(tls) = &p.tls {
-            client_tls(&format!("{pf}.tls"), tls, e);
-        }
-    }
-}
-
-fn load_balancer(field: &str, lb: &LoadBalancerSettings, e: &mut Errors) {
-    if lb.simple.is_some() && lb.consistent_hash.is_some() {
-        e.add(
-            field,
-            "simple and consistentHash are mutually exclusive (keep one of them)",
-        );
-    }
-    if let Some(ch) = &lb.consistent_hash {
-        let keys = [
-            ch.http_header_name.is_some(),
-            ch.http_cookie.is_some(),
-            ch.use_source_ip.is_some(),
-            ch.http_query_parameter_name.is_some(),
-        ]
-        .iter()
-        .filter(|b| **b)
-        .count();
-        if keys != 1 {
-            e.add(
-                format!("{field}.consistentHash"),
-                "exactly one of httpHeaderName, httpCookie, useSourceIp and httpQueryParameterName is required",
-            );
-        }
-        if let Some(c) = &ch.http_cookie
-            && c.name.is_empty()
-        {
-            e.add(
-                format!("{field}.consistentHash.httpCookie.name"),
-                "is required (name the cookie to hash on)",
-            );
-        }
-        if ch.ring_hash.is_some() && ch.maglev.is_some() {
-            e.add(
-                format!("{field}.consistentHash"),
-                "ringHash and maglev are mutually exclusive (keep one of them)",
-            );
-        }
-    }
-}
-
-fn connection_pool(field: &str, cp: &super::istio::ConnectionPoolSettings, e: &mut Errors) {
-    if let Some(tcp) = &cp.tcp {
-        non_negative(
-            &format!("{field}.tcp.maxConnections"),
-            tcp.max_connections,
-            e,
-        );
-        if let Some(t) = tcp.connect_timeout {
-            check_min_duration(&format!("{field}.tcp.connectTimeout"), t, e);
-        }
-    }
-    if let Some(http) = &cp.http {
-        for (name, v) in [
-            ("http1MaxPendingRequests", http.http1_max_pending_requests),
-            ("http2MaxRequests", http.http2_max_requests),
-            ("maxRequestsPerConnection", http.max_requests_per_connection),
-            ("maxRetries", http.max_retries),
-            ("maxConcurrentStreams", http.max_concurrent_streams),
-        ] {
-            non_negative(&format!("{field}.http.{name}"), v, e);
-        }
-        if let Some(t) = http.idle_timeout {
-            check_min_duration(&format!("{field}.http.idleTimeout"), t, e);
-        }
-    }
-}
-
-fn outlier_detection(field: &str, od: &super::istio::OutlierDetection, e: &mut Errors) {
-    for (name, v) in [
-        ("maxEjectionPercent", od.max_ejection_percent),
-        ("minHealthPercent", od.min_health_percent),
-    ] {
-        if let Some(v) = v
-            && !(0..=100).contains(&v)
-        {
-            e.add(
-                format!("{field}.{name}"),
-                format!("{v} is out of range (use a percentage between 0 and 100)"),
-            );
-        }
-    }
-    for (name, v) in [
-        ("interval", od.interval),
-        ("baseEjectionTime", od.base_ejection_time),
-    ] {
-        if let Some(v) = v {
-            check_min_duration(&format!("{field}.{name}"), v, e);
-        }
-    }
-}
-
-fn client_tls(field: &str, tls: &ClientTlsSettings, e: &mut Errors) {
-    match tls.mode {
-        TlsMode::Mutual if tls.credential_name.is_empty() => {
-            if tls.client_certificate.is_empty() {
-                e.add(
-                    format!("{field}.clientCertificate"),
-                    "is required for MUTUAL (give the certificate file, or a credentialName)",
-                );
-            }
-            if tls.private_key.is_empty() {
-                e.add(
-                    format!("{field}.privateKey"),
-                    "is required for MUTUAL (give the key file, or a credentialName)",
-                );
-            }
-        }
-        TlsMode::IstioMutual
-            if !tls.client_certificate.is_empty()
-                || !tls.private_key.is_empty()
-                || !tls.ca_certificates.is_empty()
-                || !tls.credential_name.is_empty() =>
-        {
-            e.add(
-                field,
-                "ISTIO_MUTUAL uses the workload's Istio certificate: remove clientCertificate, privateKey, caCertificates and credentialName (or use MUTUAL)",
-            );
-        }
-        _ => {}
     }
 }
 
@@ -740,6 +148,10 @@ fn service_entry(se: &ServiceEntry, e: &mut Errors) {
         check_selector("spec.workloadSelector", sel, e);
     }
     match se.resolution {
+        Resolution::DynamicDns => e.add(
+            "spec.resolution",
+            "DYNAMIC_DNS is not supported by this istiod (use DNS, or NONE for wildcard hosts)",
+        ),
         Resolution::Static if se.endpoints.is_empty() && se.workload_selector.is_none() => e.add(
             "spec.resolution",
             "STATIC resolution needs endpoints or a workloadSelector (list the endpoint IPs, or use DNS or NONE)",
@@ -816,6 +228,12 @@ fn workload_entry(
             ),
         );
     }
+    if !we.network.is_empty() {
+        e.add(
+            format!("{field}.network"),
+            "multi-network meshes are not supported by this istiod (leave network empty; every endpoint is reached directly)",
+        );
+    }
     for (name, number) in &we.ports {
         check_port(&format!("{field}.ports.{name}"), *number, e);
         if let Some(names) = port_names
@@ -884,6 +302,18 @@ fn sidecar(sc: &Sidecar, e: &mut Errors) {
     for (i, ing) in sc.ingress.iter().enumerate() {
         let field = format!("spec.ingress[{i}]");
         check_istio_port(&format!("{field}.port"), &ing.port, false, e);
+        if ing.tls.is_some() {
+            e.add(
+                format!("{field}.tls"),
+                "TLS termination on Sidecar ingress is not supported by this istiod (remove it; inbound traffic uses the mesh's mutual TLS per PeerAuthentication)",
+            );
+        }
+        if ing.connection_pool.is_some() {
+            e.add(
+                format!("{field}.connectionPool"),
+                "inbound connection pool settings are not supported by this istiod yet (remove them)",
+            );
+        }
         if !ing.default_endpoint.is_empty() && !valid_default_endpoint(&ing.default_endpoint) {
             e.add(
                 format!("{field}.defaultEndpoint"),
@@ -893,6 +323,12 @@ fn sidecar(sc: &Sidecar, e: &mut Errors) {
                 ),
             );
         }
+    }
+    if sc.inbound_connection_pool.is_some() {
+        e.add(
+            "spec.inboundConnectionPool",
+            "inbound connection pool settings are not supported by this istiod yet (remove them)",
+        );
     }
     if let Some(otp) = &sc.outbound_traffic_policy
         && let Some(proxy) = &otp.egress_proxy
@@ -959,10 +395,16 @@ fn peer_authentication(pa: &PeerAuthentication, e: &mut Errors) {
     if let Some(sel) = &pa.selector {
         check_policy_selector("spec.selector", sel, e);
     }
-    if !pa.port_level_mtls.is_empty() && pa.selector.is_none() {
+    // As Istio's validation: a namespace- or mesh-wide policy (no selector,
+    // or one without labels) cannot carry port-level modes.
+    let selects_workloads = pa
+        .selector
+        .as_ref()
+        .is_some_and(|s| !s.match_labels.is_empty());
+    if !pa.port_level_mtls.is_empty() && !selects_workloads {
         e.add(
             "spec.portLevelMtls",
-            "needs a selector (port-level modes apply to the selected workloads' ports)",
+            "needs a selector with matchLabels (port-level modes apply to the selected workloads' ports)",
         );
     }
     for port in pa.port_level_mtls.keys() {
@@ -1112,17 +554,6 @@ fn check_percent(field: &str, p: &Percent, e: &mut Errors) {
                 p.value
             ),
         );
-    }
-}
-
-fn check_subnets(field: &str, subnets: &[String], e: &mut Errors) {
-    for (i, s) in subnets.iter().enumerate() {
-        if !is_ip_or_cidr(s) {
-            e.add(
-                format!("{field}.destinationSubnets[{i}]"),
-                format!("{s:?} is not an IP address or CIDR"),
-            );
-        }
     }
 }
 
@@ -1388,16 +819,16 @@ mod tests {
                 "{VS}spec: {{hosts: [a], tcp: [{{route: [{{destination: {{host: a, port: {{number: 70000}}}}}}]}}]}}\n"
             ),
             "VirtualService/demo/r",
-            "spec.tcp[0].route[0].destination.port.number",
-            "70000 is not a valid port",
+            "spec.tcp",
+            "TCP routes are not supported",
         );
         assert_rejected(
             &format!(
                 "{VS}spec: {{hosts: [a], tls: [{{match: [{{port: 443}}], route: [{{destination: {{host: a}}}}]}}]}}\n"
             ),
             "VirtualService/demo/r",
-            "spec.tls[0].match[0].sniHosts",
-            "at least one SNI host",
+            "spec.tls",
+            "TLS (SNI) routes are not supported",
         );
     }
 
@@ -1458,7 +889,7 @@ mod tests {
                 "{DR}spec: {{host: a, trafficPolicy: {{tls: {{mode: ISTIO_MUTUAL, clientCertificate: /c.pem}}}}}}\n"
             ),
             "DestinationRule/demo/d",
-            "spec.trafficPolicy.tls",
+            "spec.trafficPolicy.tls.clientCertificate",
             "ISTIO_MUTUAL uses the workload's Istio certificate",
         );
         assert_rejected(

@@ -4,15 +4,15 @@
 //! `InboundPassthroughCluster`.
 
 mod inbound;
+mod policy;
+mod tls;
 
 use std::time::Duration;
 
-use proto::pb::envoy::config::cluster::v3::{
-    CircuitBreakers, Cluster, OutlierDetection as EnvoyOutlier, circuit_breakers, cluster,
-};
+use proto::pb::envoy::config::cluster::v3::{CircuitBreakers, Cluster, circuit_breakers, cluster};
 use proto::pb::envoy::config::core::v3::{
     Http1ProtocolOptions, Http2ProtocolOptions, HttpProtocolOptions as CommonHttpOptions,
-    RoutingPriority,
+    RoutingPriority, UpstreamHttpProtocolOptions,
 };
 use proto::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
@@ -32,7 +32,7 @@ use super::util::{
     ads_source, any, delimited, duration, sds, socket, struct_of, transport_socket, u32v,
 };
 use super::{Proxy, Resource};
-use crate::model::istio::{SimpleLb, Subset, TlsMode, TrafficPolicy};
+use crate::model::istio::{ConnectionPoolSettings, H2UpgradePolicy, TlsMode, TrafficPolicy};
 use crate::model::service::{Protocol, Service, ServicePort, ServiceResolution};
 
 /// Istio's mesh default `connectTimeout`.
@@ -69,16 +69,18 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Resource> {
             continue;
         }
         let dr = ctx.destination_rule(&proxy.namespace, svc);
+        let top = dr.and_then(|d| d.spec.traffic_policy.as_ref());
         for port in &svc.ports {
-            let policy = dr.and_then(|d| d.spec.traffic_policy.as_ref());
-            out.push(resource(outbound(ctx, svc, port, "", policy)));
+            let policy = policy::effective(top, None, port.port);
+            out.push(resource(outbound(ctx, svc, port, "", policy.as_ref())));
             for subset in dr.map(|d| d.spec.subsets.as_slice()).unwrap_or_default() {
+                let policy = policy::effective(top, Some(subset), port.port);
                 out.push(resource(outbound(
                     ctx,
                     svc,
                     port,
                     &subset.name,
-                    merged(policy, subset).as_ref(),
+                    policy.as_ref(),
                 )));
             }
         }
@@ -86,28 +88,6 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Resource> {
     out.extend(inbound::clusters(ctx, proxy).into_iter().map(resource));
     out.extend(inbound::builtin(proxy).into_iter().map(resource));
     out
-}
-
-/// A subset's policy overrides the rule's top-level policy field by field.
-fn merged(top: Option<&TrafficPolicy>, subset: &Subset) -> Option<TrafficPolicy> {
-    match (top, &subset.traffic_policy) {
-        (None, None) => None,
-        (Some(t), None) => Some(t.clone()),
-        (None, Some(s)) => Some(s.clone()),
-        (Some(t), Some(s)) => Some(TrafficPolicy {
-            load_balancer: s.load_balancer.clone().or_else(|| t.load_balancer.clone()),
-            connection_pool: s
-                .connection_pool
-                .clone()
-                .or_else(|| t.connection_pool.clone()),
-            outlier_detection: s
-                .outlier_detection
-                .clone()
-                .or_else(|| t.outlier_detection.clone()),
-            tls: s.tls.clone().or_else(|| t.tls.clone()),
-            ..t.clone()
-        }),
-    }
 }
 
 fn unlimited_breakers() -> CircuitBreakers {
@@ -123,10 +103,6 @@ fn unlimited_breakers() -> CircuitBreakers {
         }],
         ..Default::default()
     }
-}
-
-fn positive(v: Option<i32>) -> Option<u32> {
-    v.filter(|v| *v > 0).map(|v| v as u32)
 }
 
 fn outbound(
@@ -147,16 +123,6 @@ fn outbound(
                 .and_then(|t| t.connect_timeout)
                 .unwrap_or(CONNECT_TIMEOUT),
         )),
-        // Istio's default load balancer is LEAST_REQUEST.
-        lb_policy: match policy
-            .and_then(|p| p.load_balancer.as_ref())
-            .and_then(|l| l.simple)
-        {
-            Some(SimpleLb::RoundRobin) => cluster::LbPolicy::RoundRobin,
-            Some(SimpleLb::Random) => cluster::LbPolicy::Random,
-            _ => cluster::LbPolicy::LeastRequest,
-        }
-        .into(),
         circuit_breakers: Some(unlimited_breakers()),
         ..Default::default()
     };
@@ -195,51 +161,39 @@ fn outbound(
             });
         }
     }
-    if let Some(cp) = policy.and_then(|p| p.connection_pool.as_ref()) {
-        let t = &mut c
-            .circuit_breakers
-            .get_or_insert_with(unlimited_breakers)
-            .thresholds[0];
-        if let Some(v) = cp.tcp.as_ref().and_then(|t| positive(t.max_connections)) {
-            t.max_connections = Some(u32v(v));
-        }
-        if let Some(h) = &cp.http {
-            if let Some(v) = positive(h.http1_max_pending_requests) {
-                t.max_pending_requests = Some(u32v(v));
-            }
-            if let Some(v) = positive(h.http2_max_requests) {
-                t.max_requests = Some(u32v(v));
-            }
-            if let Some(v) = positive(h.max_retries) {
-                t.max_retries = Some(u32v(v));
-            }
-        }
+    policy::apply_load_balancer(&mut c, policy.and_then(|p| p.load_balancer.as_ref()));
+    let pool = policy.and_then(|p| p.connection_pool.as_ref());
+    if let Some(cp) = pool {
+        policy::apply_connection_pool(&mut c, cp);
     }
     if let Some(od) = policy.and_then(|p| p.outlier_detection.as_ref()) {
-        c.outlier_detection = Some(EnvoyOutlier {
-            consecutive_5xx: od.consecutive_5xx_errors.map(u32v),
-            consecutive_gateway_failure: od.consecutive_gateway_errors.map(u32v),
-            enforcing_consecutive_gateway_failure: od.consecutive_gateway_errors.map(|_| u32v(100)),
-            interval: od.interval.map(duration),
-            base_ejection_time: od.base_ejection_time.map(duration),
-            max_ejection_percent: od.max_ejection_percent.map(|v| u32v(v.max(0) as u32)),
-            ..Default::default()
-        });
+        policy::apply_outlier_detection(&mut c, od);
     }
-    if let Some(options) = upstream_protocol(port.protocol) {
+    let user_tls = policy.and_then(|p| p.tls.as_ref());
+    let http2 = upstream_is_http2(port.protocol, pool);
+    let mut auto_sni = tls::AutoSni::default();
+    if let Some(t) = user_tls
+        && let Some((context, auto)) = tls::originate(t, &svc.subject_alt_names, http2)
+    {
+        c.transport_socket = Some(transport_socket("envoy.transport_sockets.tls", &context));
+        auto_sni = auto;
+    }
+    if let Some(options) = http_options(port.protocol, pool, auto_sni) {
         c.typed_extension_protocol_options
             .insert(HTTP_PROTOCOL_OPTIONS.into(), any(&options));
     }
-    let tls_mode = policy.and_then(|p| p.tls.as_ref()).map(|t| t.mode);
-    let sans: Vec<String> = match policy
-        .and_then(|p| p.tls.as_ref())
-        .filter(|t| !t.subject_alt_names.is_empty())
+    let tls_mode = user_tls.map(|t| t.mode);
+    let sans: Vec<String> = match user_tls.filter(|t| !t.subject_alt_names.is_empty())
     {
         Some(t) => t.subject_alt_names.clone(),
         None if !svc.subject_alt_names.is_empty() => svc.subject_alt_names.clone(),
         None => svc.identities().into_iter().collect(),
     };
-    let sni = format!("outbound_.{}_.{}_.{}", port.port, subset, svc.hostname);
+    // ISTIO_MUTUAL sends the rule's `sni` when given, else Istio's own.
+    let sni = match user_tls.filter(|t| t.mode == TlsMode::IstioMutual && !t.sni.is_empty()) {
+        Some(t) => t.sni.clone(),
+        None => format!("outbound_.{}_.{}_.{}", port.port, subset, svc.hostname),
+    };
     match tls_mode {
         Some(TlsMode::IstioMutual) => {
             c.transport_socket = Some(transport_socket(
@@ -268,7 +222,9 @@ fn outbound(
                 },
             ];
         }
-        // DISABLE, and SIMPLE/MUTUAL with files, send plain text here.
+        // DISABLE sends plain text, even to mesh endpoints (no auto mTLS
+        // for a user's setting); SIMPLE/MUTUAL got their socket above;
+        // mesh-external services without a policy get plain text.
         _ => {}
     }
     let _ = ctx;
@@ -281,22 +237,91 @@ const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProt
 /// Istio's upstream protocol for a port: HTTP/2 for `http2`/`grpc`, the
 /// downstream's protocol for ports whose protocol is detected.
 fn upstream_protocol(protocol: Protocol) -> Option<HttpProtocolOptions> {
+    http_options(protocol, None, tls::AutoSni::default())
+}
+
+/// Whether the cluster speaks HTTP/2 upstream: `http2`/`grpc` ports, and
+/// HTTP ports a DestinationRule upgrades (`h2UpgradePolicy: UPGRADE`, not
+/// with `useClientProtocol`).
+fn upstream_is_http2(protocol: Protocol, pool: Option<&ConnectionPoolSettings>) -> bool {
+    let http = pool.and_then(|p| p.http.as_ref());
+    let client_protocol = http.and_then(|h| h.use_client_protocol) == Some(true);
+    protocol.is_http2()
+        || (!client_protocol
+            && protocol.is_http()
+            && http.and_then(|h| h.h2_upgrade_policy) == Some(H2UpgradePolicy::Upgrade))
+}
+
+/// A cluster's HTTP protocol options, as Istio's `applyConnectionPool`,
+/// `applyH2Upgrade` and `setAutoSniAndAutoSanValidation` build them: the
+/// upstream protocol, the pool's HTTP limits (`maxRequestsPerConnection`,
+/// `idleTimeout`, `tcp.maxConnectionDuration`, `maxConcurrentStreams`), and
+/// Envoy's automatic SNI and SAN checks of TLS origination.
+fn http_options(
+    protocol: Protocol,
+    pool: Option<&ConnectionPoolSettings>,
+    auto: tls::AutoSni,
+) -> Option<HttpProtocolOptions> {
     use http_protocol_options::UpstreamProtocolOptions;
-    let upstream = if protocol.is_http2() {
-        UpstreamProtocolOptions::ExplicitHttpConfig(http_protocol_options::ExplicitHttpConfig {
-            protocol_config: Some(
-                http_protocol_options::explicit_http_config::ProtocolConfig::Http2ProtocolOptions(
-                    Http2ProtocolOptions::default(),
-                ),
-            ),
-        })
-    } else if protocol.is_unsupported() {
-        use_downstream_protocol()
-    } else {
-        return None;
+    use http_protocol_options::explicit_http_config::ProtocolConfig;
+    let http = pool.and_then(|p| p.http.as_ref());
+    let http2_options = || Http2ProtocolOptions {
+        max_concurrent_streams: http
+            .and_then(|h| h.max_concurrent_streams)
+            .filter(|v| *v > 0)
+            .map(|v| u32v(v as u32)),
+        ..Default::default()
     };
+    let client_protocol = http.and_then(|h| h.use_client_protocol) == Some(true);
+    let upstream = if client_protocol || protocol.is_unsupported() {
+        Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(
+            http_protocol_options::UseDownstreamHttpConfig {
+                http_protocol_options: Some(Http1ProtocolOptions::default()),
+                http2_protocol_options: Some(http2_options()),
+                ..Default::default()
+            },
+        ))
+    } else if upstream_is_http2(protocol, pool) {
+        Some(UpstreamProtocolOptions::ExplicitHttpConfig(
+            http_protocol_options::ExplicitHttpConfig {
+                protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(http2_options())),
+            },
+        ))
+    } else {
+        None
+    };
+    let common = CommonHttpOptions {
+        idle_timeout: http.and_then(|h| h.idle_timeout).map(duration),
+        max_connection_duration: pool
+            .and_then(|p| p.tcp.as_ref())
+            .and_then(|t| t.max_connection_duration)
+            .map(duration),
+        max_requests_per_connection: http
+            .and_then(|h| h.max_requests_per_connection)
+            .filter(|v| *v > 0)
+            .map(|v| u32v(v as u32)),
+        ..Default::default()
+    };
+    let has_common = common != CommonHttpOptions::default();
+    let has_auto = auto.sni || auto.san_validation;
+    if upstream.is_none() && !has_common && !has_auto {
+        return None;
+    }
     Some(HttpProtocolOptions {
-        upstream_protocol_options: Some(upstream),
+        common_http_protocol_options: has_common.then_some(common),
+        upstream_http_protocol_options: has_auto.then(|| UpstreamHttpProtocolOptions {
+            auto_sni: auto.sni,
+            auto_san_validation: auto.san_validation,
+            ..Default::default()
+        }),
+        // Envoy requires a protocol choice: HTTP/1.1 unless one was made.
+        upstream_protocol_options: Some(upstream.unwrap_or_else(|| {
+            UpstreamProtocolOptions::ExplicitHttpConfig(http_protocol_options::ExplicitHttpConfig {
+                protocol_config: Some(ProtocolConfig::HttpProtocolOptions(
+                    Http1ProtocolOptions::default(),
+                )),
+            })
+        })),
         ..Default::default()
     })
 }

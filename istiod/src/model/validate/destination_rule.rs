@@ -1,0 +1,442 @@
+//! Validation of DestinationRule, with the rules of Istio's
+//! `ValidateDestinationRule`, and refusals of the traffic policy parts this
+//! istiod accepts in Istio's schema but cannot apply yet (each names the
+//! field and says what to use instead).
+
+use std::collections::BTreeSet;
+
+use super::super::istio::{
+    ClientTlsSettings, ConnectionPoolSettings, DestinationRule, LoadBalancerSettings,
+    OutlierDetection, SimpleLb, TlsMode, TrafficPolicy,
+};
+use super::{
+    Errors, check_export_to, check_host, check_min_duration, check_port, is_dns1123_label,
+    non_negative,
+};
+
+pub(super) fn destination_rule(dr: &DestinationRule, e: &mut Errors) {
+    if dr.host.is_empty() {
+        e.add(
+            "spec.host",
+            "is required (name the service the rule applies to, e.g. reviews)",
+        );
+    } else {
+        check_host("spec.host", &dr.host, e);
+    }
+    if let Some(tp) = &dr.traffic_policy {
+        traffic_policy("spec.trafficPolicy", tp, true, e);
+    }
+    let mut names = BTreeSet::new();
+    for (i, subset) in dr.subsets.iter().enumerate() {
+        let field = format!("spec.subsets[{i}]");
+        if subset.name.is_empty() {
+            e.add(
+                format!("{field}.name"),
+                "is required (name the subset, e.g. v1)",
+            );
+        } else if !is_dns1123_label(&subset.name) {
+            e.add(
+                format!("{field}.name"),
+                format!(
+                    "{:?} is not a valid subset name (use lower-case letters, digits and '-')",
+                    subset.name
+                ),
+            );
+        } else if !names.insert(subset.name.as_str()) {
+            e.add(
+                format!("{field}.name"),
+                format!(
+                    "subset {:?} is defined twice (give each subset a unique name)",
+                    subset.name
+                ),
+            );
+        }
+        if let Some(tp) = &subset.traffic_policy {
+            traffic_policy(&format!("{field}.trafficPolicy"), tp, true, e);
+        }
+    }
+    check_export_to("spec.exportTo", &dr.export_to, e);
+    // Istio scopes such a rule to the selected workloads; this istiod
+    // would apply it to every client, so it is refused.
+    if dr.workload_selector.is_some() {
+        e.add(
+            "spec.workloadSelector",
+            "is not supported by this istiod yet (remove it; the rule then applies to every client it is exported to)",
+        );
+    }
+}
+
+fn traffic_policy(field: &str, tp: &TrafficPolicy, port_level: bool, e: &mut Errors) {
+    if let Some(lb) = &tp.load_balancer {
+        load_balancer(&format!("{field}.loadBalancer"), lb, e);
+    }
+    if let Some(cp) = &tp.connection_pool {
+        connection_pool(&format!("{field}.connectionPool"), cp, e);
+    }
+    if let Some(od) = &tp.outlier_detection {
+        outlier_detection(&format!("{field}.outlierDetection"), od, e);
+    }
+    if let Some(tls) = &tp.tls {
+        client_tls(&format!("{field}.tls"), tls, e);
+    }
+    if tp.tunnel.is_some() {
+        e.add(
+            format!("{field}.tunnel"),
+            "tunnelling (HTTP CONNECT) is not supported by this istiod (remove it)",
+        );
+    }
+    if tp.proxy_protocol.is_some() {
+        e.add(
+            format!("{field}.proxyProtocol"),
+            "sending the PROXY protocol upstream is not supported by this istiod yet (remove it)",
+        );
+    }
+    if !port_level {
+        return;
+    }
+    let mut ports = BTreeSet::new();
+    for (i, p) in tp.port_level_settings.iter().enumerate() {
+        let pf = format!("{field}.portLevelSettings[{i}]");
+        match &p.port {
+            None => e.add(
+                format!("{pf}.port"),
+                "is required (give the port number the settings apply to)",
+            ),
+            Some(port) => {
+                check_port(&format!("{pf}.port.number"), port.number, e);
+                if !ports.insert(port.number) {
+                    e.add(
+                        format!("{pf}.port.number"),
+                        format!(
+                            "port {} has settings twice (merge them into one entry)",
+                            port.number
+                        ),
+                    );
+                }
+            }
+        }
+        if let Some(lb) = &p.load_balancer {
+            load_balancer(&format!("{pf}.loadBalancer"), lb, e);
+        }
+        if let Some(cp) = &p.connection_pool {
+            connection_pool(&format!("{pf}.connectionPool"), cp, e);
+        }
+        if let Some(od) = &p.outlier_detection {
+            outlier_detection(&format!("{pf}.outlierDetection"), od, e);
+        }
+        if let Some(tls) = &p.tls {
+            client_tls(&format!("{pf}.tls"), tls, e);
+        }
+    }
+}
+
+fn load_balancer(field: &str, lb: &LoadBalancerSettings, e: &mut Errors) {
+    if lb.simple == Some(SimpleLb::Passthrough) {
+        e.add(
+            format!("{field}.simple"),
+            "PASSTHROUGH (original destination) is not supported by this istiod (use LEAST_REQUEST, ROUND_ROBIN or RANDOM)",
+        );
+    }
+    if lb.consistent_hash.is_some() {
+        e.add(
+            format!("{field}.consistentHash"),
+            "consistent hashing is not supported by this istiod yet (use simple: LEAST_REQUEST, ROUND_ROBIN or RANDOM)",
+        );
+    }
+    if lb.locality_lb_setting.is_some() {
+        e.add(
+            format!("{field}.localityLbSetting"),
+            "locality load balancing settings are not supported by this istiod yet (remove them; endpoints are balanced across localities)",
+        );
+    }
+    if let Some(w) = lb.warmup_duration_secs {
+        check_min_duration(&format!("{field}.warmupDurationSecs"), w, e);
+        if matches!(lb.simple, Some(SimpleLb::Random)) || lb.consistent_hash.is_some() {
+            e.add(
+                format!("{field}.warmupDurationSecs"),
+                "slow start applies to ROUND_ROBIN and LEAST_REQUEST only (remove it or change simple)",
+            );
+        }
+    }
+    if lb.simple.is_some() && lb.consistent_hash.is_some() {
+        e.add(
+            field,
+            "simple and consistentHash are mutually exclusive (keep one of them)",
+        );
+    }
+    if let Some(ch) = &lb.consistent_hash {
+        let keys = [
+            ch.http_header_name.is_some(),
+            ch.http_cookie.is_some(),
+            ch.use_source_ip.is_some(),
+            ch.http_query_parameter_name.is_some(),
+        ]
+        .iter()
+        .filter(|b| **b)
+        .count();
+        if keys != 1 {
+            e.add(
+                format!("{field}.consistentHash"),
+                "exactly one of httpHeaderName, httpCookie, useSourceIp and httpQueryParameterName is required",
+            );
+        }
+        if let Some(c) = &ch.http_cookie
+            && c.name.is_empty()
+        {
+            e.add(
+                format!("{field}.consistentHash.httpCookie.name"),
+                "is required (name the cookie to hash on)",
+            );
+        }
+        if ch.ring_hash.is_some() && ch.maglev.is_some() {
+            e.add(
+                format!("{field}.consistentHash"),
+                "ringHash and maglev are mutually exclusive (keep one of them)",
+            );
+        }
+    }
+}
+
+fn connection_pool(field: &str, cp: &ConnectionPoolSettings, e: &mut Errors) {
+    if let Some(tcp) = &cp.tcp {
+        non_negative(
+            &format!("{field}.tcp.maxConnections"),
+            tcp.max_connections,
+            e,
+        );
+        if let Some(t) = tcp.connect_timeout {
+            check_min_duration(&format!("{field}.tcp.connectTimeout"), t, e);
+        }
+        if tcp.idle_timeout.is_some() {
+            e.add(
+                format!("{field}.tcp.idleTimeout"),
+                "is not supported by this istiod yet (use http.idleTimeout for HTTP ports)",
+            );
+        }
+        if let Some(t) = tcp.max_connection_duration {
+            check_min_duration(&format!("{field}.tcp.maxConnectionDuration"), t, e);
+        }
+    }
+    if let Some(http) = &cp.http {
+        for (name, v) in [
+            ("http1MaxPendingRequests", http.http1_max_pending_requests),
+            ("http2MaxRequests", http.http2_max_requests),
+            ("maxRequestsPerConnection", http.max_requests_per_connection),
+            ("maxRetries", http.max_retries),
+            ("maxConcurrentStreams", http.max_concurrent_streams),
+        ] {
+            non_negative(&format!("{field}.http.{name}"), v, e);
+        }
+        if let Some(t) = http.idle_timeout {
+            check_min_duration(&format!("{field}.http.idleTimeout"), t, e);
+        }
+    }
+}
+
+fn outlier_detection(field: &str, od: &OutlierDetection, e: &mut Errors) {
+    for (name, v) in [
+        ("maxEjectionPercent", od.max_ejection_percent),
+        ("minHealthPercent", od.min_health_percent),
+    ] {
+        if let Some(v) = v
+            && !(0..=100).contains(&v)
+        {
+            e.add(
+                format!("{field}.{name}"),
+                format!("{v} is out of range (use a percentage between 0 and 100)"),
+            );
+        }
+    }
+    for (name, v) in [
+        ("interval", od.interval),
+        ("baseEjectionTime", od.base_ejection_time),
+    ] {
+        if let Some(v) = v {
+            check_min_duration(&format!("{field}.{name}"), v, e);
+        }
+    }
+}
+
+fn client_tls(field: &str, tls: &ClientTlsSettings, e: &mut Errors) {
+    if !tls.credential_name.is_empty() {
+        e.add(
+            format!("{field}.credentialName"),
+            "is not supported yet: it needs istiod to serve Kubernetes Secrets over SDS, which comes with gateway support (give the certificate files with caCertificates, clientCertificate and privateKey instead)",
+        );
+    }
+    let files = [
+        ("clientCertificate", &tls.client_certificate),
+        ("privateKey", &tls.private_key),
+        ("caCertificates", &tls.ca_certificates),
+        ("caCrl", &tls.ca_crl),
+    ];
+    match tls.mode {
+        TlsMode::Mutual => {
+            if tls.client_certificate.is_empty() {
+                e.add(
+                    format!("{field}.clientCertificate"),
+                    "is required for MUTUAL (give the client certificate file)",
+                );
+            }
+            if tls.private_key.is_empty() {
+                e.add(
+                    format!("{field}.privateKey"),
+                    "is required for MUTUAL (give the client key file)",
+                );
+            }
+        }
+        TlsMode::Simple => {
+            for (name, value) in &files[..2] {
+                if !value.is_empty() {
+                    e.add(
+                        format!("{field}.{name}"),
+                        "is only used with MUTUAL (remove it, or set mode: MUTUAL to present a client certificate)",
+                    );
+                }
+            }
+        }
+        TlsMode::IstioMutual => {
+            for (name, value) in &files {
+                if !value.is_empty() {
+                    e.add(
+                        format!("{field}.{name}"),
+                        "ISTIO_MUTUAL uses the workload's Istio certificate and the mesh root (remove it, or use MUTUAL)",
+                    );
+                }
+            }
+            if tls.insecure_skip_verify == Some(true) {
+                e.add(
+                    format!("{field}.insecureSkipVerify"),
+                    "ISTIO_MUTUAL always verifies the peer's Istio identity (remove it, or use SIMPLE/MUTUAL)",
+                );
+            }
+        }
+        TlsMode::Disable => {
+            let set = files.iter().any(|(_, v)| !v.is_empty())
+                || !tls.sni.is_empty()
+                || !tls.subject_alt_names.is_empty()
+                || tls.insecure_skip_verify == Some(true);
+            if set {
+                e.add(
+                    field,
+                    "DISABLE sends plain text: remove the TLS settings, or set mode: SIMPLE or MUTUAL",
+                );
+            }
+        }
+    }
+    if tls.insecure_skip_verify == Some(true) {
+        for (name, value) in &files[2..] {
+            if !value.is_empty() {
+                e.add(
+                    format!("{field}.{name}"),
+                    "insecureSkipVerify disables server verification, so this file would not be used (remove one of them)",
+                );
+            }
+        }
+        if !tls.subject_alt_names.is_empty() {
+            e.add(
+                format!("{field}.subjectAltNames"),
+                "insecureSkipVerify disables server verification, so these names would not be checked (remove one of them)",
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::model::parse_file;
+
+    const DR: &str = "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: d, namespace: demo}\n";
+
+    /// The errors for `spec`, as `field: message` strings.
+    fn errors(spec: &str) -> Vec<String> {
+        match parse_file("mesh/dr.yaml", &format!("{DR}spec: {spec}\n")) {
+            Ok(_) => Vec::new(),
+            Err(errors) => errors
+                .iter()
+                .map(|e| format!("{}: {e}", e.field().unwrap_or("")))
+                .collect(),
+        }
+    }
+
+    #[track_caller]
+    fn refused(spec: &str, field: &str, needle: &str) {
+        let errs = errors(spec);
+        assert!(
+            errs.iter()
+                .any(|e| e.starts_with(&format!("{field}: ")) && e.contains(needle)),
+            "expected {field}: ...{needle}...; got {errs:#?}"
+        );
+    }
+
+    #[test]
+    fn tls_origination_is_accepted() {
+        assert!(errors("{host: a, trafficPolicy: {tls: {mode: SIMPLE, caCertificates: /ca.pem, sni: a.example, subjectAltNames: [a.example]}}}").is_empty());
+        assert!(errors("{host: a, trafficPolicy: {tls: {mode: MUTUAL, clientCertificate: /c.pem, privateKey: /k.pem}}}").is_empty());
+    }
+
+    #[test]
+    fn credential_name_is_refused_at_every_level() {
+        let msg = "serve Kubernetes Secrets over SDS";
+        refused(
+            "{host: a, trafficPolicy: {tls: {mode: SIMPLE, credentialName: c}}}",
+            "spec.trafficPolicy.tls.credentialName",
+            msg,
+        );
+        refused(
+            "{host: a, trafficPolicy: {portLevelSettings: [{port: {number: 443}, tls: {mode: SIMPLE, credentialName: c}}]}}",
+            "spec.trafficPolicy.portLevelSettings[0].tls.credentialName",
+            msg,
+        );
+        refused(
+            "{host: a, subsets: [{name: v1, trafficPolicy: {tls: {mode: MUTUAL, credentialName: c}}}]}",
+            "spec.subsets[0].trafficPolicy.tls.credentialName",
+            msg,
+        );
+    }
+
+    #[test]
+    fn tls_fields_a_mode_would_ignore_are_refused() {
+        refused(
+            "{host: a, trafficPolicy: {tls: {mode: MUTUAL, privateKey: /k.pem}}}",
+            "spec.trafficPolicy.tls.clientCertificate",
+            "is required for MUTUAL",
+        );
+        refused(
+            "{host: a, trafficPolicy: {tls: {mode: SIMPLE, clientCertificate: /c.pem}}}",
+            "spec.trafficPolicy.tls.clientCertificate",
+            "only used with MUTUAL",
+        );
+        refused(
+            "{host: a, trafficPolicy: {tls: {mode: ISTIO_MUTUAL, caCrl: /crl.pem}}}",
+            "spec.trafficPolicy.tls.caCrl",
+            "ISTIO_MUTUAL uses the workload's Istio certificate",
+        );
+        refused(
+            "{host: a, trafficPolicy: {tls: {mode: SIMPLE, insecureSkipVerify: true, caCertificates: /ca.pem}}}",
+            "spec.trafficPolicy.tls.caCertificates",
+            "insecureSkipVerify disables server verification",
+        );
+        refused(
+            "{host: a, trafficPolicy: {tls: {mode: DISABLE, sni: x}}}",
+            "spec.trafficPolicy.tls",
+            "DISABLE sends plain text",
+        );
+    }
+
+    #[test]
+    fn policy_parts_not_applied_are_refused() {
+        for (spec, field, needle) in [
+            ("{host: a, workloadSelector: {labels: {app: x}}}", "spec.workloadSelector", "not supported"),
+            ("{host: a, trafficPolicy: {tunnel: {protocol: CONNECT, targetHost: x, targetPort: 1}}}", "spec.trafficPolicy.tunnel", "not supported"),
+            ("{host: a, trafficPolicy: {proxyProtocol: {version: V1}}}", "spec.trafficPolicy.proxyProtocol", "not supported"),
+            ("{host: a, trafficPolicy: {loadBalancer: {simple: PASSTHROUGH}}}", "spec.trafficPolicy.loadBalancer.simple", "PASSTHROUGH"),
+            ("{host: a, trafficPolicy: {loadBalancer: {consistentHash: {httpHeaderName: x}}}}", "spec.trafficPolicy.loadBalancer.consistentHash", "not supported"),
+            ("{host: a, trafficPolicy: {loadBalancer: {localityLbSetting: {enabled: true}}}}", "spec.trafficPolicy.loadBalancer.localityLbSetting", "not supported"),
+            ("{host: a, trafficPolicy: {loadBalancer: {simple: RANDOM, warmupDurationSecs: 10s}}}", "spec.trafficPolicy.loadBalancer.warmupDurationSecs", "ROUND_ROBIN and LEAST_REQUEST"),
+            ("{host: a, trafficPolicy: {connectionPool: {tcp: {idleTimeout: 10s}}}}", "spec.trafficPolicy.connectionPool.tcp.idleTimeout", "not supported"),
+        ] {
+            refused(spec, field, needle);
+        }
+    }
+}

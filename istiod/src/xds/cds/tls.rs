@@ -1,0 +1,244 @@
+//! TLS origination for DestinationRule `tls.mode: SIMPLE` and `MUTUAL`, as
+//! Istio's `constructUpstreamTLS` builds it: TLS 1.2 to 1.3, the configured
+//! SNI (else Envoy's `auto_sni` from the request's host), the server
+//! verified against `caCertificates` (else the system's trust store, as
+//! Istio's default `VERIFY_CERTIFICATE_AT_CLIENT=true` does) and
+//! `subjectAltNames` (else `auto_san_validation` against the host), an
+//! optional CRL, and for MUTUAL the client certificate and key.
+//!
+//! Where we differ: Istio hands the files to the agent as SDS resources
+//! (`file-cert:<cert>~<key>`, `file-root:<ca>`), which reloads them when they
+//! change; our agent serves only the workload certificate over SDS, so Envoy
+//! reads the files itself (read at connection setup of each new cluster
+//! version; a changed file is picked up when the cluster is next pushed).
+
+use proto::pb::envoy::config::core::v3::{DataSource, data_source};
+use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
+    CertificateValidationContext, CommonTlsContext, SubjectAltNameMatcher, TlsCertificate,
+    UpstreamTlsContext, common_tls_context, subject_alt_name_matcher,
+};
+use proto::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher};
+
+use super::mesh_tls_params;
+use crate::model::istio::{ClientTlsSettings, TlsMode};
+
+/// The trust store Istio's agent resolves `caCertificates: ""` to (its
+/// `file-root:system` resource) in Istio's Debian-based proxy image, and the
+/// one our sidecar image (Debian with `ca-certificates`) carries: istiod
+/// cannot look at the proxy's file system, so the path is fixed here.
+pub const SYSTEM_ROOT_CERTS: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// ALPN for TLS origination to an HTTP/2 cluster (Istio's `ALPNH2Only`).
+const ALPN_H2_ONLY: &[&str] = &["h2"];
+
+fn file(path: &str) -> DataSource {
+    DataSource {
+        specifier: Some(data_source::Specifier::Filename(path.to_string())),
+        ..Default::default()
+    }
+}
+
+/// A subject alternative name matcher of the SAN's type: `spiffe://` (and
+/// other URIs) as URI, IP addresses as IP, the rest as DNS names. Istio
+/// uses Envoy's untyped (deprecated) matcher, which tries every type.
+fn san_matcher(san: &str) -> SubjectAltNameMatcher {
+    use subject_alt_name_matcher::SanType;
+    let san_type = if san.contains("://") {
+        SanType::Uri
+    } else if san.parse::<std::net::IpAddr>().is_ok() {
+        SanType::IpAddress
+    } else {
+        SanType::Dns
+    };
+    SubjectAltNameMatcher {
+        san_type: san_type.into(),
+        matcher: Some(StringMatcher {
+            match_pattern: Some(string_matcher::MatchPattern::Exact(san.to_string())),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// What the cluster's HTTP protocol options must add for this TLS:
+/// Envoy's `auto_sni` and `auto_san_validation`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct AutoSni {
+    /// SNI from the request's host (no `sni` configured).
+    pub sni: bool,
+    /// Server certificate checked against the request's host (no `sni`,
+    /// no `subjectAltNames`, verification on).
+    pub san_validation: bool,
+}
+
+/// The upstream TLS context of a SIMPLE or MUTUAL policy (`None` for other
+/// modes). `default_sans` are the ServiceEntry's `subjectAltNames`, used
+/// when the policy gives none (Istio's behaviour for external services).
+pub fn originate(
+    tls: &ClientTlsSettings,
+    default_sans: &[String],
+    http2: bool,
+) -> Option<(UpstreamTlsContext, AutoSni)> {
+    if !matches!(tls.mode, TlsMode::Simple | TlsMode::Mutual) {
+        return None;
+    }
+    let skip_verify = tls.insecure_skip_verify == Some(true);
+    let sans = if tls.subject_alt_names.is_empty() {
+        default_sans
+    } else {
+        &tls.subject_alt_names
+    };
+    let auto = AutoSni {
+        sni: tls.sni.is_empty(),
+        san_validation: tls.sni.is_empty() && tls.subject_alt_names.is_empty() && !skip_verify,
+    };
+    let validation = if skip_verify {
+        CertificateValidationContext::default()
+    } else {
+        let ca = if tls.ca_certificates.is_empty() {
+            SYSTEM_ROOT_CERTS
+        } else {
+            &tls.ca_certificates
+        };
+        CertificateValidationContext {
+            trusted_ca: Some(file(ca)),
+            match_typed_subject_alt_names: sans.iter().map(|s| san_matcher(s)).collect(),
+            crl: (!tls.ca_crl.is_empty()).then(|| file(&tls.ca_crl)),
+            ..Default::default()
+        }
+    };
+    let tls_certificates = if tls.mode == TlsMode::Mutual {
+        vec![TlsCertificate {
+            certificate_chain: Some(file(&tls.client_certificate)),
+            private_key: Some(file(&tls.private_key)),
+            ..Default::default()
+        }]
+    } else {
+        Vec::new()
+    };
+    let context = UpstreamTlsContext {
+        common_tls_context: Some(CommonTlsContext {
+            tls_params: Some(mesh_tls_params(&[])),
+            tls_certificates,
+            validation_context_type: Some(common_tls_context::ValidationContextType::ValidationContext(
+                validation,
+            )),
+            alpn_protocols: if http2 {
+                ALPN_H2_ONLY.iter().map(|a| a.to_string()).collect()
+            } else {
+                Vec::new()
+            },
+            ..Default::default()
+        }),
+        sni: tls.sni.clone(),
+        ..Default::default()
+    };
+    Some((context, auto))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn validation(c: &UpstreamTlsContext) -> &CertificateValidationContext {
+        match c
+            .common_tls_context
+            .as_ref()
+            .unwrap()
+            .validation_context_type
+            .as_ref()
+            .unwrap()
+        {
+            common_tls_context::ValidationContextType::ValidationContext(v) => v,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn filename(d: &Option<DataSource>) -> Option<&str> {
+        match d.as_ref()?.specifier.as_ref()? {
+            data_source::Specifier::Filename(f) => Some(f),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn simple_verifies_with_the_ca_file_sni_and_sans() {
+        let tls = ClientTlsSettings {
+            mode: TlsMode::Simple,
+            ca_certificates: "/etc/certs/ca.pem".into(),
+            sni: "api.example.com".into(),
+            subject_alt_names: vec!["api.example.com".into(), "spiffe://td/ns/a/sa/b".into()],
+            ca_crl: "/etc/certs/crl.pem".into(),
+            ..Default::default()
+        };
+        let (c, auto) = originate(&tls, &[], false).unwrap();
+        assert_eq!(c.sni, "api.example.com");
+        assert_eq!(auto, AutoSni::default());
+        let v = validation(&c);
+        assert_eq!(filename(&v.trusted_ca), Some("/etc/certs/ca.pem"));
+        assert_eq!(filename(&v.crl), Some("/etc/certs/crl.pem"));
+        let types: Vec<i32> = v
+            .match_typed_subject_alt_names
+            .iter()
+            .map(|m| m.san_type)
+            .collect();
+        assert_eq!(
+            types,
+            [
+                subject_alt_name_matcher::SanType::Dns as i32,
+                subject_alt_name_matcher::SanType::Uri as i32
+            ]
+        );
+        let common = c.common_tls_context.as_ref().unwrap();
+        assert!(common.tls_certificates.is_empty(), "SIMPLE sends no client certificate");
+        assert!(common.alpn_protocols.is_empty());
+    }
+
+    #[test]
+    fn empty_ca_uses_the_system_store_and_auto_sni() {
+        let tls = ClientTlsSettings {
+            mode: TlsMode::Simple,
+            ..Default::default()
+        };
+        let (c, auto) = originate(&tls, &["se-san".into()], true).unwrap();
+        let v = validation(&c);
+        assert_eq!(filename(&v.trusted_ca), Some(SYSTEM_ROOT_CERTS));
+        assert_eq!(v.match_typed_subject_alt_names.len(), 1, "the ServiceEntry's SANs");
+        assert_eq!(
+            auto,
+            AutoSni {
+                sni: true,
+                san_validation: true
+            }
+        );
+        assert_eq!(c.common_tls_context.unwrap().alpn_protocols, ["h2"]);
+    }
+
+    #[test]
+    fn mutual_presents_the_files_and_skip_verify_drops_validation() {
+        let tls = ClientTlsSettings {
+            mode: TlsMode::Mutual,
+            client_certificate: "/c.pem".into(),
+            private_key: "/k.pem".into(),
+            insecure_skip_verify: Some(true),
+            ..Default::default()
+        };
+        let (c, auto) = originate(&tls, &[], false).unwrap();
+        let common = c.common_tls_context.as_ref().unwrap();
+        assert_eq!(filename(&common.tls_certificates[0].certificate_chain), Some("/c.pem"));
+        assert_eq!(filename(&common.tls_certificates[0].private_key), Some("/k.pem"));
+        assert_eq!(validation(&c), &CertificateValidationContext::default());
+        assert!(auto.sni && !auto.san_validation);
+    }
+
+    #[test]
+    fn other_modes_originate_nothing() {
+        for mode in [TlsMode::Disable, TlsMode::IstioMutual] {
+            let tls = ClientTlsSettings {
+                mode,
+                ..Default::default()
+            };
+            assert!(originate(&tls, &[], false).is_none());
+        }
+    }
+}
