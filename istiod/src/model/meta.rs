@@ -232,6 +232,10 @@ pub struct ObjectMeta {
     /// The generation, when the object came from an API server.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub generation: Option<i64>,
+    /// When the API server created it (RFC 3339); where policies conflict,
+    /// Istio lets the oldest win.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub creation_timestamp: Option<String>,
 }
 
 /// The typed body of an object, one variant per [`Kind`].

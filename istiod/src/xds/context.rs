@@ -62,6 +62,13 @@ pub struct IstioContext {
     pub jwks: Arc<crate::jwks::JwksResolver>,
 }
 
+/// The PeerAuthentications that decide one workload's modes.
+struct PeerPolicies<'a> {
+    workload: Option<&'a PeerAuthentication>,
+    namespace: Option<&'a PeerAuthentication>,
+    mesh: Option<&'a PeerAuthentication>,
+}
+
 /// Where a proxy's traffic to destinations outside the registry goes
 /// (Istio's `SidecarScope.OutboundTrafficPolicy`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +123,32 @@ fn collect<T: crate::model::meta::KindSpec + Clone>(snapshot: &Snapshot) -> Vec<
         .collect()
 }
 
+/// Every object of a kind, oldest first (by `creationTimestamp`, then
+/// namespace and name), the order in which Istio lets the oldest of
+/// conflicting policies win.
+fn oldest_first<T: crate::model::meta::KindSpec + Clone>(snapshot: &Snapshot) -> Vec<Named<T>> {
+    let mut typed: Vec<_> = snapshot.list::<T>().collect();
+    // RFC 3339 timestamps in UTC, as the API server writes them, sort as
+    // strings; objects without one (files) come after those with one.
+    typed.sort_by(|a, b| {
+        let key = |t: &crate::model::store::Typed<'_, T>| {
+            (
+                t.object.metadata.creation_timestamp.is_none(),
+                t.object.metadata.creation_timestamp.clone(),
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+    typed
+        .into_iter()
+        .map(|t| Named {
+            namespace: t.object.metadata.namespace.clone(),
+            name: t.object.metadata.name.clone(),
+            spec: t.spec.clone(),
+        })
+        .collect()
+}
+
 fn selects(selector: &Option<WorkloadSelector>, labels: &Labels) -> bool {
     selector
         .as_ref()
@@ -153,7 +186,7 @@ impl IstioContext {
             trust_domain: options.trust_domain.clone(),
             destination_rules: collect(snapshot),
             virtual_services: collect(snapshot),
-            peer_authentications: collect(snapshot),
+            peer_authentications: oldest_first(snapshot),
             sidecars: collect(snapshot),
             authorization_policies: collect(snapshot),
             request_authentications: collect(snapshot),
@@ -310,13 +343,10 @@ impl IstioContext {
     /// (Istio's `PortLevelSetting`): unnamed by any inbound port, they get
     /// passthrough chains of their own.
     pub fn port_level_mtls_ports(&self, proxy: &Proxy) -> Vec<u16> {
-        self.peer_authentications
-            .iter()
-            .filter(|p| p.namespace == proxy.namespace)
-            .find(|pa| policy_selects(&pa.spec.selector, &proxy.labels))
+        self.peer_policies(proxy)
+            .workload
             .map(|pa| {
-                pa.spec
-                    .port_level_mtls
+                pa.port_level_mtls
                     .keys()
                     .filter_map(|p| u16::try_from(*p).ok())
                     .collect()
@@ -410,43 +440,110 @@ impl IstioContext {
             .collect()
     }
 
-    /// The mTLS mode for a workload's inbound port: the most specific
-    /// PeerAuthentication (workload, namespace, root); Istio's default is PERMISSIVE.
+    /// The PeerAuthentications that decide `proxy`'s modes, as Istio's
+    /// `GetPoliciesForWorkload` picks them: the oldest whose selector
+    /// matches the workload in its namespace, the oldest namespace-wide one
+    /// (no selector, or an empty one), and the oldest mesh-wide one (in the
+    /// root namespace, without selector).
+    fn peer_policies(&self, proxy: &Proxy) -> PeerPolicies<'_> {
+        let namespace_wide = |pa: &&Named<PeerAuthentication>| {
+            pa.spec
+                .selector
+                .as_ref()
+                .is_none_or(|s| s.match_labels.is_empty())
+        };
+        // `peer_authentications` is ordered oldest first.
+        let in_namespace = || {
+            self.peer_authentications
+                .iter()
+                .filter(|p| p.namespace == proxy.namespace)
+        };
+        PeerPolicies {
+            workload: in_namespace()
+                .find(|pa| policy_selects(&pa.spec.selector, &proxy.labels))
+                .map(|pa| &pa.spec),
+            namespace: in_namespace().find(namespace_wide).map(|pa| &pa.spec),
+            mesh: self
+                .peer_authentications
+                .iter()
+                .filter(|p| p.namespace == ROOT_NAMESPACE)
+                .find(namespace_wide)
+                .map(|pa| &pa.spec),
+        }
+    }
+
+    /// The mTLS mode of a workload's inbound port (the port traffic arrives
+    /// on; 0 for the workload as a whole), composed as Istio's
+    /// `ComposePeerAuthentication` does: PERMISSIVE, overridden by the
+    /// mesh-wide mode, then the namespace's, then the workload's, each only
+    /// where it is set; a port-level mode (from the workload's policy only)
+    /// wins for its port, and an UNSET one inherits the workload's.
     pub fn mtls_mode(&self, proxy: &Proxy, port: u16) -> MtlsMode {
-        let applicable =
-            |pa: &&Named<PeerAuthentication>| policy_selects(&pa.spec.selector, &proxy.labels);
-        let workload = self
-            .peer_authentications
-            .iter()
-            .filter(|p| p.namespace == proxy.namespace)
-            .find(applicable);
-        let namespace = self.peer_authentications.iter().find(|p| {
-            p.namespace == proxy.namespace
-                && p.spec
-                    .selector
-                    .as_ref()
-                    .is_none_or(|s| s.match_labels.is_empty())
-        });
-        let root = self.peer_authentications.iter().find(|p| {
-            p.namespace == ROOT_NAMESPACE
-                && p.spec
-                    .selector
-                    .as_ref()
-                    .is_none_or(|s| s.match_labels.is_empty())
-        });
-        for pa in [workload, namespace, root].into_iter().flatten() {
-            if let Some(m) = pa.spec.port_level_mtls.get(&u32::from(port))
-                && m.mode != MtlsMode::Unset
-            {
-                return m.mode;
-            }
-            if let Some(m) = &pa.spec.mtls
-                && m.mode != MtlsMode::Unset
-            {
-                return m.mode;
+        let policies = self.peer_policies(proxy);
+        let set = |pa: Option<&PeerAuthentication>| {
+            pa.and_then(|pa| pa.mtls.as_ref())
+                .map(|m| m.mode)
+                .filter(|m| *m != MtlsMode::Unset)
+        };
+        let mut mode = MtlsMode::Permissive;
+        for level in [policies.mesh, policies.namespace, policies.workload] {
+            if let Some(m) = set(level) {
+                mode = m;
             }
         }
-        MtlsMode::Permissive
+        if let Some(m) = policies
+            .workload
+            .and_then(|pa| pa.port_level_mtls.get(&u32::from(port)))
+            .map(|m| m.mode)
+            .filter(|m| *m != MtlsMode::Unset && port != 0)
+        {
+            mode = m;
+        }
+        mode
+    }
+
+    /// The mode a client should expect from `svc`'s workloads, Istio's
+    /// `BestEffortInferServiceMTLSMode`: `None` (unknown: decide by the
+    /// endpoints' `tlsMode` labels) when a workload-level policy in the
+    /// service's namespace could change it, else the namespace's or the
+    /// mesh's mode.
+    pub fn service_mtls_mode(&self, svc: &Service) -> Option<MtlsMode> {
+        let ns = svc.namespace.as_str();
+        let in_namespace = || {
+            self.peer_authentications
+                .iter()
+                .filter(move |p| p.namespace == ns)
+        };
+        if in_namespace().any(|pa| {
+            pa.spec
+                .selector
+                .as_ref()
+                .is_some_and(|s| !s.match_labels.is_empty())
+        }) {
+            return None;
+        }
+        let namespace_wide = |pa: &&Named<PeerAuthentication>| {
+            pa.spec
+                .selector
+                .as_ref()
+                .is_none_or(|s| s.match_labels.is_empty())
+        };
+        let set = |pa: Option<&Named<PeerAuthentication>>| {
+            pa.and_then(|pa| pa.spec.mtls.as_ref())
+                .map(|m| m.mode)
+                .filter(|m| *m != MtlsMode::Unset)
+        };
+        let mesh = self
+            .peer_authentications
+            .iter()
+            .filter(|p| p.namespace == ROOT_NAMESPACE)
+            .find(namespace_wide);
+        let namespace = in_namespace().find(namespace_wide);
+        Some(
+            set(namespace)
+                .or(set(mesh))
+                .unwrap_or(MtlsMode::Permissive),
+        )
     }
 
     /// The services this proxy's workload serves, with the matching target ports:
