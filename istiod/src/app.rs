@@ -231,8 +231,13 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         xds_metrics,
         config.push_throttle,
     );
-    let sources =
-        crate::generate::start_sources(&config, kube.clone(), shutdown_rx.clone()).await?;
+    let sources = crate::generate::start_sources(
+        &config,
+        kube.clone(),
+        shutdown_rx.clone(),
+        crate::metrics::rejected_configs(&registry),
+    )
+    .await?;
     let configz = sources.configz.clone();
     let mesh = sources.mesh.clone();
     // The root every namespace gets, as `istio-ca-root-cert` (fixed while

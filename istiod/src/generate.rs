@@ -52,6 +52,7 @@ pub async fn start_sources(
     config: &Config,
     kube: Option<kube::Client>,
     shutdown: watch::Receiver<bool>,
+    rejected: prometheus::IntCounterVec,
 ) -> anyhow::Result<Sources> {
     let store = ConfigStore::new();
     let options = RegistryOptions {
@@ -63,7 +64,7 @@ pub async fn start_sources(
     let mut batches = store.subscribe();
     let (mesh_tx, mesh) = watch::channel(Arc::new(Mesh {
         trust_domain: Some(config.trust_domain.clone()),
-        config: config.mesh,
+        config: config.mesh.clone(),
         discovery_selectors: config.discovery_selectors.clone(),
         injection: config.mesh_injection.clone(),
     }));
@@ -72,7 +73,7 @@ pub async fn start_sources(
     let source = config
         .config_dir
         .as_ref()
-        .map(|dir| FileSource::new(dir.clone(), store.slice("file")));
+        .map(|dir| FileSource::with_metrics(dir.clone(), store.slice("file"), rejected.clone()));
     if let Some(fs) = &source {
         let fs = fs.clone();
         // The first full read, before anything is served.
@@ -132,9 +133,9 @@ pub async fn start_sources(
         let mut mesh = mesh.clone();
         let tx = tx.clone();
         tokio::spawn(async move {
-            let mut applied = mesh.borrow_and_update().config;
+            let mut applied = mesh.borrow_and_update().config.clone();
             while mesh.changed().await.is_ok() {
-                let current = mesh.borrow_and_update().config;
+                let current = mesh.borrow_and_update().config.clone();
                 if current == applied {
                     continue;
                 }
@@ -223,7 +224,7 @@ pub async fn start_sources(
     let builder_store = store.clone();
     let builder_mesh = mesh.clone();
     let builder: Box<dyn FnMut(String) -> Arc<dyn PushContext> + Send> = Box::new(move |version| {
-        let mesh = builder_mesh.borrow().config;
+        let mesh = builder_mesh.borrow().config.clone();
         Arc::new(
             IstioContext::new(version, &builder_store.snapshot(), &options)
                 .with_mesh(mesh)
@@ -238,10 +239,20 @@ pub async fn start_sources(
             .unwrap_or_default();
         errors.extend(kube_source.iter().flat_map(KubeSource::errors));
         let kinds = crate::model::meta::Kind::ALL;
+        // Istio configuration of kinds this istiod does not implement: kept
+        // out of the store, so listed here rather than lost from sight.
+        let unimplemented: Vec<Value> = source
+            .as_ref()
+            .map(FileSource::unimplemented)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(file, k)| json!({"file": file, "apiVersion": k.api_version, "kind": k.kind}))
+            .collect();
         json!({
             "version": snapshot.version(),
             "objects": kinds.iter().flat_map(|k| snapshot.objects(*k).map(|o| o.key().to_string()).collect::<Vec<_>>()).collect::<Vec<_>>(),
             "errors": errors,
+            "unimplemented": unimplemented,
         })
     });
     Ok(Sources {

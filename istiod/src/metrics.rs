@@ -59,6 +59,24 @@ impl CaMetrics {
     }
 }
 
+/// `pilot_total_rejected_configs{type,name}`: configuration istiod had to
+/// reject (invalid objects) or ignore (kinds it does not implement); `type`
+/// is the kind, `name` the file (or object) it came from.
+pub fn rejected_configs(registry: &Registry) -> IntCounterVec {
+    let c = IntCounterVec::new(
+        Opts::new(
+            "pilot_total_rejected_configs",
+            "Total number of configs that Pilot had to reject or ignore.",
+        ),
+        &["type", "name"],
+    )
+    .unwrap_or_else(|e| panic!("metric pilot_total_rejected_configs: {e}"));
+    registry
+        .register(Box::new(c.clone()))
+        .unwrap_or_else(|e| panic!("metric registered twice: {e}"));
+    c
+}
+
 /// Renders `registry` in Prometheus text format.
 pub fn render(registry: &Registry) -> String {
     use prometheus::Encoder;

@@ -21,7 +21,7 @@ pub mod validate;
 
 pub use error::{ConfigError, FieldError};
 pub use meta::{Kind, KindSpec, Object, ObjectKey, ObjectMeta, Spec};
-pub use parse::{DecodeError, Decoded, ParsedFile, decode, parse_file};
+pub use parse::{DecodeError, Decoded, IgnoredKind, ParsedFile, decode, parse_file};
 pub use service::{
     Endpoint, EndpointTlsMode, ExportTo, Protocol, RegistryOptions, Service, ServicePort,
     ServiceRegistry, ServiceResolution, ServiceSource, egress_host_matches, host_matches,

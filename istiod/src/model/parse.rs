@@ -53,8 +53,33 @@ pub enum DecodeError {
 pub struct ParsedFile {
     /// Valid objects, in document order.
     pub objects: Vec<Object>,
-    /// `apiVersion kind` of each ignored document.
-    pub ignored: Vec<String>,
+    /// Each document of a kind istiod does not read.
+    pub ignored: Vec<IgnoredKind>,
+}
+
+/// A document of a kind istiod does not read: displayed `apiVersion kind`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct IgnoredKind {
+    /// Its `apiVersion`.
+    pub api_version: String,
+    /// Its `kind`.
+    pub kind: String,
+}
+
+impl IgnoredKind {
+    /// Whether it is Istio configuration that this istiod does not implement
+    /// (a kind of Istio's groups or of the Kubernetes Gateway API), rather
+    /// than an object that is no configuration for istiod at all.
+    pub fn is_unimplemented_config(&self) -> bool {
+        let group = self.api_version.split_once('/').map_or("", |(g, _)| g);
+        group.ends_with(".istio.io") || group == "gateway.networking.k8s.io"
+    }
+}
+
+impl std::fmt::Display for IgnoredKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.api_version, self.kind)
+    }
 }
 
 #[derive(Deserialize)]
@@ -90,7 +115,7 @@ pub fn parse_file(file: &str, text: &str) -> Result<ParsedFile, Vec<ConfigError>
             Ok(Decoded::Object(o)) => parsed.objects.push(o),
             Ok(Decoded::Ignored { api_version, kind }) => {
                 tracing::debug!(target: "config", "{file}: document {document}: ignoring {kind} ({api_version}): not a kind istiod reads");
-                parsed.ignored.push(format!("{api_version} {kind}"));
+                parsed.ignored.push(IgnoredKind { api_version, kind });
             }
             Ok(Decoded::Empty) => {}
             Err(DecodeError::Document(reason)) => errors.push(ConfigError::Document {
@@ -433,10 +458,17 @@ metadata: {name: d}
         )
         .unwrap();
         assert!(parsed.objects.is_empty());
+        let shown: Vec<String> = parsed.ignored.iter().map(ToString::to_string).collect();
         assert_eq!(
-            parsed.ignored,
+            shown,
             vec!["networking.istio.io/v1 Gateway", "apps/v1 Deployment"]
         );
+        let unimplemented: Vec<bool> = parsed
+            .ignored
+            .iter()
+            .map(IgnoredKind::is_unimplemented_config)
+            .collect();
+        assert_eq!(unimplemented, vec![true, false]);
     }
 
     #[test]

@@ -20,7 +20,11 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::Synced;
-use crate::model::{ConfigBatch, ConfigError, ConfigStore, Object, ObjectKey, parse_file};
+use prometheus::IntCounterVec;
+
+use crate::model::{
+    ConfigBatch, ConfigError, ConfigStore, IgnoredKind, Object, ObjectKey, parse_file,
+};
 
 /// Quiet time after the last change before the directory is re-read (Istio's 250 ms).
 pub const DEBOUNCE: Duration = Duration::from_millis(250);
@@ -67,6 +71,8 @@ struct FileState {
     objects: Vec<Arc<Object>>,
     /// Why the current content is rejected (empty when it is valid).
     errors: Vec<ConfigError>,
+    /// Documents of kinds istiod does not read, in the last parsed content.
+    ignored: Vec<IgnoredKind>,
 }
 
 #[derive(Debug, Default)]
@@ -84,6 +90,8 @@ struct Inner {
     /// Serialises reloads; `state` is only held to read or swap.
     reload: Mutex<()>,
     synced: Synced,
+    /// `pilot_total_rejected_configs{type,name}`, when istiod exports it.
+    rejected: Option<IntCounterVec>,
 }
 
 /// The file source. Cheap to clone; clones share state.
@@ -103,8 +111,40 @@ impl FileSource {
                 state: Mutex::new(State::default()),
                 reload: Mutex::new(()),
                 synced: Synced::new(),
+                rejected: None,
             }),
         }
+    }
+
+    /// The source, counting what it rejects or ignores in `rejected`
+    /// (Istio's `pilot_total_rejected_configs{type,name}`).
+    pub fn with_metrics(dir: impl Into<PathBuf>, store: ConfigStore, rejected: IntCounterVec) -> Self {
+        let mut source = Self::new(dir, store);
+        if let Some(inner) = Arc::get_mut(&mut source.inner) {
+            inner.rejected = Some(rejected);
+        }
+        source
+    }
+
+    /// The documents whose kind this istiod does not implement although it
+    /// is Istio configuration (Gateway, EnvoyFilter, Telemetry, ...), with
+    /// their file: stored nowhere and applied to nothing, so reported.
+    pub fn unimplemented(&self) -> Vec<(String, IgnoredKind)> {
+        let state = self
+            .inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        state
+            .files
+            .iter()
+            .flat_map(|(path, f)| {
+                f.ignored
+                    .iter()
+                    .filter(|k| k.is_unimplemented_config())
+                    .map(move |k| (path.display().to_string(), k.clone()))
+            })
+            .collect()
     }
 
     /// The directory.
@@ -183,7 +223,10 @@ impl FileSource {
         let mut other_errors = listed.errors;
         for path in listed.files {
             let old = previous.get(&path).cloned().unwrap_or_default();
-            files.insert(path.clone(), read_file(&path, old));
+            files.insert(
+                path.clone(),
+                read_file(&path, old, self.inner.rejected.as_ref()),
+            );
         }
         for gone in previous.keys().filter(|p| !files.contains_key(*p)) {
             tracing::info!(target: "config", "{} was removed; its objects are deleted", gone.display());
@@ -399,8 +442,9 @@ fn list_yaml_files(dir: &Path) -> Result<Listed, SourceError> {
     Ok(Listed { files, errors })
 }
 
-/// Reads and parses one file; on any error keeps `old`'s objects.
-fn read_file(path: &Path, old: FileState) -> FileState {
+/// Reads and parses one file; on any error keeps `old`'s objects. Kinds it
+/// holds that istiod does not implement are reported when the content is read.
+fn read_file(path: &Path, old: FileState, rejected: Option<&IntCounterVec>) -> FileState {
     let name = path.display().to_string();
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
@@ -414,6 +458,7 @@ fn read_file(path: &Path, old: FileState) -> FileState {
                 hash: None,
                 objects: old.objects,
                 errors: vec![error],
+                ignored: old.ignored,
             };
         }
     };
@@ -426,15 +471,31 @@ fn read_file(path: &Path, old: FileState) -> FileState {
     match parse_file(&name, &text) {
         Ok(parsed) => {
             tracing::debug!(target: "config", "{name}: {} objects", parsed.objects.len());
+            for kind in parsed.ignored.iter().filter(|k| k.is_unimplemented_config()) {
+                tracing::warn!(
+                    target: "config",
+                    "{name}: {} ({}) is not implemented by this istiod: its objects are not applied",
+                    kind.kind,
+                    kind.api_version
+                );
+                if let Some(counter) = rejected {
+                    counter.with_label_values(&[kind.kind.as_str(), name.as_str()]).inc();
+                }
+            }
             FileState {
                 hash: Some(hash),
                 objects: parsed.objects.into_iter().map(Arc::new).collect(),
                 errors: Vec::new(),
+                ignored: parsed.ignored,
             }
         }
         Err(errors) => {
             for e in &errors {
                 tracing::warn!(target: "config", "rejected: {e}");
+                if let Some(counter) = rejected {
+                    let kind = e.object().map_or("", |k| k.kind.as_str());
+                    counter.with_label_values(&[kind, name.as_str()]).inc();
+                }
             }
             tracing::warn!(
                 target: "config",
@@ -445,6 +506,7 @@ fn read_file(path: &Path, old: FileState) -> FileState {
                 hash: Some(hash),
                 objects: old.objects,
                 errors,
+                ignored: old.ignored,
             }
         }
     }
