@@ -212,8 +212,9 @@ impl Drop for PodNet {
 
 /// A small HTTP application inside a Pod: answers every request on `addr`
 /// with its version, the `X-Forwarded-Client-Cert` header its sidecar added
-/// (who called, as the server side saw it) and the peer address of the
-/// connection it was given.
+/// (who called, as the server side saw it), the peer address of the
+/// connection it was given, and then each request line and header as
+/// `request=<line>` and `header=<name>: <value>` lines (what reached the app).
 pub fn serve_app(ns: &Netns, addr: SocketAddr, version: &str) {
     use std::io::{Read, Write};
     let listener = ns.run(move || std::net::TcpListener::bind(addr).expect("bind the app's port"));
@@ -255,7 +256,14 @@ pub fn serve_app(ns: &Netns, addr: SocketAddr, version: &str) {
                     };
                     let xfcc = header("x-forwarded-client-cert");
                     let close = header("connection").eq_ignore_ascii_case("close");
-                    let body = format!("version={version}\nxfcc={xfcc}\npeer={peer}\n");
+                    let mut body = format!("version={version}\nxfcc={xfcc}\npeer={peer}\n");
+                    let mut lines = req.lines();
+                    if let Some(first) = lines.next() {
+                        body.push_str(&format!("request={first}\n"));
+                    }
+                    for l in lines.filter(|l| !l.is_empty()) {
+                        body.push_str(&format!("header={l}\n"));
+                    }
                     let response = format!(
                         "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n{}\r\n{body}",
                         body.len(),
@@ -628,10 +636,23 @@ impl LocalMesh {
     /// `curl` run in Pod `pod` as the app user (uid 1000) with the Pod's
     /// resolver: (HTTP status, body), or curl's error.
     pub fn app_curl(&self, pod: &str, url: &str) -> Result<(u16, String), String> {
+        self.app_curl_with(pod, &[], url)
+    }
+
+    /// [`LocalMesh::app_curl`] with more curl arguments before the URL
+    /// (`-X POST`, `-H 'authorization: Bearer ...'`, `-i` for the headers).
+    pub fn app_curl_with(
+        &self,
+        pod: &str,
+        args: &[&str],
+        url: &str,
+    ) -> Result<(u16, String), String> {
         let out = self
             .pod(pod)
             .command_as(APP_UID, "curl")
-            .args(["-sS", "-m", "10", "-w", "\n%{http_code}", url])
+            .args(["-sS", "-m", "10", "-w", "\n%{http_code}"])
+            .args(args)
+            .arg(url)
             .output()
             .map_err(|e| format!("curl: {e}"))?;
         if !out.status.success() {
