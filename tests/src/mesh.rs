@@ -500,7 +500,7 @@ impl LocalMesh {
             ("httpbin-v1", "198.18.0.3", "httpbin", Some("v1")),
             ("httpbin-v2", "198.18.0.4", "httpbin", Some("v2")),
         ] {
-            mesh.launch_pod(name, ip, sa, version);
+            mesh.launch_pod("demo", name, ip, sa, version);
         }
         for i in 0..mesh.pods.len() {
             mesh.wait_pod_ready(i);
@@ -515,7 +515,14 @@ impl LocalMesh {
     }
 
     /// Network, init step, app and agent of one Pod (not waiting for it).
-    fn launch_pod(&mut self, name: &str, ip: &str, sa: &str, version: Option<&str>) {
+    fn launch_pod(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        ip: &str,
+        sa: &str,
+        version: Option<&str>,
+    ) {
         let net = self.hub.pod("pod", ip);
         let app_addr: SocketAddr = match self.capture {
             // The app listens on its Pod port, untouched by the mesh.
@@ -534,14 +541,14 @@ impl LocalMesh {
         let root = self.istiod.root_pem();
         let pod_dir = crate::PodDir::new(
             &self.dir.join(name),
-            &self.istiod.token("demo", sa),
+            &self.istiod.token(namespace, sa),
             Some(&root),
         );
         let app = if sa == "sleep" { "sleep" } else { "httpbin" };
         pod_dir.write_labels(&[("app", app), ("version", app_version_label(name))]);
         let mut env = vec![
             ("POD_NAME", name),
-            ("POD_NAMESPACE", "demo"),
+            ("POD_NAMESPACE", namespace),
             ("SERVICE_ACCOUNT", sa),
             ("INSTANCE_IP", ip),
             ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
@@ -581,7 +588,20 @@ impl LocalMesh {
     /// Adds a Pod to the running mesh: its network, app, agent and Envoy
     /// (its Kubernetes objects are the caller's to write).
     pub fn add_pod(&mut self, name: &str, ip: &str, sa: &str, app_version: &str) {
-        self.launch_pod(name, ip, sa, Some(app_version));
+        self.add_pod_in("demo", name, ip, sa, app_version);
+    }
+
+    /// [`LocalMesh::add_pod`] in Kubernetes namespace `namespace` (its
+    /// identity is `<trust domain>/ns/<namespace>/sa/<sa>`).
+    pub fn add_pod_in(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        ip: &str,
+        sa: &str,
+        app_version: &str,
+    ) {
+        self.launch_pod(namespace, name, ip, sa, Some(app_version));
         self.wait_pod_ready(self.pods.len() - 1);
     }
 
