@@ -428,6 +428,13 @@ impl Istiod {
         assert!(status.is_some(), "istiod did not exit after SIGTERM");
     }
 
+    /// Sets (or replaces) an environment variable of istiod's; it takes
+    /// effect at the next [`Istiod::restart`].
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.to_string(), value.to_string()));
+    }
+
     /// Starts istiod again in the same directory on the same ports.
     pub fn restart(&mut self) {
         // The old process must be gone before the new one binds its ports.
