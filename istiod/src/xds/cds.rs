@@ -32,7 +32,9 @@ use super::util::{
     ads_source, any, delimited, duration, sds, socket, struct_of, transport_socket, u32v,
 };
 use super::{Proxy, Resource};
-use crate::model::istio::{ConnectionPoolSettings, H2UpgradePolicy, TlsMode, TrafficPolicy};
+use crate::model::istio::{
+    ConnectionPoolSettings, H2UpgradePolicy, MtlsMode, TlsMode, TrafficPolicy,
+};
 use crate::model::service::{Protocol, Service, ServicePort, ServiceResolution};
 
 /// Istio's mesh default `connectTimeout`.
@@ -183,8 +185,7 @@ fn outbound(
             .insert(HTTP_PROTOCOL_OPTIONS.into(), any(&options));
     }
     let tls_mode = user_tls.map(|t| t.mode);
-    let sans: Vec<String> = match user_tls.filter(|t| !t.subject_alt_names.is_empty())
-    {
+    let sans: Vec<String> = match user_tls.filter(|t| !t.subject_alt_names.is_empty()) {
         Some(t) => t.subject_alt_names.clone(),
         None if !svc.subject_alt_names.is_empty() => svc.subject_alt_names.clone(),
         None => svc.identities().into_iter().collect(),
@@ -201,8 +202,12 @@ fn outbound(
                 &istio_mutual(&sans, &sni, port.protocol),
             ));
         }
-        None if !svc.mesh_external => {
-            // Auto mTLS: endpoints labelled tlsMode=istio get mutual TLS.
+        // Auto mTLS (Istio's `buildAutoMtlsSettings`): not for services
+        // outside the mesh, nor for those whose PeerAuthentication says
+        // DISABLE (their servers would refuse the handshake); an unknown
+        // mode (a workload-level policy) is left to the endpoints' labels.
+        None if !svc.mesh_external && ctx.service_mtls_mode(svc) != Some(MtlsMode::Disable) => {
+            // Endpoints labelled tlsMode=istio get mutual TLS.
             c.transport_socket_matches = vec![
                 cluster::TransportSocketMatch {
                     name: "tlsMode-istio".into(),
@@ -224,10 +229,10 @@ fn outbound(
         }
         // DISABLE sends plain text, even to mesh endpoints (no auto mTLS
         // for a user's setting); SIMPLE/MUTUAL got their socket above;
-        // mesh-external services without a policy get plain text.
+        // mesh-external services and DISABLE ones without a policy get
+        // plain text.
         _ => {}
     }
-    let _ = ctx;
     c
 }
 

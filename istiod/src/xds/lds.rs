@@ -18,6 +18,7 @@ use proto::pb::envoy::config::listener::v3::{
     Filter, Listener, ListenerFilter, ListenerFilterChainMatchPredicate, filter, listener_filter,
     listener_filter_chain_match_predicate,
 };
+use proto::pb::envoy::extensions::filters::http::cors::v3::Cors;
 use proto::pb::envoy::extensions::filters::http::fault::v3::HttpFault;
 use proto::pb::envoy::extensions::filters::http::router::v3::Router;
 use proto::pb::envoy::extensions::filters::listener::http_inspector::v3::HttpInspector;
@@ -100,9 +101,11 @@ fn outbound_hcm(stat_prefix: &str, route_name: &str) -> Filter {
                 config_source: Some(ads_source()),
                 route_config_name: route_name.into(),
             })),
-            // The fault filter serves VirtualService fault injection.
+            // The fault and CORS filters serve VirtualService `fault` and
+            // `corsPolicy` (per-route configs), in Istio's order.
             http_filters: vec![
                 http_filter("envoy.filters.http.fault", &HttpFault::default()),
+                http_filter(super::rds::CORS_FILTER, &Cors::default()),
                 http_filter("envoy.filters.http.router", &Router::default()),
             ],
             ..Default::default()

@@ -3,12 +3,12 @@
 //! this istiod accepts in Istio's schema but does not apply (each names the
 //! field and says what to use instead).
 
-use super::super::istio::{
-    Destination, Headers, HttpRoute, StringMatch, VirtualService,
-};
+use crate::xds::rds::grpc_code;
+
+use super::super::istio::{Destination, Headers, HttpRoute, StringMatch, VirtualService};
 use super::{
-    Errors, check_host, check_min_duration, check_percent, check_port,
-    check_export_to, is_dns1123_label,
+    Errors, check_export_to, check_host, check_min_duration, check_percent, check_port,
+    is_dns1123_label,
 };
 
 /// Envoy's `retry_on` conditions that Istio accepts (besides status codes).
@@ -252,7 +252,6 @@ fn http_route(field: &str, r: &HttpRoute, e: &mut Errors) {
         }
     }
     mirrors_and_cors(field, r, e);
-
 }
 
 /// Destinations and weights: each weight 0-100, summing to 100 when there
@@ -333,31 +332,6 @@ fn check_regex(field: &str, re: &str, e: &mut Errors) {
     }
 }
 
-
-/// gRPC status codes by Istio's names (`fault.abort.grpcStatus`).
-pub(crate) fn grpc_code(name: &str) -> Option<u32> {
-    const CODES: &[&str] = &[
-        "OK",
-        "CANCELLED",
-        "UNKNOWN",
-        "INVALID_ARGUMENT",
-        "DEADLINE_EXCEEDED",
-        "NOT_FOUND",
-        "ALREADY_EXISTS",
-        "PERMISSION_DENIED",
-        "RESOURCE_EXHAUSTED",
-        "FAILED_PRECONDITION",
-        "ABORTED",
-        "OUT_OF_RANGE",
-        "UNIMPLEMENTED",
-        "INTERNAL",
-        "UNAVAILABLE",
-        "DATA_LOSS",
-        "UNAUTHENTICATED",
-    ];
-    CODES.iter().position(|c| *c == name).map(|i| i as u32)
-}
-
 /// The redirect codes Envoy's `RedirectAction` can send.
 pub(crate) const REDIRECT_CODES: &[u32] = &[301, 302, 303, 307, 308];
 
@@ -371,7 +345,9 @@ fn redirect_and_direct_response(field: &str, r: &HttpRoute, e: &mut Errors) {
         {
             e.add(
                 format!("{rf}.redirectCode"),
-                format!("{code} is not a redirect status Envoy can send (use 301, 302, 303, 307 or 308)"),
+                format!(
+                    "{code} is not a redirect status Envoy can send (use 301, 302, 303, 307 or 308)"
+                ),
             );
         }
         if let Some(p) = redirect.port {
@@ -386,7 +362,9 @@ fn redirect_and_direct_response(field: &str, r: &HttpRoute, e: &mut Errors) {
             "FROM_REQUEST_PORT" => {}
             other => e.add(
                 format!("{rf}.derivePort"),
-                format!("{other:?} is not a derivePort (use FROM_PROTOCOL_DEFAULT or FROM_REQUEST_PORT)"),
+                format!(
+                    "{other:?} is not a derivePort (use FROM_PROTOCOL_DEFAULT or FROM_REQUEST_PORT)"
+                ),
             ),
         }
         if redirect.uri.is_empty()
@@ -435,7 +413,9 @@ fn redirect_and_direct_response(field: &str, r: &HttpRoute, e: &mut Errors) {
                         Err(err) => {
                             e.add(
                                 format!("{df}.body.bytes"),
-                                format!("is not base64 ({err}); encode the body with standard base64"),
+                                format!(
+                                    "is not base64 ({err}); encode the body with standard base64"
+                                ),
                             );
                             0
                         }
@@ -581,17 +561,61 @@ mod tests {
     #[test]
     fn what_envoy_cannot_do_is_refused() {
         for (http, field, needle) in [
-            ("{redirect: {uri: /x, redirectCode: 305}}", "spec.http[0].redirect.redirectCode", "301, 302, 303, 307 or 308"),
-            ("{redirect: {redirectCode: 302}}", "spec.http[0].redirect", "must set uri"),
-            ("{redirect: {port: 8080, derivePort: FROM_REQUEST_PORT}}", "spec.http[0].redirect.derivePort", "mutually exclusive"),
-            ("{directResponse: {status: 200, body: {bytes: '***'}}}", "spec.http[0].directResponse.body.bytes", "not base64"),
-            ("{route: [{destination: {host: b}}], mirror: {host: m}, mirrors: [{destination: {host: n}}]}", "spec.http[0].mirrors", "mutually exclusive"),
-            ("{route: [{destination: {host: b}}], mirrorPercentage: {value: 5}}", "spec.http[0].mirrorPercentage", "mirror, which is not set"),
-            ("{route: [{destination: {host: b}}], headers: {request: {set: {host: x}}}}", "spec.http[0].headers.request.set.host", "rewrite.authority"),
-            ("{route: [{destination: {host: b, }, headers: {response: {remove: [':status']}}}]}", "spec.http[0].route[0].headers.response.remove.:status", "pseudo-headers"),
-            ("{route: [{destination: {host: b}}], corsPolicy: {unmatchedPreflights: DROP}}", "spec.http[0].corsPolicy.unmatchedPreflights", "FORWARD or IGNORE"),
-            ("{delegate: {name: d}}", "spec.http[0].delegate", "not supported"),
-            ("{route: [{destination: {host: b}}], fault: {abort: {grpcStatus: NOPE}}}", "spec.http[0].fault.abort.grpcStatus", "not a gRPC status"),
+            (
+                "{redirect: {uri: /x, redirectCode: 305}}",
+                "spec.http[0].redirect.redirectCode",
+                "301, 302, 303, 307 or 308",
+            ),
+            (
+                "{redirect: {redirectCode: 302}}",
+                "spec.http[0].redirect",
+                "must set uri",
+            ),
+            (
+                "{redirect: {port: 8080, derivePort: FROM_REQUEST_PORT}}",
+                "spec.http[0].redirect.derivePort",
+                "mutually exclusive",
+            ),
+            (
+                "{directResponse: {status: 200, body: {bytes: '***'}}}",
+                "spec.http[0].directResponse.body.bytes",
+                "not base64",
+            ),
+            (
+                "{route: [{destination: {host: b}}], mirror: {host: m}, mirrors: [{destination: {host: n}}]}",
+                "spec.http[0].mirrors",
+                "mutually exclusive",
+            ),
+            (
+                "{route: [{destination: {host: b}}], mirrorPercentage: {value: 5}}",
+                "spec.http[0].mirrorPercentage",
+                "mirror, which is not set",
+            ),
+            (
+                "{route: [{destination: {host: b}}], headers: {request: {set: {host: x}}}}",
+                "spec.http[0].headers.request.set.host",
+                "rewrite.authority",
+            ),
+            (
+                "{route: [{destination: {host: b, }, headers: {response: {remove: [':status']}}}]}",
+                "spec.http[0].route[0].headers.response.remove.:status",
+                "pseudo-headers",
+            ),
+            (
+                "{route: [{destination: {host: b}}], corsPolicy: {unmatchedPreflights: DROP}}",
+                "spec.http[0].corsPolicy.unmatchedPreflights",
+                "FORWARD or IGNORE",
+            ),
+            (
+                "{delegate: {name: d}}",
+                "spec.http[0].delegate",
+                "not supported",
+            ),
+            (
+                "{route: [{destination: {host: b}}], fault: {abort: {grpcStatus: NOPE}}}",
+                "spec.http[0].fault.abort.grpcStatus",
+                "not a gRPC status",
+            ),
         ] {
             refused(&format!("{{hosts: [a], http: [{http}]}}"), field, needle);
         }

@@ -250,7 +250,11 @@ mod tests {
         assert!(od.split_external_local_origin_errors);
         assert_eq!(od.consecutive_local_origin_failure, Some(u32v(2)));
         assert_eq!(
-            c.common_lb_config.unwrap().healthy_panic_threshold.unwrap().value,
+            c.common_lb_config
+                .unwrap()
+                .healthy_panic_threshold
+                .unwrap()
+                .value,
             40.0
         );
     }
@@ -284,7 +288,11 @@ mod tests {
                 ..Default::default()
             },
         );
-        let ka = c.upstream_connection_options.unwrap().tcp_keepalive.unwrap();
+        let ka = c
+            .upstream_connection_options
+            .unwrap()
+            .tcp_keepalive
+            .unwrap();
         assert_eq!(ka.keepalive_probes, Some(u32v(3)));
         assert_eq!(ka.keepalive_time, Some(u32v(60)));
     }

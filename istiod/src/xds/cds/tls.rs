@@ -120,9 +120,9 @@ pub fn originate(
         common_tls_context: Some(CommonTlsContext {
             tls_params: Some(mesh_tls_params(&[])),
             tls_certificates,
-            validation_context_type: Some(common_tls_context::ValidationContextType::ValidationContext(
-                validation,
-            )),
+            validation_context_type: Some(
+                common_tls_context::ValidationContextType::ValidationContext(validation),
+            ),
             alpn_protocols: if http2 {
                 ALPN_H2_ONLY.iter().map(|a| a.to_string()).collect()
             } else {
@@ -190,7 +190,10 @@ mod tests {
             ]
         );
         let common = c.common_tls_context.as_ref().unwrap();
-        assert!(common.tls_certificates.is_empty(), "SIMPLE sends no client certificate");
+        assert!(
+            common.tls_certificates.is_empty(),
+            "SIMPLE sends no client certificate"
+        );
         assert!(common.alpn_protocols.is_empty());
     }
 
@@ -203,7 +206,11 @@ mod tests {
         let (c, auto) = originate(&tls, &["se-san".into()], true).unwrap();
         let v = validation(&c);
         assert_eq!(filename(&v.trusted_ca), Some(SYSTEM_ROOT_CERTS));
-        assert_eq!(v.match_typed_subject_alt_names.len(), 1, "the ServiceEntry's SANs");
+        assert_eq!(
+            v.match_typed_subject_alt_names.len(),
+            1,
+            "the ServiceEntry's SANs"
+        );
         assert_eq!(
             auto,
             AutoSni {
@@ -225,8 +232,14 @@ mod tests {
         };
         let (c, auto) = originate(&tls, &[], false).unwrap();
         let common = c.common_tls_context.as_ref().unwrap();
-        assert_eq!(filename(&common.tls_certificates[0].certificate_chain), Some("/c.pem"));
-        assert_eq!(filename(&common.tls_certificates[0].private_key), Some("/k.pem"));
+        assert_eq!(
+            filename(&common.tls_certificates[0].certificate_chain),
+            Some("/c.pem")
+        );
+        assert_eq!(
+            filename(&common.tls_certificates[0].private_key),
+            Some("/k.pem")
+        );
         assert_eq!(validation(&c), &CertificateValidationContext::default());
         assert!(auto.sni && !auto.san_validation);
     }

@@ -1,0 +1,426 @@
+//! One Envoy route for one VirtualService HTTP route and match, as Istio's
+//! `translateRoute` builds it: the match, then the action (`redirect`,
+//! `directResponse`, or the destinations with retries, timeout, rewrite and
+//! mirrors), the route's and destinations' header operations, and the fault
+//! and CORS policies as per-filter config.
+
+use std::time::Duration;
+
+use proto::pb::envoy::config::route::v3::{
+    HeaderMatcher, QueryParameterMatcher, RetryPolicy, Route, RouteAction, RouteMatch,
+    WeightedCluster, header_matcher, query_parameter_matcher, retry_policy, route, route_action,
+    route_match, weighted_cluster,
+};
+use proto::pb::envoy::extensions::filters::common::fault::v3::{FaultDelay, fault_delay};
+use proto::pb::envoy::extensions::filters::http::fault::v3::{FaultAbort, HttpFault, fault_abort};
+use proto::pb::envoy::extensions::retry::host::previous_hosts::v3::PreviousHostsPredicate;
+use proto::pb::envoy::extensions::retry::priority::previous_priorities::v3::PreviousPrioritiesConfig;
+use proto::pb::envoy::r#type::matcher::v3::{
+    RegexMatchAndSubstitute, RegexMatcher, StringMatcher, string_matcher,
+};
+use proto::pb::google::protobuf::BoolValue;
+
+use super::ops::{self, HeaderLists, grpc_code, percent};
+use crate::model::istio::{
+    Destination, HttpFaultInjection, HttpMatchRequest, HttpRoute, StringMatch,
+};
+use crate::model::service::Service;
+use crate::xds::cds::outbound_name;
+use crate::xds::context::{IstioContext, resolve_host};
+use crate::xds::util::{any, duration, u32v};
+
+/// Istio's default retry policy: 2 retries, each on another host.
+pub(super) fn default_retries() -> RetryPolicy {
+    RetryPolicy {
+        retry_on: "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
+            .into(),
+        num_retries: Some(u32v(2)),
+        retry_host_predicate: vec![retry_policy::RetryHostPredicate {
+            name: "envoy.retry_host_predicates.previous_hosts".into(),
+            config_type: Some(retry_policy::retry_host_predicate::ConfigType::TypedConfig(
+                any(&PreviousHostsPredicate::default()),
+            )),
+        }],
+        host_selection_retry_max_attempts: 5,
+        ..Default::default()
+    }
+}
+
+/// A route action with Istio's timeouts: the route's (none by default),
+/// and gRPC's `grpc-timeout` header honoured up to it.
+#[allow(deprecated)] // Istio still sets `max_grpc_timeout`; Envoy 1.40 accepts it.
+pub(super) fn timed(timeout: Duration) -> RouteAction {
+    RouteAction {
+        timeout: Some(duration(timeout)),
+        max_grpc_timeout: Some(duration(timeout)),
+        ..Default::default()
+    }
+}
+
+/// An Istio `StringMatch` as Envoy's matcher (`None` when empty).
+pub(super) fn string_matcher(m: &StringMatch, ignore_case: bool) -> Option<StringMatcher> {
+    let pattern = if let Some(e) = &m.exact {
+        string_matcher::MatchPattern::Exact(e.clone())
+    } else if let Some(p) = &m.prefix {
+        string_matcher::MatchPattern::Prefix(p.clone())
+    } else if let Some(r) = &m.regex {
+        string_matcher::MatchPattern::SafeRegex(RegexMatcher {
+            regex: r.clone(),
+            ..Default::default()
+        })
+    } else {
+        return None;
+    };
+    Some(StringMatcher {
+        match_pattern: Some(pattern),
+        ignore_case,
+    })
+}
+
+/// A header condition; an empty match means "present" (inverted:
+/// "absent"), as Istio documents for `headers` and `withoutHeaders`.
+fn header(name: &str, m: &StringMatch, invert: bool) -> HeaderMatcher {
+    let specifier = match string_matcher(m, false) {
+        Some(sm) => header_matcher::HeaderMatchSpecifier::StringMatch(sm),
+        None => header_matcher::HeaderMatchSpecifier::PresentMatch(true),
+    };
+    HeaderMatcher {
+        name: name.to_string(),
+        invert_match: invert,
+        header_match_specifier: Some(specifier),
+        ..Default::default()
+    }
+}
+
+/// A query parameter condition; an empty match means "present".
+fn query_param(name: &str, m: &StringMatch) -> QueryParameterMatcher {
+    use query_parameter_matcher::QueryParameterMatchSpecifier as Spec;
+    QueryParameterMatcher {
+        name: name.to_string(),
+        query_parameter_match_specifier: Some(match string_matcher(m, false) {
+            Some(sm) => Spec::StringMatch(sm),
+            None => Spec::PresentMatch(true),
+        }),
+    }
+}
+
+/// The route match of one `match` entry (`/` prefix for none).
+pub(super) fn route_match(m: Option<&HttpMatchRequest>) -> RouteMatch {
+    let mut rm = RouteMatch {
+        path_specifier: Some(route_match::PathSpecifier::Prefix("/".into())),
+        ..Default::default()
+    };
+    let Some(m) = m else { return rm };
+    if let Some(uri) = &m.uri {
+        rm.path_specifier = Some(if let Some(e) = &uri.exact {
+            route_match::PathSpecifier::Path(e.clone())
+        } else if let Some(p) = &uri.prefix {
+            route_match::PathSpecifier::Prefix(p.clone())
+        } else if let Some(r) = &uri.regex {
+            route_match::PathSpecifier::SafeRegex(RegexMatcher {
+                regex: r.clone(),
+                ..Default::default()
+            })
+        } else {
+            route_match::PathSpecifier::Prefix("/".into())
+        });
+        if m.ignore_uri_case {
+            rm.case_sensitive = Some(BoolValue { value: false });
+        }
+    }
+    for (name, sm) in &m.headers {
+        rm.headers.push(header(name, sm, false));
+    }
+    for (name, sm) in &m.without_headers {
+        rm.headers.push(header(name, sm, true));
+    }
+    for (name, sm) in [
+        (":scheme", &m.scheme),
+        (":method", &m.method),
+        (":authority", &m.authority),
+    ] {
+        if let Some(sm) = sm {
+            rm.headers.push(header(name, sm, false));
+        }
+    }
+    for (name, sm) in &m.query_params {
+        rm.query_parameters.push(query_param(name, sm));
+    }
+    rm
+}
+
+/// Whether a match applies to this sidecar (Istio's `sourceMatchHTTP`):
+/// its `gateways` must name `mesh` when given; else its `sourceLabels`
+/// must be among the proxy's labels and its `sourceNamespace`, if any, the
+/// proxy's namespace.
+pub(super) fn source_matches(m: &HttpMatchRequest, proxy: &crate::xds::Proxy) -> bool {
+    if !m.gateways.is_empty() {
+        return m.gateways.iter().any(|g| g == "mesh");
+    }
+    m.source_labels
+        .iter()
+        .all(|(k, v)| proxy.labels.get(k) == Some(v))
+        && (m.source_namespace.is_empty() || m.source_namespace == proxy.namespace)
+}
+
+/// Where a route's destination (or mirror) goes: Istio's
+/// `outbound|<port>|<subset>|<host>`, the port from the destination, else
+/// the service's only port, else the route's; `BlackHoleCluster` for a
+/// host the registry does not know.
+pub(super) struct Clusters<'a> {
+    pub ctx: &'a IstioContext,
+    pub vs_ns: &'a str,
+    pub port: u16,
+}
+
+impl Clusters<'_> {
+    pub fn of(&self, dest: &Destination) -> String {
+        let ctx = self.ctx;
+        let host = resolve_host(&dest.host, self.vs_ns, &ctx.domain);
+        let Some(svc) = ctx.registry.by_hostname(&host).next() else {
+            return "BlackHoleCluster".to_string();
+        };
+        let dport = dest
+            .port
+            .as_ref()
+            .map(|p| p.number as u16)
+            .or_else(|| (svc.ports.len() == 1).then(|| svc.ports[0].port))
+            .unwrap_or(self.port);
+        outbound_name(dport, &dest.subset, &host)
+    }
+}
+
+/// `retryOn` as Istio's `parseRetryOn` splits it: HTTP status codes become
+/// `retriable_status_codes` (with `retriable-status-codes` added to the
+/// conditions), the rest stays Envoy's `retry_on`.
+fn parse_retry_on(retry_on: &str) -> (String, Vec<u32>) {
+    let mut on = Vec::new();
+    let mut codes = Vec::new();
+    for cond in retry_on.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+        match cond.parse::<u32>() {
+            Ok(code) => codes.push(code),
+            Err(_) => on.push(cond),
+        }
+    }
+    if !codes.is_empty() && !on.contains(&"retriable-status-codes") {
+        on.push("retriable-status-codes");
+    }
+    (on.join(","), codes)
+}
+
+/// `retries` as Istio's `retry.ConvertPolicy`: attempts, conditions and
+/// status codes, per-try timeout, `retryRemoteLocalities` (Envoy's
+/// previous-priorities plugin), `retryIgnorePreviousHosts: false` (no
+/// previous-hosts predicate) and `backoff`.
+fn retry_policy(r: &HttpRoute) -> RetryPolicy {
+    let Some(retry) = &r.retries else {
+        return default_retries();
+    };
+    if retry.attempts <= 0 {
+        return RetryPolicy {
+            num_retries: Some(u32v(0)),
+            ..default_retries()
+        };
+    }
+    let mut out = RetryPolicy {
+        num_retries: Some(u32v(retry.attempts as u32)),
+        per_try_timeout: retry.per_try_timeout.map(duration),
+        ..default_retries()
+    };
+    if !retry.retry_on.is_empty() {
+        (out.retry_on, out.retriable_status_codes) = parse_retry_on(&retry.retry_on);
+    }
+    if retry.retry_remote_localities == Some(true) {
+        out.retry_priority = Some(retry_policy::RetryPriority {
+            name: "envoy.retry_priorities.previous_priorities".into(),
+            config_type: Some(retry_policy::retry_priority::ConfigType::TypedConfig(any(
+                &PreviousPrioritiesConfig {
+                    update_frequency: retry.attempts + 1,
+                },
+            ))),
+        });
+    }
+    if retry.retry_ignore_previous_hosts == Some(false) {
+        out.retry_host_predicate.clear();
+    }
+    if let Some(b) = retry.backoff {
+        out.retry_back_off = Some(retry_policy::RetryBackOff {
+            base_interval: Some(duration(b)),
+            ..Default::default()
+        });
+    }
+    out
+}
+
+/// The route action to the destinations (Istio's `applyHTTPRouteDestination`):
+/// weighted clusters (0-weight ones dropped) each with its destination's
+/// header operations, collapsed to one cluster whose operations join the
+/// route's when only one is left; retries, timeout, rewrite and mirrors.
+fn destinations(
+    clusters: &Clusters<'_>,
+    svc: &Service,
+    r: &HttpRoute,
+    headers: &mut HeaderLists,
+) -> RouteAction {
+    let mut action = RouteAction {
+        retry_policy: Some(retry_policy(r)),
+        ..timed(r.timeout.unwrap_or(Duration::ZERO))
+    };
+    let mut weighted: Vec<(weighted_cluster::ClusterWeight, HeaderLists)> = Vec::new();
+    for d in &r.route {
+        let weight = match d.weight.unwrap_or(0) {
+            0 if r.route.len() == 1 => 100,
+            0 => continue,
+            w => w as u32,
+        };
+        let ops = ops::header_lists(d.headers.as_ref());
+        weighted.push((
+            weighted_cluster::ClusterWeight {
+                name: clusters.of(&d.destination),
+                weight: Some(u32v(weight)),
+                request_headers_to_add: ops.request_add.clone(),
+                request_headers_to_remove: ops.request_remove.clone(),
+                response_headers_to_add: ops.response_add.clone(),
+                response_headers_to_remove: ops.response_remove.clone(),
+                ..Default::default()
+            },
+            ops,
+        ));
+    }
+    action.cluster_specifier = Some(match weighted.len() {
+        0 => {
+            route_action::ClusterSpecifier::Cluster(outbound_name(clusters.port, "", &svc.hostname))
+        }
+        1 => {
+            let (cw, ops) = weighted.remove(0);
+            headers.extend(ops);
+            route_action::ClusterSpecifier::Cluster(cw.name)
+        }
+        _ => route_action::ClusterSpecifier::WeightedClusters(WeightedCluster {
+            clusters: weighted.into_iter().map(|(cw, _)| cw).collect(),
+            ..Default::default()
+        }),
+    });
+    if let Some(rw) = &r.rewrite {
+        if !rw.uri.is_empty() {
+            action.prefix_rewrite = rw.uri.clone();
+        }
+        if !rw.authority.is_empty() {
+            action.host_rewrite_specifier = Some(
+                route_action::HostRewriteSpecifier::HostRewriteLiteral(rw.authority.clone()),
+            );
+        }
+        if let Some(rr) = &rw.uri_regex_rewrite {
+            action.regex_rewrite = Some(RegexMatchAndSubstitute {
+                pattern: Some(RegexMatcher {
+                    regex: rr.r#match.clone(),
+                    ..Default::default()
+                }),
+                substitution: rr.rewrite.clone(),
+            });
+        }
+    }
+    let mirrors = r
+        .mirror
+        .iter()
+        .map(|m| (m, r.mirror_percentage.as_ref()))
+        .chain(
+            r.mirrors
+                .iter()
+                .map(|m| (&m.destination, m.percentage.as_ref())),
+        );
+    for (dest, pct) in mirrors {
+        let Some(fraction) = ops::mirror_fraction(pct) else {
+            continue;
+        };
+        action
+            .request_mirror_policies
+            .push(route_action::RequestMirrorPolicy {
+                cluster: clusters.of(dest),
+                runtime_fraction: Some(fraction),
+                trace_sampled: Some(BoolValue { value: false }),
+                ..Default::default()
+            });
+    }
+    action
+}
+
+/// `fault` as Istio's `TranslateFault`: a fixed delay and an HTTP or gRPC
+/// abort, each for `percentage` (else the deprecated integer `percent`,
+/// else every request).
+fn fault(f: &HttpFaultInjection) -> HttpFault {
+    let delay = f.delay.as_ref().and_then(|d| {
+        let share = d
+            .percentage
+            .as_ref()
+            .map(|p| p.value)
+            .or(d.percent.map(f64::from))
+            .unwrap_or(100.0);
+        Some(FaultDelay {
+            percentage: Some(percent(share)),
+            fault_delay_secifier: Some(fault_delay::FaultDelaySecifier::FixedDelay(duration(
+                d.fixed_delay?,
+            ))),
+        })
+    });
+    let abort = f.abort.as_ref().and_then(|a| {
+        let error_type = match (a.http_status, &a.grpc_status) {
+            (Some(s), _) => fault_abort::ErrorType::HttpStatus(s as u32),
+            (None, Some(g)) => fault_abort::ErrorType::GrpcStatus(grpc_code(g)?),
+            (None, None) => return None,
+        };
+        Some(FaultAbort {
+            percentage: Some(percent(
+                a.percentage.as_ref().map(|p| p.value).unwrap_or(100.0),
+            )),
+            error_type: Some(error_type),
+            ..Default::default()
+        })
+    });
+    HttpFault {
+        delay,
+        abort,
+        ..Default::default()
+    }
+}
+
+/// The Envoy route for one VirtualService HTTP route and match.
+pub(super) fn vs_route(
+    clusters: &Clusters<'_>,
+    svc: &Service,
+    r: &HttpRoute,
+    m: Option<&HttpMatchRequest>,
+) -> Route {
+    let mut headers = ops::header_lists(r.headers.as_ref());
+    let action = if let Some(redirect) = &r.redirect {
+        route::Action::Redirect(ops::redirect(redirect, clusters.port))
+    } else if let Some(direct) = &r.direct_response {
+        route::Action::DirectResponse(ops::direct_response(direct))
+    } else {
+        route::Action::Route(destinations(clusters, svc, r, &mut headers))
+    };
+    let name = match m.filter(|m| !m.name.is_empty()) {
+        Some(m) => format!("{}.{}", r.name, m.name),
+        None => r.name.clone(),
+    };
+    let mut out = Route {
+        name,
+        r#match: Some(route_match(m)),
+        stat_prefix: m.map(|m| m.stat_prefix.clone()).unwrap_or_default(),
+        action: Some(action),
+        request_headers_to_add: headers.request_add,
+        request_headers_to_remove: headers.request_remove,
+        response_headers_to_add: headers.response_add,
+        response_headers_to_remove: headers.response_remove,
+        ..Default::default()
+    };
+    if let Some(f) = &r.fault {
+        out.typed_per_filter_config
+            .insert("envoy.filters.http.fault".into(), any(&fault(f)));
+    }
+    if let Some(c) = &r.cors_policy {
+        out.typed_per_filter_config
+            .insert(ops::CORS_FILTER.into(), any(&ops::cors(c)));
+    }
+    out
+}
