@@ -5,6 +5,8 @@
 
 mod inbound;
 mod policy;
+#[cfg(test)]
+mod tests;
 mod tls;
 
 use std::time::Duration;

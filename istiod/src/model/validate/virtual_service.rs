@@ -51,14 +51,7 @@ pub(super) fn virtual_service(vs: &VirtualService, e: &mut Errors) {
         }
     }
     for (i, gw) in vs.gateways.iter().enumerate() {
-        if gw.is_empty() || gw.split('/').count() > 2 {
-            e.add(
-                format!("spec.gateways[{i}]"),
-                format!(
-                    "{gw:?} is not a gateway reference (use mesh, <name> or <namespace>/<name>)"
-                ),
-            );
-        }
+        gateway(&format!("spec.gateways[{i}]"), gw, e);
     }
     check_export_to("spec.exportTo", &vs.export_to, e);
     if vs.http.is_empty() && vs.tcp.is_empty() && vs.tls.is_empty() {
@@ -82,6 +75,24 @@ pub(super) fn virtual_service(vs: &VirtualService, e: &mut Errors) {
         e.add(
             "spec.tls",
             "TLS (SNI) routes are not supported by this istiod yet (remove them; TLS traffic passes through to the service of the port it is addressed to)",
+        );
+    }
+}
+
+/// A gateway reference: only `mesh` (the sidecars) is served; rules for
+/// gateways would reach no proxy of this istiod.
+fn gateway(field: &str, gw: &str, e: &mut Errors) {
+    if gw.is_empty() || gw.split('/').count() > 2 {
+        e.add(
+            field,
+            format!("{gw:?} is not a gateway reference (use mesh, <name> or <namespace>/<name>)"),
+        );
+    } else if gw != "mesh" {
+        e.add(
+            field,
+            format!(
+                "{gw:?}: gateways are not supported by this istiod yet, so these rules would reach no proxy (use mesh, or leave gateways out for the sidecars)"
+            ),
         );
     }
 }
@@ -140,6 +151,15 @@ fn http_route(field: &str, r: &HttpRoute, e: &mut Errors) {
         if let Some(p) = m.port {
             check_port(&format!("{mf}.port"), p, e);
         }
+        for (k, gw) in m.gateways.iter().enumerate() {
+            gateway(&format!("{mf}.gateways[{k}]"), gw, e);
+        }
+        if !m.source_namespace.is_empty() && !is_dns1123_label(&m.source_namespace) {
+            e.add(
+                format!("{mf}.sourceNamespace"),
+                format!("{:?} is not a namespace name", m.source_namespace),
+            );
+        }
     }
     let dests: Vec<(&Destination, Option<i32>)> =
         r.route.iter().map(|d| (&d.destination, d.weight)).collect();
@@ -184,6 +204,9 @@ fn http_route(field: &str, r: &HttpRoute, e: &mut Errors) {
         }
         if let Some(t) = retries.per_try_timeout {
             check_min_duration(&format!("{rf}.perTryTimeout"), t, e);
+        }
+        if let Some(t) = retries.backoff {
+            check_min_duration(&format!("{rf}.backoff"), t, e);
         }
         for cond in retries
             .retry_on
@@ -352,6 +375,20 @@ fn redirect_and_direct_response(field: &str, r: &HttpRoute, e: &mut Errors) {
         }
         if let Some(p) = redirect.port {
             check_port(&format!("{rf}.port"), p, e);
+        }
+        if !redirect.scheme.is_empty()
+            && !redirect
+                .scheme
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
+        {
+            e.add(
+                format!("{rf}.scheme"),
+                format!(
+                    "{:?} is not a URI scheme (use http or https)",
+                    redirect.scheme
+                ),
+            );
         }
         match redirect.derive_port.as_str() {
             "" | "FROM_PROTOCOL_DEFAULT" => {}
@@ -619,6 +656,34 @@ mod tests {
         ] {
             refused(&format!("{{hosts: [a], http: [{http}]}}"), field, needle);
         }
+    }
+
+    #[test]
+    fn gateways_other_than_mesh_are_refused() {
+        refused(
+            "{hosts: [a], gateways: [istio-system/ingress], http: [{route: [{destination: {host: b}}]}]}",
+            "spec.gateways[0]",
+            "gateways are not supported",
+        );
+        refused(
+            "{hosts: [a], http: [{match: [{gateways: [gw]}], route: [{destination: {host: b}}]}]}",
+            "spec.http[0].match[0].gateways[0]",
+            "gateways are not supported",
+        );
+        assert!(
+            errors("{hosts: [a], gateways: [mesh], http: [{match: [{gateways: [mesh], sourceLabels: {app: x}, sourceNamespace: demo}], route: [{destination: {host: b}}]}]}")
+                .is_empty()
+        );
+        refused(
+            "{hosts: [a], http: [{match: [{sourceNamespace: Demo_1}], route: [{destination: {host: b}}]}]}",
+            "spec.http[0].match[0].sourceNamespace",
+            "not a namespace",
+        );
+        refused(
+            "{hosts: [a], http: [{redirect: {scheme: 'ht tp'}}]}",
+            "spec.http[0].redirect.scheme",
+            "not a URI scheme",
+        );
     }
 
     #[test]

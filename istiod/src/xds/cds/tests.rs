@@ -1,0 +1,105 @@
+#![allow(clippy::unwrap_used)]
+
+use prost::Message;
+
+use super::*;
+use crate::model::{ConfigStore, RegistryOptions, Update, parse_file};
+
+const HTTPBIN: &str = "outbound|8000||httpbin.demo.svc.cluster.local";
+
+const MESH: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: httpbin, namespace: demo}
+spec:
+  clusterIP: 198.19.0.10
+  selector: {app: httpbin}
+  ports: [{name: http, port: 8000, targetPort: 8080}]
+"#;
+
+fn cluster(extra: &str, name: &str) -> Cluster {
+    let store = ConfigStore::new();
+    let parsed = parse_file("test.yaml", &format!("{MESH}\n---\n{extra}")).unwrap();
+    store.apply(
+        parsed
+            .objects
+            .into_iter()
+            .map(|o| Update::Upsert(std::sync::Arc::new(o))),
+    );
+    let ctx = IstioContext::new("t/1".into(), &store.snapshot(), &RegistryOptions::default());
+    let proxy = Proxy {
+        proxy_type: "sidecar".into(),
+        ip: "198.18.0.2".into(),
+        ips: vec!["198.18.0.2".into()],
+        namespace: "demo".into(),
+        ..Default::default()
+    };
+    let r = build(&ctx, &proxy)
+        .into_iter()
+        .find(|r| r.name == name)
+        .unwrap();
+    Cluster::decode(r.resource.value.as_slice()).unwrap()
+}
+
+fn peer_auth(ns: &str, mode: &str, selector: &str) -> String {
+    format!(
+        "apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {{name: pa-{ns}, namespace: {ns}}}\nspec:\n  {selector}\n  mtls: {{mode: {mode}}}\n"
+    )
+}
+
+/// The transport socket match names of a cluster (auto mTLS when present).
+fn auto_mtls(c: &Cluster) -> Vec<String> {
+    c.transport_socket_matches
+        .iter()
+        .map(|m| m.name.clone())
+        .collect()
+}
+
+#[test]
+fn auto_mtls_follows_the_services_inferred_peer_authentication_mode() {
+    let auto = ["tlsMode-istio", "tlsMode-disabled"];
+    // No policy: PERMISSIVE, auto mTLS by the endpoints' labels.
+    assert_eq!(auto_mtls(&cluster("", HTTPBIN)), auto);
+    assert_eq!(
+        auto_mtls(&cluster(&peer_auth("demo", "STRICT", ""), HTTPBIN)),
+        auto
+    );
+    // DISABLE for the namespace: plain text, no TLS at all.
+    let c = cluster(&peer_auth("demo", "DISABLE", ""), HTTPBIN);
+    assert!(auto_mtls(&c).is_empty(), "{c:?}");
+    assert!(c.transport_socket.is_none());
+    // ... or mesh-wide, unless the namespace says otherwise.
+    let mesh_disable = peer_auth("istio-system", "DISABLE", "");
+    assert!(auto_mtls(&cluster(&mesh_disable, HTTPBIN)).is_empty());
+    let both = format!("{mesh_disable}---\n{}", peer_auth("demo", "PERMISSIVE", ""));
+    assert_eq!(auto_mtls(&cluster(&both, HTTPBIN)), auto);
+    // A workload-level policy makes the mode unknown: the labels decide.
+    let selected = peer_auth("demo", "DISABLE", "selector: {matchLabels: {app: httpbin}}");
+    assert_eq!(auto_mtls(&cluster(&selected, HTTPBIN)), auto);
+    // A DestinationRule's ISTIO_MUTUAL wins over DISABLE, as in Istio.
+    let dr = "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: d, namespace: demo}\nspec:\n  host: httpbin\n  trafficPolicy: {tls: {mode: ISTIO_MUTUAL}}\n";
+    let c = cluster(
+        &format!("{}---\n{dr}", peer_auth("demo", "DISABLE", "")),
+        HTTPBIN,
+    );
+    assert!(c.transport_socket.is_some());
+    assert!(auto_mtls(&c).is_empty());
+}
+
+#[test]
+fn simple_and_mutual_rules_originate_tls_on_the_cluster() {
+    use proto::pb::envoy::extensions::transport_sockets::tls::v3::UpstreamTlsContext;
+    let dr = "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: d, namespace: demo}\nspec:\n  host: httpbin\n  trafficPolicy: {tls: {mode: MUTUAL, clientCertificate: /c.pem, privateKey: /k.pem, caCertificates: /ca.pem, sni: api.example}}\n";
+    let c = cluster(dr, HTTPBIN);
+    assert!(auto_mtls(&c).is_empty(), "no auto mTLS under a user's TLS");
+    let ts = c.transport_socket.unwrap();
+    assert_eq!(ts.name, "envoy.transport_sockets.tls");
+    let Some(proto::pb::envoy::config::core::v3::transport_socket::ConfigType::TypedConfig(a)) =
+        ts.config_type
+    else {
+        panic!()
+    };
+    let ctx = UpstreamTlsContext::decode(a.value.as_slice()).unwrap();
+    assert_eq!(ctx.sni, "api.example");
+    assert_eq!(ctx.common_tls_context.unwrap().tls_certificates.len(), 1);
+}
