@@ -213,7 +213,7 @@ fn mirrors_get_their_cluster_and_share() {
         (f.numerator, f.denominator),
         (255_000, DenominatorType::Million as i32)
     );
-    assert_eq!(m.trace_sampled.unwrap().value, false);
+    assert!(!m.trace_sampled.unwrap().value);
 
     // Several mirrors; no percentage is all requests, 0 drops the mirror,
     // another service's only port is its cluster's.
@@ -255,16 +255,16 @@ fn cors_policy_is_the_cors_filters_route_config() {
     assert_eq!(c.allow_headers, "x-a,x-b");
     assert_eq!(c.expose_headers, "x-c");
     assert_eq!(c.max_age, "86400");
-    assert_eq!(c.allow_credentials.unwrap().value, true);
+    assert!(c.allow_credentials.unwrap().value);
     let enabled = c.filter_enabled.unwrap().default_value.unwrap();
     assert_eq!((enabled.numerator, enabled.denominator), (100, 0));
-    assert_eq!(c.forward_not_matching_preflights.unwrap().value, true);
+    assert!(c.forward_not_matching_preflights.unwrap().value);
 
     let r = one(
         "[{route: [{destination: {host: httpbin}}], corsPolicy: {allowOrigins: [{prefix: 'https://'}], unmatchedPreflights: IGNORE}}]",
     );
     let c = CorsPolicy::decode(r.typed_per_filter_config[CORS_FILTER].value.as_slice()).unwrap();
-    assert_eq!(c.forward_not_matching_preflights.unwrap().value, false);
+    assert!(!c.forward_not_matching_preflights.unwrap().value);
     assert_eq!(c.max_age, "");
     assert_eq!(c.allow_credentials, None);
 }
