@@ -1,0 +1,477 @@
+//! VirtualService and DestinationRule traffic policy applied by real Envoys
+//! in the local mesh, as a client observes it: a redirect's status and
+//! `location`, a direct response's status and body, request headers the
+//! backend receives and response headers the client gets, a mirror's copy
+//! arriving at another subset, CORS preflights answered by Envoy, and TLS
+//! originated to a server outside the mesh (its SNI, the server verified
+//! against the rule's CA, the client certificate of MUTUAL).
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tests::mesh::LocalMesh;
+use tests::netns::Netns;
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    tests::mesh::one_mesh_at_a_time()
+}
+
+const HTTPBIN: &str = "http://httpbin.demo.svc.cluster.local:8000";
+/// Envoy's count of requests httpbin-v2's sidecar passed to its app.
+const V2_INBOUND_REQUESTS: &str = "cluster.inbound|8080||.upstream_rq_total";
+
+/// Writes `file` in istiod's config directory in one rename, as an editor would.
+fn write_config(mesh: &LocalMesh, file: &str, text: &str) {
+    let tmp = mesh.config_dir.join(format!(".{file}.tmp"));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, mesh.config_dir.join(file)).unwrap();
+}
+
+/// The sample's `istio.yaml` with its canary VirtualService replaced by
+/// `vs` (the PeerAuthentication and the subsets' DestinationRule stay).
+fn replace_virtual_service(mesh: &LocalMesh, vs: &str) {
+    let text = std::fs::read_to_string(mesh.config_dir.join("istio.yaml")).unwrap();
+    let (head, _) = text
+        .split_once("---\n# 90% of the traffic")
+        .expect("the sample's canary VirtualService");
+    write_config(mesh, "istio.yaml", &format!("{head}---\n{vs}"));
+}
+
+const ROUTES: &str = r#"apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: httpbin, namespace: demo}
+spec:
+  hosts: [httpbin.demo.svc.cluster.local]
+  http:
+  - name: moved
+    match: [{uri: {prefix: /old}}]
+    redirect: {uri: /moved, authority: elsewhere.example}
+  - name: teapot
+    match: [{uri: {exact: /teapot}}]
+    directResponse: {status: 418, body: {string: "short and stout"}}
+  - name: cors
+    match: [{uri: {prefix: /cors}}]
+    route: [{destination: {host: httpbin, subset: v1}}]
+    corsPolicy:
+      allowOrigins: [{exact: "https://allowed.example"}]
+      allowMethods: [GET, POST]
+      allowHeaders: [x-custom]
+      maxAge: 1h
+  - name: headers
+    match: [{uri: {prefix: /headers}}]
+    headers:
+      request:
+        set: {x-route-set: from-route}
+        remove: [x-drop-me]
+      response:
+        add: {x-route-added: "yes"}
+    route:
+    - destination: {host: httpbin, subset: v1}
+      headers:
+        request: {set: {x-destination: v1}}
+  - name: mirrored
+    route: [{destination: {host: httpbin, subset: v1}}]
+    mirror: {host: httpbin, subset: v2}
+    mirrorPercentage: {value: 100}
+"#;
+
+/// The value of response header `name` in curl's `-i` output.
+fn response_header(out: &str, name: &str) -> Option<String> {
+    let head = out.split("\r\n\r\n").next().unwrap_or_default();
+    head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim()
+            .eq_ignore_ascii_case(name)
+            .then(|| v.trim().to_string())
+    })
+}
+
+/// The `header=<name>: <value>` lines the app echoed, lower-cased names.
+fn app_headers(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("header="))
+        .map(|h| match h.split_once(':') {
+            Some((k, v)) => format!("{}: {}", k.to_ascii_lowercase(), v.trim()),
+            None => h.to_string(),
+        })
+        .collect()
+}
+
+#[test]
+fn virtual_service_redirect_direct_response_headers_mirror_and_cors() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let mesh = LocalMesh::start(tmp.path(), &[]);
+    replace_virtual_service(&mesh, ROUTES);
+    // directResponse: Envoy answers with the rule's status and body.
+    let (code, body) = tests::wait_for(
+        "the routes at sleep's Envoy",
+        Duration::from_secs(20),
+        || {
+            mesh.app_curl("sleep-1", &format!("{HTTPBIN}/teapot"))
+                .ok()
+                .filter(|(c, _)| *c == 418)
+        },
+    );
+    assert_eq!((code, body.as_str()), (418, "short and stout"));
+
+    // redirect: 301 (the default) to the new authority and path.
+    let (code, out) = mesh
+        .app_curl_with("sleep-1", &["-i"], &format!("{HTTPBIN}/old/page"))
+        .unwrap();
+    assert_eq!(code, 301, "{out}");
+    assert_eq!(
+        response_header(&out, "location").as_deref(),
+        Some("http://elsewhere.example/moved"),
+        "{out}"
+    );
+
+    // headers: the route's set and remove and the destination's set reach
+    // the app; the route's response header reaches the client.
+    let (code, out) = mesh
+        .app_curl_with(
+            "sleep-1",
+            &["-i", "-H", "x-drop-me: secret", "-H", "x-route-set: client"],
+            &format!("{HTTPBIN}/headers"),
+        )
+        .unwrap();
+    assert_eq!(code, 200, "{out}");
+    let seen = app_headers(&out);
+    assert!(
+        seen.contains(&"x-route-set: from-route".to_string()),
+        "{seen:#?}"
+    );
+    assert!(
+        !seen.iter().any(|h| h.starts_with("x-route-set: client")),
+        "set overwrites the client's value: {seen:#?}"
+    );
+    assert!(seen.contains(&"x-destination: v1".to_string()), "{seen:#?}");
+    assert!(
+        !seen.iter().any(|h| h.starts_with("x-drop-me")),
+        "removed before the app: {seen:#?}"
+    );
+    assert!(out.contains("version=v1"), "{out}");
+    assert_eq!(
+        response_header(&out, "x-route-added").as_deref(),
+        Some("yes"),
+        "{out}"
+    );
+
+    // CORS: a preflight from an allowed origin is answered by Envoy's CORS
+    // filter; one from another origin gets no permission.
+    let preflight = |origin: &str| {
+        mesh.app_curl_with(
+            "sleep-1",
+            &[
+                "-i",
+                "-X",
+                "OPTIONS",
+                "-H",
+                &format!("origin: {origin}"),
+                "-H",
+                "access-control-request-method: POST",
+            ],
+            &format!("{HTTPBIN}/cors"),
+        )
+        .unwrap()
+    };
+    let (code, out) = preflight("https://allowed.example");
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(
+        response_header(&out, "access-control-allow-origin").as_deref(),
+        Some("https://allowed.example"),
+        "{out}"
+    );
+    assert_eq!(
+        response_header(&out, "access-control-allow-methods").as_deref(),
+        Some("GET,POST"),
+        "{out}"
+    );
+    assert_eq!(
+        response_header(&out, "access-control-max-age").as_deref(),
+        Some("3600"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("version="),
+        "answered by Envoy, not the app: {out}"
+    );
+    let (_, out) = preflight("https://evil.example");
+    assert_eq!(
+        response_header(&out, "access-control-allow-origin"),
+        None,
+        "{out}"
+    );
+    // A simple request from the allowed origin carries the permission too.
+    let (code, out) = mesh
+        .app_curl_with(
+            "sleep-1",
+            &["-i", "-H", "origin: https://allowed.example"],
+            &format!("{HTTPBIN}/cors"),
+        )
+        .unwrap();
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(
+        response_header(&out, "access-control-allow-origin").as_deref(),
+        Some("https://allowed.example"),
+        "{out}"
+    );
+
+    // mirror: every request answered by v1, and a copy reaches v2's sidecar.
+    let before = mesh.envoy_stat("httpbin-v2", V2_INBOUND_REQUESTS);
+    for _ in 0..5 {
+        let (code, body) = mesh.app_curl("sleep-1", &format!("{HTTPBIN}/ip")).unwrap();
+        assert_eq!(code, 200, "{body}");
+        assert!(body.contains("version=v1"), "the route's answer: {body}");
+    }
+    tests::wait_for("5 mirrored requests at v2", Duration::from_secs(10), || {
+        (mesh.envoy_stat("httpbin-v2", V2_INBOUND_REQUESTS) >= before + 5).then_some(())
+    });
+}
+
+/// A CA and the certificates it signs, as PEM.
+struct TestCa {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    pem: String,
+}
+
+impl TestCa {
+    fn new(name: &str) -> TestCa {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let pem = params.self_signed(&key).unwrap().pem();
+        TestCa {
+            issuer: rcgen::Issuer::new(params, key),
+            pem,
+        }
+    }
+
+    /// (certificate PEM, key PEM) for DNS name `dns`.
+    fn leaf(&self, dns: &str) -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec![dns.to_string()]).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, dns);
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+/// A TLS server outside the mesh: presents `cert`, asks for (but does not
+/// require) a client certificate from `client_ca`, and answers each
+/// request with the SNI it was sent and the client certificate's DNS names
+/// (`client=none` without one). Returns the SNIs seen, failed handshakes
+/// included.
+fn tls_server(
+    ns: &Netns,
+    addr: SocketAddr,
+    (cert, key): &(String, String),
+    client_ca: &str,
+) -> Arc<Mutex<Vec<String>>> {
+    common::tls::install_crypto_provider();
+    let chain = common::pki::pem_certs("server", cert).unwrap();
+    let key = {
+        use rustls_pki_types::pem::PemObject as _;
+        rustls_pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap()
+    };
+    let roots = common::tls::root_store("client CA", client_ca).unwrap();
+    let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
+        .allow_unauthenticated()
+        .build()
+        .unwrap();
+    let config = Arc::new(
+        rustls::ServerConfig::builder()
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain, key)
+            .unwrap(),
+    );
+    let listener = ns.run(move || std::net::TcpListener::bind(addr).unwrap());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    std::thread::spawn(move || {
+        for sock in listener.incoming().take(10_000) {
+            let Ok(mut sock) = sock else { continue };
+            let (config, record) = (config.clone(), record.clone());
+            std::thread::spawn(move || {
+                let _ = sock.set_read_timeout(Some(Duration::from_secs(10)));
+                let mut conn = rustls::ServerConnection::new(config).unwrap();
+                let handshake = conn.complete_io(&mut sock);
+                record
+                    .lock()
+                    .unwrap()
+                    .push(conn.server_name().unwrap_or("none").to_string());
+                if handshake.is_err() {
+                    return;
+                }
+                let sni = conn.server_name().unwrap_or("none").to_string();
+                let client = conn
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .map(|c| {
+                        common::pki::cert_info(c.as_ref())
+                            .unwrap()
+                            .dns_sans
+                            .join(",")
+                    })
+                    .unwrap_or_else(|| "none".into());
+                let mut tls = rustls::Stream::new(&mut conn, &mut sock);
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match tls.read(&mut byte) {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                let body = format!("sni={sni}\nclient={client}\n");
+                let _ = tls.write_all(
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                );
+                tls.conn.send_close_notify();
+                let _ = tls.flush();
+            });
+        }
+    });
+    seen
+}
+
+/// Outside service `tls.example`: VIP 198.19.0.50 port 80 (HTTP for the
+/// client), its endpoint a TLS server on 198.18.0.9:8443.
+const SERVICE_ENTRY: &str = r#"apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: tls-example, namespace: demo}
+spec:
+  hosts: [tls.example]
+  addresses: [198.19.0.50]
+  location: MESH_EXTERNAL
+  resolution: STATIC
+  ports: [{number: 80, name: http, protocol: HTTP}]
+  endpoints: [{address: 198.18.0.9, ports: {http: 8443}}]
+"#;
+const SERVER_IP: &str = "198.18.0.9";
+
+fn destination_rule(tls: &str) -> String {
+    format!(
+        "{SERVICE_ENTRY}---\napiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: tls-example, namespace: demo}}\nspec:\n  host: tls.example\n  trafficPolicy:\n    tls: {tls}\n"
+    )
+}
+
+#[test]
+fn destination_rule_originates_tls_simple_and_mutual_to_a_server_outside_the_mesh() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let mesh = LocalMesh::start(tmp.path(), &[]);
+    // The server's CA, another CA, and the client's certificate (signed by
+    // the server's CA), in files the proxy user (1337) can read.
+    let ca = TestCa::new("tls.example test CA");
+    let other = TestCa::new("unrelated test CA");
+    let files = mesh.dir.join("tls-files");
+    std::fs::create_dir_all(&files).unwrap();
+    let (client_cert, client_key) = ca.leaf("client.sleep.example");
+    for (name, text) in [
+        ("ca.pem", ca.pem.as_str()),
+        ("other-ca.pem", other.pem.as_str()),
+        ("client.pem", client_cert.as_str()),
+        ("client-key.pem", client_key.as_str()),
+    ] {
+        std::fs::write(files.join(name), text).unwrap();
+        std::fs::set_permissions(
+            files.join(name),
+            <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o644),
+        )
+        .unwrap();
+    }
+    std::fs::set_permissions(
+        &files,
+        <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755),
+    )
+    .unwrap();
+    let path = |f: &str| files.join(f).display().to_string();
+    let server = mesh.plain_pod(SERVER_IP);
+    let snis = tls_server(
+        &server.ns,
+        "0.0.0.0:8443".parse().unwrap(),
+        &ca.leaf("tls.example"),
+        &ca.pem,
+    );
+    let call = || {
+        mesh.app_curl_with(
+            "sleep-1",
+            &["--resolve", "tls.example:80:198.19.0.50"],
+            "http://tls.example/",
+        )
+    };
+
+    // SIMPLE: TLS with the configured SNI, the server verified against
+    // caCertificates and its name.
+    write_config(
+        &mesh,
+        "tls-example.yaml",
+        &destination_rule(&format!(
+            "{{mode: SIMPLE, caCertificates: {}, sni: sni.tls.example, subjectAltNames: [tls.example]}}",
+            path("ca.pem")
+        )),
+    );
+    let (_, body) = tests::wait_for("TLS to tls.example", Duration::from_secs(20), || {
+        call().ok().filter(|(c, _)| *c == 200)
+    });
+    assert_eq!(body, "sni=sni.tls.example\nclient=none\n");
+    assert!(
+        snis.lock()
+            .unwrap()
+            .contains(&"sni.tls.example".to_string()),
+        "{:?}",
+        snis.lock().unwrap()
+    );
+
+    // A CA that did not sign the server's certificate: Envoy refuses it.
+    write_config(
+        &mesh,
+        "tls-example.yaml",
+        &destination_rule(&format!(
+            "{{mode: SIMPLE, caCertificates: {}, sni: sni.tls.example}}",
+            path("other-ca.pem")
+        )),
+    );
+    let (code, body) = tests::wait_for(
+        "the wrong CA at sleep's Envoy",
+        Duration::from_secs(20),
+        || call().ok().filter(|(c, _)| *c != 200),
+    );
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("CERTIFICATE_VERIFY_FAILED"),
+        "an upstream TLS verification failure: {body}"
+    );
+
+    // MUTUAL: the client certificate from the rule's files.
+    write_config(
+        &mesh,
+        "tls-example.yaml",
+        &destination_rule(&format!(
+            "{{mode: MUTUAL, caCertificates: {}, clientCertificate: {}, privateKey: {}, sni: tls.example}}",
+            path("ca.pem"),
+            path("client.pem"),
+            path("client-key.pem")
+        )),
+    );
+    let (_, body) = tests::wait_for("mTLS to tls.example", Duration::from_secs(20), || {
+        call()
+            .ok()
+            .filter(|(c, b)| *c == 200 && !b.contains("client=none"))
+    });
+    assert_eq!(body, "sni=tls.example\nclient=client.sleep.example\n");
+}
