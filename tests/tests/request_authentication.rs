@@ -1,0 +1,590 @@
+//! RequestAuthentication with real Envoys: tokens signed by the test, keys
+//! served over HTTP from the hub (where istiod fetches them) or inline, and
+//! AuthorizationPolicies that require request principals and claims. What
+//! sleep's app sees calling `http://httpbin:8000/` is the verdict: Envoy's
+//! 401 for a token it refuses, RBAC's 403 for a request the policy does not
+//! admit, and what reached httpbin's app (its `header=` lines).
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::jwk::{Jwk, JwkSet, PublicKeyUse};
+use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use serde_json::{Value, json};
+use tests::mesh::LocalMesh;
+
+const URL: &str = "http://httpbin:8000/headers";
+const DENIED: &str = "RBAC: access denied";
+/// How long a policy edit, or a change of keys, may take to reach Envoy.
+const CONVERGE: Duration = Duration::from_secs(30);
+
+/// An ES256 signing key and its public JWK.
+struct Signer {
+    key: EncodingKey,
+    kid: String,
+}
+
+impl Signer {
+    fn new(kid: &str) -> Signer {
+        let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        Signer {
+            key: EncodingKey::from_ec_pem(pair.serialize_pem().as_bytes()).unwrap(),
+            kid: kid.to_string(),
+        }
+    }
+
+    fn jwk(&self) -> Jwk {
+        let mut jwk = Jwk::from_encoding_key(&self.key, Algorithm::ES256).unwrap();
+        jwk.common.key_id = Some(self.kid.clone());
+        jwk.common.public_key_use = Some(PublicKeyUse::Signature);
+        jwk
+    }
+
+    /// A token of `claims` signed by this key, naming it.
+    fn sign(&self, claims: &Value) -> String {
+        self.sign_as(&self.kid, claims)
+    }
+
+    /// A token naming key `kid` but signed by this key (a forgery when
+    /// `kid` is another signer's).
+    fn sign_as(&self, kid: &str, claims: &Value) -> String {
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = Some(kid.to_string());
+        jsonwebtoken::encode(&header, claims, &self.key).unwrap()
+    }
+}
+
+/// The JSON Web Key Set of `signers`.
+fn jwks(signers: &[&Signer]) -> String {
+    serde_json::to_string(&JwkSet {
+        keys: signers.iter().map(|s| s.jwk()).collect(),
+    })
+    .unwrap()
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// Claims valid for an hour, plus `extra`.
+fn claims(iss: &str, sub: &str, extra: Value) -> Value {
+    let mut c = json!({"iss": iss, "sub": sub, "iat": now(), "exp": now() + 3600});
+    if let (Some(c), Value::Object(extra)) = (c.as_object_mut(), extra) {
+        c.extend(extra);
+    }
+    c
+}
+
+/// A JWKS endpoint in the hub's namespace (where istiod runs) on
+/// `127.0.0.1`, answering every GET with the current (status, body);
+/// stopped on drop.
+struct JwksServer {
+    uri: String,
+    answer: Arc<Mutex<(u16, String)>>,
+    hits: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+}
+
+impl JwksServer {
+    fn start(mesh: &LocalMesh, status: u16, body: &str) -> JwksServer {
+        let listener = mesh
+            .hub
+            .ns
+            .run(|| std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+        listener.set_nonblocking(true).unwrap();
+        let addr: SocketAddr = listener.local_addr().unwrap();
+        let answer = Arc::new(Mutex::new((status, body.to_string())));
+        let hits = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (a, h, s) = (answer.clone(), hits.clone(), stop.clone());
+        std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            while !s.load(Ordering::SeqCst) {
+                let Ok((mut c, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                };
+                let _ = c.set_nonblocking(false);
+                let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut req = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut chunk) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => req.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                h.fetch_add(1, Ordering::SeqCst);
+                let (code, body) = a.lock().unwrap().clone();
+                let _ = write!(
+                    c,
+                    "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        JwksServer {
+            uri: format!("http://{addr}/jwks"),
+            answer,
+            hits,
+            stop,
+        }
+    }
+
+    fn serve(&self, status: u16, body: &str) {
+        *self.answer.lock().unwrap() = (status, body.to_string());
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for JwksServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Writes `file` into istiod's config directory in one rename.
+fn apply(mesh: &LocalMesh, file: &str, yaml: &str) {
+    let tmp = mesh.config_dir.join(format!(".{file}.tmp"));
+    std::fs::write(&tmp, yaml).unwrap();
+    std::fs::rename(&tmp, mesh.config_dir.join(file)).unwrap();
+}
+
+/// Envoy's config dump of Pod `pod`.
+fn config_dump(mesh: &LocalMesh, pod: &str) -> String {
+    mesh.pod(pod).ns.run(|| {
+        tests::http_get(SocketAddr::from(([127, 0, 0, 1], 15000)), "/config_dump")
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    })
+}
+
+/// Waits until both httpbin Envoys hold config containing every one of `needles`.
+fn wait_for_config(mesh: &LocalMesh, needles: &[&str]) {
+    for pod in ["httpbin-v1", "httpbin-v2"] {
+        tests::wait_for(
+            &format!("{pod}'s Envoy to hold {needles:?}"),
+            CONVERGE,
+            || {
+                let dump = config_dump(mesh, pod);
+                needles.iter().all(|n| dump.contains(n)).then_some(())
+            },
+        );
+    }
+}
+
+/// sleep's app calls httpbin with extra curl arguments: (status, body).
+fn call(mesh: &LocalMesh, args: &[&str], url: &str) -> (u16, String) {
+    mesh.app_curl_with("sleep-1", args, url)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn bearer(token: &str) -> String {
+    format!("authorization: Bearer {token}")
+}
+
+/// What the backend received: its `header=<name>: <value>` line for `name`.
+fn received_header(body: &str, name: &str) -> Option<String> {
+    body.lines().find_map(|l| {
+        let (k, v) = l.strip_prefix("header=")?.split_once(':')?;
+        k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+    })
+}
+
+/// Polls until a call answers `code` with a body for which `body_ok`
+/// holds, then asserts three more calls answer the same (old connections
+/// drained, both httpbin Pods agree); returns the last body.
+fn expect(
+    mesh: &LocalMesh,
+    what: &str,
+    args: &[&str],
+    url: &str,
+    code: u16,
+    body_ok: impl Fn(&str) -> bool,
+) -> String {
+    let start = std::time::Instant::now();
+    let mut last = call(mesh, args, url);
+    while !(last.0 == code && body_ok(&last.1)) {
+        assert!(
+            start.elapsed() < CONVERGE,
+            "{what}: expected {code} within {CONVERGE:?}, last got {}: {}",
+            last.0,
+            last.1
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        last = call(mesh, args, url);
+    }
+    for _ in 0..3 {
+        let (c, body) = call(mesh, args, url);
+        assert!(
+            c == code && body_ok(&body),
+            "{what}: expected {code}, then got {c}: {body}"
+        );
+        last = (c, body);
+    }
+    last.1
+}
+
+/// [`expect`] of an exact body (Envoy's and RBAC's local replies).
+fn expect_reply(mesh: &LocalMesh, what: &str, args: &[&str], code: u16, body: &str) {
+    expect(mesh, what, args, URL, code, |b| b.trim() == body);
+}
+
+const ISS_A: &str = "https://a.example";
+const ISS_B: &str = "https://b.example";
+const ISS_C: &str = "https://c.example";
+const AUD: &str = "httpbin-api";
+
+/// Three issuers on httpbin: `a` with keys fetched by istiod from a JWKS
+/// URI, an audience, the token removed before the backend and claims
+/// copied to headers; `b` with inline keys read from a header with a prefix
+/// or a query parameter; `c` inline, the token forwarded. A policy admits
+/// alice of `a`, anyone of `a` in group `admins`, anyone of `b` or `c`.
+#[test]
+fn tokens_are_validated_and_policies_match_principals_claims_and_headers() {
+    let _serial = tests::mesh::one_mesh_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let mesh = LocalMesh::start(tmp.path(), &[]);
+    let (a, b, c) = (
+        Signer::new("key-a"),
+        Signer::new("key-b"),
+        Signer::new("key-c"),
+    );
+    let stranger = Signer::new("key-x");
+    let server = JwksServer::start(&mesh, 200, &jwks(&[&a]));
+
+    // Before any policy: tokens are nobody's business.
+    let (code, body) = call(&mesh, &[], URL);
+    assert_eq!(code, 200, "{body}");
+
+    apply(
+        &mesh,
+        "jwt.yaml",
+        &format!(
+            r#"apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata: {{name: jwt, namespace: demo}}
+spec:
+  selector: {{matchLabels: {{app: httpbin}}}}
+  jwtRules:
+  - issuer: {ISS_A}
+    jwksUri: {uri}
+    audiences: [{AUD}]
+    outputClaimToHeaders: [{{header: x-jwt-sub, claim: sub}}]
+    outputPayloadToHeader: x-jwt-payload
+  - issuer: {ISS_B}
+    jwks: '{jwks_b}'
+    fromHeaders: [{{name: x-jwt-assertion, prefix: "Token "}}]
+    fromParams: [tok]
+  - issuer: {ISS_C}
+    jwks: '{jwks_c}'
+    forwardOriginalToken: true
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {{name: require-jwt, namespace: demo}}
+spec:
+  selector: {{matchLabels: {{app: httpbin}}}}
+  action: ALLOW
+  rules:
+  - from: [{{source: {{requestPrincipals: ["{ISS_A}/alice"]}}}}]
+  - from: [{{source: {{requestPrincipals: ["{ISS_A}/*"]}}}}]
+    when: [{{key: "request.auth.claims[groups]", values: [admins]}}]
+  - from: [{{source: {{requestPrincipals: ["{ISS_B}/*", "{ISS_C}/*"]}}}}]
+"#,
+            uri = server.uri,
+            jwks_b = jwks(&[&b]),
+            jwks_c = jwks(&[&c]),
+        ),
+    );
+    // The fetched key (not the placeholder) and the policy are in place.
+    wait_for_config(&mesh, &["key-a", "key-b", "key-c", "admins"]);
+    assert!(server.hits() >= 1, "istiod fetched {}", server.uri);
+
+    // No token: authentication passes, the policy refuses.
+    expect_reply(&mesh, "no token: 403", &[], 403, DENIED);
+
+    // A valid token from the fetched keys.
+    let alice = a.sign(&claims(ISS_A, "alice", json!({"aud": AUD})));
+    let body = expect(
+        &mesh,
+        "alice: 200",
+        &["-H", &bearer(&alice)],
+        URL,
+        200,
+        |_| true,
+    );
+    assert_eq!(
+        received_header(&body, "x-jwt-sub").as_deref(),
+        Some("alice"),
+        "outputClaimToHeaders reached the backend: {body}"
+    );
+    let payload = received_header(&body, "x-jwt-payload").unwrap_or_default();
+    let payload = base64::Engine::decode(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+        payload.trim_end_matches('='),
+    )
+    .unwrap_or_else(|e| panic!("x-jwt-payload is base64url ({e}): {body}"));
+    let payload: Value = serde_json::from_slice(&payload).unwrap();
+    assert_eq!(payload["sub"], "alice", "outputPayloadToHeader: {payload}");
+    assert_eq!(
+        received_header(&body, "authorization"),
+        None,
+        "forwardOriginalToken unset: the backend does not see the token: {body}"
+    );
+    // The same token as the `access_token` query parameter (Envoy's default).
+    expect(
+        &mesh,
+        "alice in access_token: 200",
+        &[],
+        &format!("{URL}?access_token={alice}"),
+        200,
+        |_| true,
+    );
+
+    // Tokens Envoy refuses, with its reasons.
+    let forged = stranger.sign_as("key-a", &claims(ISS_A, "alice", json!({"aud": AUD})));
+    let args = ["-H".to_string(), bearer(&forged)];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    expect_reply(
+        &mesh,
+        "bad signature: 401",
+        &args,
+        401,
+        "Jwt verification fails",
+    );
+    let mut old = claims(ISS_A, "alice", json!({"aud": AUD}));
+    old["iat"] = json!(now() - 7200);
+    old["exp"] = json!(now() - 3600);
+    let expired = a.sign(&old);
+    expect_reply(
+        &mesh,
+        "expired: 401",
+        &["-H", &bearer(&expired)],
+        401,
+        "Jwt is expired",
+    );
+    // Envoy answers a token for another audience with 403 and its reason
+    // (not RBAC's body).
+    let wrong_aud = a.sign(&claims(ISS_A, "alice", json!({"aud": "someone-else"})));
+    expect_reply(
+        &mesh,
+        "wrong audience: 403 from jwt_authn",
+        &["-H", &bearer(&wrong_aud)],
+        403,
+        "Audiences in Jwt are not allowed",
+    );
+    let unknown_iss = stranger.sign(&claims("https://x.example", "alice", json!({"aud": AUD})));
+    expect_reply(
+        &mesh,
+        "unknown issuer: 401",
+        &["-H", &bearer(&unknown_iss)],
+        401,
+        "Jwt issuer is not configured",
+    );
+
+    // request.auth.claims[groups], an array claim.
+    let admin = a.sign(&claims(
+        ISS_A,
+        "bob",
+        json!({"aud": AUD, "groups": ["users", "admins"]}),
+    ));
+    let user = a.sign(&claims(
+        ISS_A,
+        "bob",
+        json!({"aud": AUD, "groups": ["users"]}),
+    ));
+    let body = expect(
+        &mesh,
+        "bob in admins: 200",
+        &["-H", &bearer(&admin)],
+        URL,
+        200,
+        |_| true,
+    );
+    assert_eq!(
+        received_header(&body, "x-jwt-sub").as_deref(),
+        Some("bob"),
+        "{body}"
+    );
+    expect_reply(
+        &mesh,
+        "bob in users only: 403",
+        &["-H", &bearer(&user)],
+        403,
+        DENIED,
+    );
+
+    // Issuer b: inline keys, a header with a prefix, a query parameter.
+    let carol = b.sign(&claims(ISS_B, "carol", json!({})));
+    let header = format!("x-jwt-assertion: Token {carol}");
+    let body = expect(
+        &mesh,
+        "b in x-jwt-assertion: 200",
+        &["-H", &header],
+        URL,
+        200,
+        |_| true,
+    );
+    assert_eq!(
+        received_header(&body, "x-jwt-assertion"),
+        None,
+        "the token's header is removed (forwardOriginalToken unset): {body}"
+    );
+    // Without the prefix the header holds no token: a request without one.
+    let bare = format!("x-jwt-assertion: {carol}");
+    expect_reply(
+        &mesh,
+        "b without the prefix: 403",
+        &["-H", &bare],
+        403,
+        DENIED,
+    );
+    expect(
+        &mesh,
+        "b in ?tok: 200",
+        &[],
+        &format!("{URL}?tok={carol}"),
+        200,
+        |_| true,
+    );
+    let forged_b = stranger.sign_as("key-b", &claims(ISS_B, "carol", json!({})));
+    expect(
+        &mesh,
+        "b forged in ?tok: 401",
+        &[],
+        &format!("{URL}?tok={forged_b}"),
+        401,
+        |b| b.trim() == "Jwt verification fails",
+    );
+    // b's token where only a's and c's are read (Authorization) is refused.
+    expect_reply(
+        &mesh,
+        "b in Authorization: 401",
+        &["-H", &bearer(&carol)],
+        401,
+        "Jwt issuer is not configured",
+    );
+
+    // Issuer c: forwardOriginalToken keeps Authorization for the backend.
+    let dave = c.sign(&claims(ISS_C, "dave", json!({})));
+    let body = expect(&mesh, "c: 200", &["-H", &bearer(&dave)], URL, 200, |_| true);
+    assert_eq!(
+        received_header(&body, "authorization"),
+        Some(format!("Bearer {dave}")),
+        "forwardOriginalToken: true: {body}"
+    );
+    assert_eq!(
+        received_header(&body, "x-jwt-sub"),
+        None,
+        "a's claim header only for a's tokens: {body}"
+    );
+
+    // Removing the policies: a bad token is nobody's business again.
+    std::fs::remove_file(mesh.config_dir.join("jwt.yaml")).unwrap();
+    expect(&mesh, "no policy: forged passes", &args, URL, 200, |_| true);
+}
+
+/// Keys that istiod cannot fetch leave tokens refused (401, never let
+/// through); keys fetched later, rotated, or briefly unavailable reach
+/// Envoy with `PILOT_JWT_PUB_KEY_REFRESH_INTERVAL`.
+#[test]
+fn jwks_uri_keys_are_fetched_refreshed_and_rotated() {
+    let _serial = tests::mesh::one_mesh_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut mesh = LocalMesh::start(tmp.path(), &[]);
+    mesh.istiod
+        .set_env("PILOT_JWT_PUB_KEY_REFRESH_INTERVAL", "1s");
+    mesh.istiod.restart();
+    let (old_key, new_key) = (Signer::new("key-old"), Signer::new("key-new"));
+    let server = JwksServer::start(&mesh, 503, "not yet");
+    const ISS: &str = "https://rotating.example";
+    apply(
+        &mesh,
+        "jwt.yaml",
+        &format!(
+            r#"apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata: {{name: jwt, namespace: demo}}
+spec:
+  jwtRules:
+  - issuer: {ISS}
+    jwksUri: {uri}
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {{name: require-jwt, namespace: demo}}
+spec:
+  selector: {{matchLabels: {{app: httpbin}}}}
+  rules:
+  - from: [{{source: {{requestPrincipals: ["*"]}}}}]
+"#,
+            uri = server.uri
+        ),
+    );
+    let old_token = old_key.sign(&claims(ISS, "erin", json!({})));
+    let new_token = new_key.sign(&claims(ISS, "erin", json!({})));
+    let (old_h, new_h) = (bearer(&old_token), bearer(&new_token));
+    const NO_KEY: &str = "Jwks doesn't have key to match kid or alg from Jwt";
+
+    // Not fetched yet: the placeholder key refuses every token.
+    wait_for_config(&mesh, &["istiod-jwks-not-fetched"]);
+    expect_reply(&mesh, "not fetched: 401", &["-H", &old_h], 401, NO_KEY);
+    expect_reply(&mesh, "not fetched, no token: 403", &[], 403, DENIED);
+
+    // The server comes up: the old key arrives.
+    server.serve(200, &jwks(&[&old_key]));
+    expect(
+        &mesh,
+        "old key fetched: 200",
+        &["-H", &old_h],
+        URL,
+        200,
+        |_| true,
+    );
+    expect_reply(
+        &mesh,
+        "new key unknown yet: 401",
+        &["-H", &new_h],
+        401,
+        NO_KEY,
+    );
+
+    // Rotation: only the new key is published.
+    server.serve(200, &jwks(&[&new_key]));
+    expect(
+        &mesh,
+        "new key after refresh: 200",
+        &["-H", &new_h],
+        URL,
+        200,
+        |_| true,
+    );
+    expect_reply(&mesh, "old key retired: 401", &["-H", &old_h], 401, NO_KEY);
+
+    // The server fails: refreshes fail and the last keys stay.
+    server.serve(500, "down");
+    let hits = server.hits();
+    tests::wait_for("istiod to retry the failing JWKS", CONVERGE, || {
+        (server.hits() >= hits + 2).then_some(())
+    });
+    for _ in 0..5 {
+        let (code, body) = call(&mesh, &["-H", &new_h], URL);
+        assert_eq!(code, 200, "keys kept while the JWKS fails: {body}");
+    }
+    let log = mesh.istiod.proc.log();
+    assert!(
+        log.contains("Failed to refresh JWT public key") || log.contains("Failed to GET"),
+        "istiod logs the failing fetch:\n{log}"
+    );
+}
