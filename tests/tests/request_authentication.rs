@@ -19,6 +19,8 @@ use tests::mesh::LocalMesh;
 
 const URL: &str = "http://httpbin:8000/headers";
 const DENIED: &str = "RBAC: access denied";
+/// Envoy's JWT filter, in the config of a Pod a RequestAuthentication applies to.
+const JWT_FILTER_NAME: &str = "envoy.filters.http.jwt_authn";
 /// How long a policy edit, or a change of keys, may take to reach Envoy.
 const CONVERGE: Duration = Duration::from_secs(30);
 
@@ -160,26 +162,30 @@ fn apply(mesh: &LocalMesh, file: &str, yaml: &str) {
     std::fs::rename(&tmp, mesh.config_dir.join(file)).unwrap();
 }
 
-/// Envoy's config dump of Pod `pod`.
+/// The listeners Envoy of Pod `pod` serves new connections with (its config
+/// dump without listeners still draining connections of the config before).
 fn config_dump(mesh: &LocalMesh, pod: &str) -> String {
     mesh.pod(pod).ns.run(|| {
-        tests::http_get(SocketAddr::from(([127, 0, 0, 1], 15000)), "/config_dump")
-            .map(|(_, body)| body)
-            .unwrap_or_default()
+        tests::http_get(
+            SocketAddr::from(([127, 0, 0, 1], 15000)),
+            "/config_dump?resource=dynamic_listeners&mask=active_state",
+        )
+        .map(|(_, body)| body)
+        .unwrap_or_default()
     })
 }
 
-/// Waits until both httpbin Envoys hold config containing every one of `needles`.
-fn wait_for_config(mesh: &LocalMesh, needles: &[&str]) {
+/// Waits until both httpbin Envoys hold config containing every one of
+/// `present` and none of `absent`.
+fn wait_for_config(mesh: &LocalMesh, present: &[&str], absent: &[&str]) {
     for pod in ["httpbin-v1", "httpbin-v2"] {
-        tests::wait_for(
-            &format!("{pod}'s Envoy to hold {needles:?}"),
-            CONVERGE,
-            || {
-                let dump = config_dump(mesh, pod);
-                needles.iter().all(|n| dump.contains(n)).then_some(())
-            },
-        );
+        let what = format!("{pod}'s Envoy to hold {present:?} and not {absent:?}");
+        tests::wait_for(&what, CONVERGE, || {
+            let dump = config_dump(mesh, pod);
+            let ok = present.iter().all(|n| dump.contains(n))
+                && !absent.iter().any(|n| dump.contains(n));
+            ok.then_some(())
+        });
     }
 }
 
@@ -201,9 +207,14 @@ fn received_header(body: &str, name: &str) -> Option<String> {
     })
 }
 
-/// Polls until a call answers `code` with a body for which `body_ok`
-/// holds, then asserts three more calls answer the same (old connections
-/// drained, both httpbin Pods agree); returns the last body.
+/// Calls in a row that must agree before a verdict counts: a policy or key
+/// change reaches Envoy as a listener update, and the connection sleep's
+/// Envoy already holds to each httpbin Pod serves one more request with the
+/// config it was accepted under before it is drained.
+const STREAK: usize = 5;
+
+/// Polls until [`STREAK`] calls in a row answer `code` with a body for
+/// which `body_ok` holds; returns the last body.
 fn expect(
     mesh: &LocalMesh,
     what: &str,
@@ -213,26 +224,26 @@ fn expect(
     body_ok: impl Fn(&str) -> bool,
 ) -> String {
     let start = std::time::Instant::now();
-    let mut last = call(mesh, args, url);
-    while !(last.0 == code && body_ok(&last.1)) {
+    let mut streak = 0;
+    loop {
+        let (c, body) = call(mesh, args, url);
+        if c == code && body_ok(&body) {
+            streak += 1;
+            if streak == STREAK {
+                return body;
+            }
+            continue;
+        }
+        streak = 0;
+        let mismatch = (c, body);
         assert!(
             start.elapsed() < CONVERGE,
-            "{what}: expected {code} within {CONVERGE:?}, last got {}: {}",
-            last.0,
-            last.1
+            "{what}: expected {code} {STREAK} times in a row within {CONVERGE:?}, last got {} {}",
+            mismatch.0,
+            mismatch.1
         );
         std::thread::sleep(Duration::from_millis(100));
-        last = call(mesh, args, url);
     }
-    for _ in 0..3 {
-        let (c, body) = call(mesh, args, url);
-        assert!(
-            c == code && body_ok(&body),
-            "{what}: expected {code}, then got {c}: {body}"
-        );
-        last = (c, body);
-    }
-    last.1
 }
 
 /// [`expect`] of an exact body (Envoy's and RBAC's local replies).
@@ -308,7 +319,7 @@ spec:
         ),
     );
     // The fetched key (not the placeholder) and the policy are in place.
-    wait_for_config(&mesh, &["key-a", "key-b", "key-c", "admins"]);
+    wait_for_config(&mesh, &["key-a", "key-b", "key-c", "admins"], &[]);
     assert!(server.hits() >= 1, "istiod fetched {}", server.uri);
 
     // No token: authentication passes, the policy refuses.
@@ -492,6 +503,7 @@ spec:
 
     // Removing the policies: a bad token is nobody's business again.
     std::fs::remove_file(mesh.config_dir.join("jwt.yaml")).unwrap();
+    wait_for_config(&mesh, &[], &[JWT_FILTER_NAME]);
     expect(&mesh, "no policy: forged passes", &args, URL, 200, |_| true);
 }
 
@@ -538,12 +550,13 @@ spec:
     const NO_KEY: &str = "Jwks doesn't have key to match kid or alg from Jwt";
 
     // Not fetched yet: the placeholder key refuses every token.
-    wait_for_config(&mesh, &["istiod-jwks-not-fetched"]);
+    wait_for_config(&mesh, &["istiod-jwks-not-fetched"], &[]);
     expect_reply(&mesh, "not fetched: 401", &["-H", &old_h], 401, NO_KEY);
     expect_reply(&mesh, "not fetched, no token: 403", &[], 403, DENIED);
 
     // The server comes up: the old key arrives.
     server.serve(200, &jwks(&[&old_key]));
+    wait_for_config(&mesh, &["key-old"], &["istiod-jwks-not-fetched"]);
     expect(
         &mesh,
         "old key fetched: 200",
@@ -562,6 +575,7 @@ spec:
 
     // Rotation: only the new key is published.
     server.serve(200, &jwks(&[&new_key]));
+    wait_for_config(&mesh, &["key-new"], &["key-old"]);
     expect(
         &mesh,
         "new key after refresh: 200",
