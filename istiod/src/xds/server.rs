@@ -745,6 +745,28 @@ impl DeltaConn {
                 continue;
             };
             match &eds_only {
+                None if t == CLUSTER_TYPE => {
+                    let before = w.sent.clone();
+                    self.respond(&req, t, None, false).await?;
+                    // Istio's forceEDSPush (envoy#33607): a changed EDS
+                    // cluster warms until its endpoints are sent again.
+                    let changed: Vec<String> = self
+                        .watches
+                        .get(t)
+                        .map(|w| {
+                            w.sent
+                                .iter()
+                                .filter(|(n, v)| before.get(*n) != Some(*v))
+                                .map(|(n, _)| n.clone())
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    if let Some(eds) = self.watches.get_mut(ENDPOINT_TYPE) {
+                        for n in &changed {
+                            eds.sent.remove(n);
+                        }
+                    }
+                }
                 None => self.respond(&req, t, None, false).await?,
                 Some(hosts) if t == ENDPOINT_TYPE => {
                     let names: BTreeSet<String> = w
