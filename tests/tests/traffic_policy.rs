@@ -21,8 +21,9 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 const HTTPBIN: &str = "http://httpbin.demo.svc.cluster.local:8000";
-/// Envoy's count of requests httpbin-v2's sidecar passed to its app.
-const V2_INBOUND_REQUESTS: &str = "cluster.inbound|8080||.upstream_rq_total";
+/// Envoy's count of requests httpbin-v2's sidecar passed to its app (Istio's
+/// stat names end the cluster name with `;`).
+const V2_INBOUND_REQUESTS: &str = "cluster.inbound|8080||;.upstream_rq_total";
 
 /// Writes `file` in istiod's config directory in one rename, as an editor would.
 fn write_config(mesh: &LocalMesh, file: &str, text: &str) {
@@ -362,6 +363,9 @@ spec:
   endpoints: [{address: 198.18.0.9, ports: {http: 8443}}]
 "#;
 const SERVER_IP: &str = "198.18.0.9";
+/// sleep's Envoy's count of upstream handshakes whose server certificate
+/// failed verification.
+const VERIFY_FAILED: &str = "cluster.outbound|80||tls.example;.ssl.fail_verify_error";
 
 fn destination_rule(tls: &str) -> String {
     format!(
@@ -410,7 +414,7 @@ fn destination_rule_originates_tls_simple_and_mutual_to_a_server_outside_the_mes
     let call = || {
         mesh.app_curl_with(
             "sleep-1",
-            &["--resolve", "tls.example:80:198.19.0.50"],
+            &["-m", "3", "--resolve", "tls.example:80:198.19.0.50"],
             "http://tls.example/",
         )
     };
@@ -437,6 +441,8 @@ fn destination_rule_originates_tls_simple_and_mutual_to_a_server_outside_the_mes
         snis.lock().unwrap()
     );
 
+    assert_eq!(mesh.envoy_stat("sleep-1", VERIFY_FAILED), 0);
+
     // A CA that did not sign the server's certificate: Envoy refuses it.
     write_config(
         &mesh,
@@ -453,8 +459,12 @@ fn destination_rule_originates_tls_simple_and_mutual_to_a_server_outside_the_mes
     );
     assert_eq!(code, 503, "{body}");
     assert!(
-        body.contains("CERTIFICATE_VERIFY_FAILED"),
-        "an upstream TLS verification failure: {body}"
+        body.starts_with("upstream connect error") && body.contains("remote connection failure"),
+        "Envoy's answer for a failed upstream connection: {body}"
+    );
+    assert!(
+        mesh.envoy_stat("sleep-1", VERIFY_FAILED) > 0,
+        "the failure is Envoy's verification of the server's certificate"
     );
 
     // MUTUAL: the client certificate from the rule's files.
