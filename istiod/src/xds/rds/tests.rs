@@ -412,8 +412,8 @@ fn match_conditions_scheme_query_presence_and_stat_prefix() {
 }
 
 #[test]
-fn source_labels_namespace_and_gateways_pick_the_sidecars_a_match_applies_to() {
-    let http = "[{name: a, match: [{sourceLabels: {app: sleep}}], route: [{destination: {host: httpbin}}]}, {name: b, match: [{sourceNamespace: other}], route: [{destination: {host: httpbin}}]}, {name: c, match: [{gateways: [gw]}], route: [{destination: {host: httpbin}}]}, {name: d, match: [{gateways: [mesh]}], route: [{destination: {host: httpbin}}]}]";
+fn source_labels_namespace_and_the_mesh_gateway_pick_the_sidecars_a_match_applies_to() {
+    let http = "[{name: a, match: [{sourceLabels: {app: sleep}}], route: [{destination: {host: httpbin}}]}, {name: b, match: [{sourceNamespace: other}], route: [{destination: {host: httpbin}}]}, {name: d, match: [{gateways: [mesh]}], route: [{destination: {host: httpbin}}]}]";
     let names =
         |p: &Proxy| -> Vec<String> { routes_for(http, p).into_iter().map(|r| r.name).collect() };
     let mut p = sleep();
