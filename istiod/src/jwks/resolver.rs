@@ -161,49 +161,70 @@ impl JwksResolver {
     /// Fetches what the generators asked for as they ask, and refreshes
     /// every cached entry every `refresh` (backing off as Istio does while
     /// fetches fail); calls `on_change` when any entry's keys changed.
+    /// First fetches run alongside a refresh round, so a JWKS that hangs
+    /// through a round's retries does not hold up another issuer's keys.
     pub async fn run(
         self: Arc<Self>,
         refresh: Duration,
-        on_change: impl Fn() + Send + 'static,
+        on_change: impl Fn() + Send + Sync + 'static,
         mut shutdown: watch::Receiver<bool>,
     ) {
         let on_failure = REFRESH_INTERVAL_ON_FAILURE.min(refresh);
-        let mut interval = refresh;
-        let mut last_failed = false;
-        let mut next = Instant::now() + interval;
-        loop {
-            let outcome = tokio::select! {
-                _ = tokio::time::sleep_until(next) => {
-                    let outcome = self.refresh(false, REFRESH_RETRIES).await;
-                    interval = match (outcome.failed, last_failed) {
-                        (false, _) => refresh,
-                        (true, false) => on_failure,
-                        (true, true) => (interval * 2).min(REFRESH_INTERVAL_ON_FAILURE_CAP.max(refresh)),
-                    };
-                    last_failed = outcome.failed;
-                    next = Instant::now() + interval;
-                    outcome
+        // A failed first fetch brings the next round forward.
+        let soon = Notify::new();
+        let first_fetches = async {
+            loop {
+                self.wake.notified().await;
+                let outcome = self.refresh(true, 0).await;
+                // Istio retries a failed first fetch in the background;
+                // here the next round comes no later than the failure
+                // interval.
+                if outcome.failed {
+                    soon.notify_one();
                 }
-                _ = self.wake.notified() => {
-                    let outcome = self.refresh(true, 0).await;
-                    // Istio retries a failed first fetch in the background;
-                    // here the next round comes no later than the failure
-                    // interval.
-                    if outcome.failed {
-                        next = next.min(Instant::now() + on_failure);
-                    }
-                    outcome
+                if outcome.changed {
+                    on_change();
                 }
-                changed = shutdown.changed() => {
-                    if changed.is_err() || *shutdown.borrow() {
-                        return;
-                    }
-                    Outcome::default()
-                }
-            };
-            if outcome.changed {
-                on_change();
             }
+        };
+        let rounds = async {
+            let mut interval = refresh;
+            let mut last_failed = false;
+            let mut next = Instant::now() + interval;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(next) => {}
+                    _ = soon.notified() => {
+                        next = next.min(Instant::now() + on_failure);
+                        continue;
+                    }
+                }
+                let outcome = self.refresh(false, REFRESH_RETRIES).await;
+                interval = match (outcome.failed, last_failed) {
+                    (false, _) => refresh,
+                    (true, false) => on_failure,
+                    (true, true) => {
+                        (interval * 2).min(REFRESH_INTERVAL_ON_FAILURE_CAP.max(refresh))
+                    }
+                };
+                last_failed = outcome.failed;
+                next = Instant::now() + interval;
+                if outcome.changed {
+                    on_change();
+                }
+            }
+        };
+        let stopped = async {
+            while shutdown.changed().await.is_ok() {
+                if *shutdown.borrow() {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            () = first_fetches => {}
+            () = rounds => {}
+            () = stopped => {}
         }
     }
 
@@ -410,6 +431,37 @@ mod tests {
         let keys = resolver.local_jwks("iss", &srv.uri, DEFAULT_TIMEOUT);
         assert!(keys.contains(r#""kid":"b""#), "{keys}");
         assert!(srv.hits.load(Ordering::SeqCst) >= 2);
+    }
+
+    #[tokio::test]
+    async fn a_hanging_jwks_does_not_hold_up_another_first_fetch() {
+        let srv = server().await;
+        // Connections are queued, never accepted: every fetch times out.
+        let black_hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let slow = format!("http://{}/jwks", black_hole.local_addr().unwrap());
+        let resolver = Arc::new(JwksResolver::new());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let (_stop, stop_rx) = watch::channel(false);
+        tokio::spawn(resolver.clone().run(
+            Duration::from_millis(300),
+            move || {
+                let _ = tx.send(());
+            },
+            stop_rx,
+        ));
+        let timeout = Duration::from_millis(500);
+        assert!(resolver.keys("slow", &slow, timeout).is_none());
+        // The first fetch fails at 0.5s and a round of retries (8 attempts
+        // of 0.5s, 1s apart) starts at 0.8s.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(resolver.keys("good", &srv.uri, DEFAULT_TIMEOUT).is_none());
+        tokio::time::timeout(Duration::from_secs(2), rx.recv())
+            .await
+            .expect("the good JWKS is fetched while the slow one's round goes on")
+            .unwrap();
+        assert!(resolver.keys("good", &srv.uri, DEFAULT_TIMEOUT).is_some());
+        assert!(resolver.keys("slow", &slow, timeout).is_none());
+        drop(black_hole);
     }
 
     #[tokio::test]
