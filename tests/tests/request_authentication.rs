@@ -254,13 +254,16 @@ fn expect_reply(mesh: &LocalMesh, what: &str, args: &[&str], code: u16, body: &s
 const ISS_A: &str = "https://a.example";
 const ISS_B: &str = "https://b.example";
 const ISS_C: &str = "https://c.example";
+const ISS_D: &str = "https://d.example";
 const AUD: &str = "httpbin-api";
 
-/// Three issuers on httpbin: `a` with keys fetched by istiod from a JWKS
-/// URI, an audience, the token removed before the backend and claims
-/// copied to headers; `b` with inline keys read from a header with a prefix
-/// or a query parameter; `c` inline, the token forwarded. A policy admits
-/// alice of `a`, anyone of `a` in group `admins`, anyone of `b` or `c`.
+/// Three issuers on httpbin's policy: `a` with keys fetched by istiod from
+/// a JWKS URI, an audience, the token removed before the backend and
+/// claims copied to headers; `b` with inline keys read from a header with a
+/// prefix or a query parameter; `c` inline, the token forwarded; and `d`
+/// from a mesh-wide policy in the root namespace. An AuthorizationPolicy
+/// admits alice of `a`, anyone of `a` in group `admins`, anyone of `b`,
+/// `c` or `d`.
 #[test]
 fn tokens_are_validated_and_policies_match_principals_claims_and_headers() {
     let _serial = tests::mesh::one_mesh_at_a_time();
@@ -271,6 +274,7 @@ fn tokens_are_validated_and_policies_match_principals_claims_and_headers() {
         Signer::new("key-b"),
         Signer::new("key-c"),
     );
+    let d = Signer::new("key-d");
     let stranger = Signer::new("key-x");
     let server = JwksServer::start(&mesh, 200, &jwks(&[&a]));
 
@@ -302,6 +306,14 @@ spec:
     forwardOriginalToken: true
 ---
 apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata: {{name: mesh-wide, namespace: istio-system}}
+spec:
+  jwtRules:
+  - issuer: {ISS_D}
+    jwks: '{jwks_d}'
+---
+apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy
 metadata: {{name: require-jwt, namespace: demo}}
 spec:
@@ -311,15 +323,16 @@ spec:
   - from: [{{source: {{requestPrincipals: ["{ISS_A}/alice"]}}}}]
   - from: [{{source: {{requestPrincipals: ["{ISS_A}/*"]}}}}]
     when: [{{key: "request.auth.claims[groups]", values: [admins]}}]
-  - from: [{{source: {{requestPrincipals: ["{ISS_B}/*", "{ISS_C}/*"]}}}}]
+  - from: [{{source: {{requestPrincipals: ["{ISS_B}/*", "{ISS_C}/*", "{ISS_D}/*"]}}}}]
 "#,
             uri = server.uri,
             jwks_b = jwks(&[&b]),
             jwks_c = jwks(&[&c]),
+            jwks_d = jwks(&[&d]),
         ),
     );
     // The fetched key (not the placeholder) and the policy are in place.
-    wait_for_config(&mesh, &["key-a", "key-b", "key-c", "admins"], &[]);
+    wait_for_config(&mesh, &["key-a", "key-b", "key-c", "key-d", "admins"], &[]);
     assert!(server.hits() >= 1, "istiod fetched {}", server.uri);
 
     // No token: authentication passes, the policy refuses.
@@ -499,6 +512,26 @@ spec:
         received_header(&body, "x-jwt-sub"),
         None,
         "a's claim header only for a's tokens: {body}"
+    );
+
+    // Issuer d, from the root namespace's policy: it applies mesh-wide,
+    // merged with the workload's.
+    let erin = d.sign(&claims(ISS_D, "erin", json!({})));
+    expect(
+        &mesh,
+        "d (root namespace): 200",
+        &["-H", &bearer(&erin)],
+        URL,
+        200,
+        |_| true,
+    );
+    let forged_d = stranger.sign_as("key-d", &claims(ISS_D, "erin", json!({})));
+    expect_reply(
+        &mesh,
+        "d forged: 401",
+        &["-H", &bearer(&forged_d)],
+        401,
+        "Jwt verification fails",
     );
 
     // Removing the policies: a bad token is nobody's business again.
