@@ -232,6 +232,30 @@ fn virtual_service_redirect_direct_response_headers_mirror_and_cors() {
     tests::wait_for("5 mirrored requests at v2", Duration::from_secs(10), || {
         (mesh.envoy_stat("httpbin-v2", V2_INBOUND_REQUESTS) >= before + 5).then_some(())
     });
+
+    // Auto mTLS follows PeerAuthentication: with DISABLE for namespace demo
+    // and no TLS in the DestinationRule, sleep's Envoy sends plain text
+    // (httpbin's Envoy then adds no client certificate header).
+    let (_, mtls) = mesh.app_curl("sleep-1", &format!("{HTTPBIN}/ip")).unwrap();
+    assert!(mtls.contains("xfcc=By="), "mTLS before the change: {mtls}");
+    let text = std::fs::read_to_string(mesh.config_dir.join("istio.yaml")).unwrap();
+    let edited = text.replacen("mode: STRICT", "mode: DISABLE", 1).replacen(
+        "  trafficPolicy:\n    tls:\n      mode: ISTIO_MUTUAL\n",
+        "",
+        1,
+    );
+    assert_ne!(text, edited);
+    write_config(&mesh, "istio.yaml", &edited);
+    let (_, plain) = tests::wait_for(
+        "plain text to httpbin under DISABLE",
+        Duration::from_secs(20),
+        || {
+            mesh.app_curl("sleep-1", &format!("{HTTPBIN}/ip"))
+                .ok()
+                .filter(|(c, b)| *c == 200 && b.contains("\nxfcc=\n"))
+        },
+    );
+    assert!(plain.contains("version=v1"), "{plain}");
 }
 
 /// A CA and the certificates it signs, as PEM.
