@@ -29,11 +29,14 @@ use crate::xds::cds::outbound_name;
 use crate::xds::context::{IstioContext, resolve_host};
 use crate::xds::util::{any, duration, u32v};
 
-/// Istio's default retry policy: 2 retries, each on another host.
+/// Istio's default retry policy: 2 retries, each on another host, on
+/// connection failures and on a 503 (its `retriable-status-codes` names
+/// 503 only).
 pub(super) fn default_retries() -> RetryPolicy {
     RetryPolicy {
         retry_on: "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
             .into(),
+        retriable_status_codes: vec![503],
         num_retries: Some(u32v(2)),
         retry_host_predicate: vec![retry_policy::RetryHostPredicate {
             name: "envoy.retry_host_predicates.previous_hosts".into(),
