@@ -105,7 +105,11 @@ fn context(policies: usize) -> IstioContext {
             .into_iter()
             .map(|o| Update::Upsert(std::sync::Arc::new(o))),
     );
-    IstioContext::new("bench/1".into(), &store.snapshot(), &RegistryOptions::default())
+    IstioContext::new(
+        "bench/1".into(),
+        &store.snapshot(),
+        &RegistryOptions::default(),
+    )
 }
 
 fn httpbin() -> Proxy {
@@ -128,7 +132,12 @@ fn httpbin() -> Proxy {
 
 /// (median time per generation, listener bytes) over `passes` passes of
 /// `iterations` generations each.
-fn measure(ctx: &IstioContext, proxy: &Proxy, iterations: usize, passes: usize) -> (Duration, usize) {
+fn measure(
+    ctx: &IstioContext,
+    proxy: &Proxy,
+    iterations: usize,
+    passes: usize,
+) -> (Duration, usize) {
     let names = BTreeSet::new();
     let bytes: usize = ctx
         .generate(proxy, LISTENER_TYPE, &names)
@@ -160,7 +169,9 @@ fn main() {
     let proxy = httpbin();
     let contexts: Vec<(usize, IstioContext)> =
         [0, 10, 100].into_iter().map(|n| (n, context(n))).collect();
-    println!("listeners (LDS) for httpbin's sidecar, {iterations} generations per pass, median of 5 passes");
+    println!(
+        "listeners (LDS) for httpbin's sidecar, {iterations} generations per pass, median of 5 passes"
+    );
     println!("| policies | µs per generation | listener bytes | time ratio |");
     println!("|---:|---:|---:|---|");
     let mut baseline = None;
@@ -176,6 +187,8 @@ fn main() {
     println!(
         "load average before {}, after {}",
         load_before.trim(),
-        std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
     );
 }

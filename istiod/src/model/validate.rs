@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use super::error::FieldError;
 use super::istio::{
-    PeerAuthentication, Percent, PolicySelector, Port, ServiceEntry, Sidecar,
-    WorkloadEntry, WorkloadSelector,
+    PeerAuthentication, Percent, PolicySelector, Port, ServiceEntry, Sidecar, WorkloadEntry,
+    WorkloadSelector,
 };
 use super::kube::{AddressType, EndpointSlice, IntOrString, Pod, Service, ServiceType};
 use super::meta::{Object, Spec};

@@ -118,7 +118,11 @@ impl FileSource {
 
     /// The source, counting what it rejects or ignores in `rejected`
     /// (Istio's `pilot_total_rejected_configs{type,name}`).
-    pub fn with_metrics(dir: impl Into<PathBuf>, store: ConfigStore, rejected: IntCounterVec) -> Self {
+    pub fn with_metrics(
+        dir: impl Into<PathBuf>,
+        store: ConfigStore,
+        rejected: IntCounterVec,
+    ) -> Self {
         let mut source = Self::new(dir, store);
         if let Some(inner) = Arc::get_mut(&mut source.inner) {
             inner.rejected = Some(rejected);
@@ -471,7 +475,11 @@ fn read_file(path: &Path, old: FileState, rejected: Option<&IntCounterVec>) -> F
     match parse_file(&name, &text) {
         Ok(parsed) => {
             tracing::debug!(target: "config", "{name}: {} objects", parsed.objects.len());
-            for kind in parsed.ignored.iter().filter(|k| k.is_unimplemented_config()) {
+            for kind in parsed
+                .ignored
+                .iter()
+                .filter(|k| k.is_unimplemented_config())
+            {
                 tracing::warn!(
                     target: "config",
                     "{name}: {} ({}) is not implemented by this istiod: its objects are not applied",
@@ -479,7 +487,9 @@ fn read_file(path: &Path, old: FileState, rejected: Option<&IntCounterVec>) -> F
                     kind.api_version
                 );
                 if let Some(counter) = rejected {
-                    counter.with_label_values(&[kind.kind.as_str(), name.as_str()]).inc();
+                    counter
+                        .with_label_values(&[kind.kind.as_str(), name.as_str()])
+                        .inc();
                 }
             }
             FileState {

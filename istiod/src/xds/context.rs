@@ -539,11 +539,7 @@ impl IstioContext {
             .filter(|p| p.namespace == ROOT_NAMESPACE)
             .find(namespace_wide);
         let namespace = in_namespace().find(namespace_wide);
-        Some(
-            set(namespace)
-                .or(set(mesh))
-                .unwrap_or(MtlsMode::Permissive),
-        )
+        Some(set(namespace).or(set(mesh)).unwrap_or(MtlsMode::Permissive))
     }
 
     /// The services this proxy's workload serves, with the matching target ports:

@@ -242,7 +242,14 @@ fn main() {
         // Warm the connections' path up before measuring.
         round(sleep, addr, Duration::from_secs(1));
         let (rps, latencies, failed) = round(sleep, addr, length);
-        rows.push((n, rps, pct(&latencies, 0.50), pct(&latencies, 0.99), latencies.len(), failed));
+        rows.push((
+            n,
+            rps,
+            pct(&latencies, 0.50),
+            pct(&latencies, 0.99),
+            latencies.len(),
+            failed,
+        ));
     }
     println!("load average at end: {}", load());
     let (_, base_rps, _, base_p99, _, _) = rows[0];

@@ -427,14 +427,46 @@ mod tests {
     #[test]
     fn policy_parts_not_applied_are_refused() {
         for (spec, field, needle) in [
-            ("{host: a, workloadSelector: {labels: {app: x}}}", "spec.workloadSelector", "not supported"),
-            ("{host: a, trafficPolicy: {tunnel: {protocol: CONNECT, targetHost: x, targetPort: 1}}}", "spec.trafficPolicy.tunnel", "not supported"),
-            ("{host: a, trafficPolicy: {proxyProtocol: {version: V1}}}", "spec.trafficPolicy.proxyProtocol", "not supported"),
-            ("{host: a, trafficPolicy: {loadBalancer: {simple: PASSTHROUGH}}}", "spec.trafficPolicy.loadBalancer.simple", "PASSTHROUGH"),
-            ("{host: a, trafficPolicy: {loadBalancer: {consistentHash: {httpHeaderName: x}}}}", "spec.trafficPolicy.loadBalancer.consistentHash", "not supported"),
-            ("{host: a, trafficPolicy: {loadBalancer: {localityLbSetting: {enabled: true}}}}", "spec.trafficPolicy.loadBalancer.localityLbSetting", "not supported"),
-            ("{host: a, trafficPolicy: {loadBalancer: {simple: RANDOM, warmupDurationSecs: 10s}}}", "spec.trafficPolicy.loadBalancer.warmupDurationSecs", "ROUND_ROBIN and LEAST_REQUEST"),
-            ("{host: a, trafficPolicy: {connectionPool: {tcp: {idleTimeout: 10s}}}}", "spec.trafficPolicy.connectionPool.tcp.idleTimeout", "not supported"),
+            (
+                "{host: a, workloadSelector: {labels: {app: x}}}",
+                "spec.workloadSelector",
+                "not supported",
+            ),
+            (
+                "{host: a, trafficPolicy: {tunnel: {protocol: CONNECT, targetHost: x, targetPort: 1}}}",
+                "spec.trafficPolicy.tunnel",
+                "not supported",
+            ),
+            (
+                "{host: a, trafficPolicy: {proxyProtocol: {version: V1}}}",
+                "spec.trafficPolicy.proxyProtocol",
+                "not supported",
+            ),
+            (
+                "{host: a, trafficPolicy: {loadBalancer: {simple: PASSTHROUGH}}}",
+                "spec.trafficPolicy.loadBalancer.simple",
+                "PASSTHROUGH",
+            ),
+            (
+                "{host: a, trafficPolicy: {loadBalancer: {consistentHash: {httpHeaderName: x}}}}",
+                "spec.trafficPolicy.loadBalancer.consistentHash",
+                "not supported",
+            ),
+            (
+                "{host: a, trafficPolicy: {loadBalancer: {localityLbSetting: {enabled: true}}}}",
+                "spec.trafficPolicy.loadBalancer.localityLbSetting",
+                "not supported",
+            ),
+            (
+                "{host: a, trafficPolicy: {loadBalancer: {simple: RANDOM, warmupDurationSecs: 10s}}}",
+                "spec.trafficPolicy.loadBalancer.warmupDurationSecs",
+                "ROUND_ROBIN and LEAST_REQUEST",
+            ),
+            (
+                "{host: a, trafficPolicy: {connectionPool: {tcp: {idleTimeout: 10s}}}}",
+                "spec.trafficPolicy.connectionPool.tcp.idleTimeout",
+                "not supported",
+            ),
         ] {
             refused(spec, field, needle);
         }
