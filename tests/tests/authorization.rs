@@ -395,6 +395,31 @@ fn http_policies_admit_and_refuse_by_identity_path_method_namespace_ip_and_heade
         ],
     );
 
+    // Negated sources, workload ports, notPaths, source.ip and a path
+    // template, each refusing and admitting the right request.
+    let deny_outside = policy(
+        "deny-outside-demo",
+        "  action: DENY\n  rules:\n  - from:\n    - source:\n        notNamespaces: [demo]",
+    );
+    let allow_by_ip = policy(
+        "allow-by-ip",
+        "  rules:\n  - to:\n    - operation:\n        ports: [\"8080\"]\n        notPaths: [\"/status*\"]\n    when:\n    - key: source.ip\n      values: [198.18.0.2, 198.18.0.6]\n  - from:\n    - source:\n        principals: [cluster.local/ns/demo/sa/other]\n    to:\n    - operation:\n        paths: [\"/things/{*}/ok\"]",
+    );
+    step(
+        &mesh,
+        "notNamespaces, ports, notPaths, source.ip, path template",
+        &format!("{deny_outside}{allow_by_ip}"),
+        &["deny-outside-demo", "allow-by-ip"],
+        &[
+            check(sleep, &[], "/headers", 200),
+            check(sleep, &[], "/status/1", 403),
+            check(prod, &[], "/headers", 403),
+            check(other, &[], "/headers", 403),
+            check(other, &[], "/things/a/ok", 200),
+            check(other, &[], "/things/a/b/ok", 403),
+        ],
+    );
+
     live_edit_keeps_allowed_traffic(&mesh);
 }
 
