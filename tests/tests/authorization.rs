@@ -873,4 +873,26 @@ fn a_custom_policy_hands_the_verdict_to_the_ext_authz_server() {
         "{:?}",
         asked.lock().unwrap()
     );
+
+    // A provider the mesh config does not have: no check can be made, so
+    // every request to the workload is refused (never let through).
+    let missing = policy(
+        "ext-authz-missing",
+        "  action: CUSTOM\n  provider: {name: no-such-provider}\n  rules:\n  - to:\n    - operation:\n        paths: [\"/headers*\"]",
+    );
+    write_config(&mesh, "authz.yaml", &missing);
+    wait_policies(&mesh, &["ext-authz-missing"], true);
+    let refused = [
+        check("sleep-1", &[], "/headers", 403),
+        check("sleep-1", &[], "/ip", 403),
+    ];
+    converge(&mesh, "a missing provider", &refused);
+    // (The connection the previous chain held answered once more with it.)
+    let n = asked.lock().unwrap().len();
+    converge(&mesh, "a missing provider", &refused);
+    assert_eq!(
+        asked.lock().unwrap().len(),
+        n,
+        "the authorizer was not asked"
+    );
 }
