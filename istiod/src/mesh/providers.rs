@@ -236,7 +236,10 @@ extensionProviders:
         };
         assert_eq!(h.port, 8000);
         assert_eq!(h.timeout, Some(Duration::from_secs(2)));
-        assert_eq!(h.include_request_body_in_check.unwrap().max_request_bytes, 100);
+        assert_eq!(
+            h.include_request_body_in_check.unwrap().max_request_bytes,
+            100
+        );
         assert!(matches!(&p[1].kind, ExtensionProviderKind::ExtAuthzGrpc(g) if g.port == 9000));
         assert_eq!(p[2].kind, ExtensionProviderKind::Other("zipkin".into()));
     }
@@ -257,8 +260,14 @@ extensionProviders:
         )
         .unwrap_err();
         let all = errors.join("\n");
-        assert!(all.contains("unknown field `includeHeadersInCheck`"), "{all}");
-        assert!(all.contains("extensionProviders[1].envoyExtAuthzGrpc.service is required"), "{all}");
+        assert!(
+            all.contains("unknown field `includeHeadersInCheck`"),
+            "{all}"
+        );
+        assert!(
+            all.contains("extensionProviders[1].envoyExtAuthzGrpc.service is required"),
+            "{all}"
+        );
         assert!(all.contains("port 0 is not a port"), "{all}");
         assert!(all.contains("statusOnError \"abc\""), "{all}");
         assert!(all.contains("used by another provider"), "{all}");

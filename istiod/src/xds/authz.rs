@@ -101,7 +101,9 @@ fn generate(policies: &[NamedPolicy<'_>], tcp: bool, allow: bool) -> Applied {
             let name = format!("ns[{}]-policy[{}]-rule[{i}]", p.namespace, p.name);
             match model::rule_policy(rule, &p.namespace, mode) {
                 Ok(policy) => out.push((name, policy)),
-                Err(err) => tracing::debug!(policy = %name, tcp, %err, "authorization rule skipped"),
+                Err(err) => {
+                    tracing::debug!(policy = %name, tcp, %err, "authorization rule skipped")
+                }
             }
         }
     }
@@ -220,9 +222,9 @@ pub fn http_filters(ctx: &IstioContext, proxy: &Proxy) -> Vec<HttpFilter> {
                     out.push(http_rbac_filter(Action::Allow, &shadow, true));
                     out.push(HttpFilter {
                         name: EXT_AUTHZ_HTTP.into(),
-                        config_type: Some(http_filter::ConfigType::TypedConfig(
-                            super::util::any(&ext_authz::http_config(&resolved)),
-                        )),
+                        config_type: Some(http_filter::ConfigType::TypedConfig(super::util::any(
+                            &ext_authz::http_config(&resolved),
+                        ))),
                         ..Default::default()
                     });
                 }

@@ -99,7 +99,10 @@ fn wildcards(field: &str, values: &[String], e: &mut Errors) {
     for (i, v) in values.iter().enumerate() {
         if v.is_empty() {
             e.add(format!("{field}[{i}]"), "must not be empty");
-        } else if v != "*" && v.trim_start_matches('*').trim_end_matches('*').contains('*')
+        } else if v != "*"
+            && v.trim_start_matches('*')
+                .trim_end_matches('*')
+                .contains('*')
             || v.starts_with("**")
             || v.ends_with("**")
             || (v.len() > 1 && v.starts_with('*') && v.ends_with('*'))
@@ -183,14 +186,11 @@ fn paths(field: &str, values: &[String], e: &mut Errors) {
         // or one `{*}` / `{**}`, `{**}` only as the last operator.
         let segments: Vec<&str> = v.split('/').collect();
         let bad_segment = segments.iter().any(|s| {
-            (s.contains('{') || s.contains('}') || s.contains('*'))
-                && *s != "{*}"
-                && *s != "{**}"
+            (s.contains('{') || s.contains('}') || s.contains('*')) && *s != "{*}" && *s != "{**}"
         });
         let last_double = segments.iter().rposition(|s| *s == "{**}");
         let last_op = segments.iter().rposition(|s| *s == "{*}" || *s == "{**}");
-        if !v.starts_with('/') || bad_segment || (last_double.is_some() && last_double != last_op)
-        {
+        if !v.starts_with('/') || bad_segment || (last_double.is_some() && last_double != last_op) {
             e.add(
                 f,
                 format!(
@@ -269,7 +269,8 @@ mod tests {
     fn refused(spec: &str, field: &str, needle: &str) {
         let errs = errors(spec);
         assert!(
-            errs.iter().any(|e| e.contains(&format!("{field}: ")) && e.contains(needle)),
+            errs.iter()
+                .any(|e| e.contains(&format!("{field}: ")) && e.contains(needle)),
             "expected {field}: ...{needle}...; got {errs:?}"
         );
     }
@@ -290,18 +291,70 @@ mod tests {
 
     #[test]
     fn refuses_with_messages() {
-        refused("  action: CUSTOM", "spec.provider", "is required with action CUSTOM");
-        refused("  provider: {name: x}", "spec.provider", "only allowed with action CUSTOM");
-        refused("  rules: [{from: [{}]}]", "spec.rules[0].from[0].source", "is required");
-        refused("  rules: [{from: [{source: {}}]}]", "spec.rules[0].from[0].source", "must not be empty");
-        refused("  rules: [{to: [{operation: {}}]}]", "spec.rules[0].to[0].operation", "must not be empty");
-        refused("  rules: [{when: [{key: request.foo, values: [x]}]}]", "spec.rules[0].when[0].key", "not a known key");
-        refused("  rules: [{when: [{key: \"request.headers[x]\"}]}]", "spec.rules[0].when[0]", "needs values or notValues");
-        refused("  rules: [{when: [{key: source.ip, values: [1.2.3]}]}]", "spec.rules[0].when[0].values[0]", "not an IP address");
-        refused("  rules: [{from: [{source: {ipBlocks: [10.0.0.0/40]}}]}]", "spec.rules[0].from[0].source.ipBlocks[0]", "not an IP address");
-        refused("  rules: [{to: [{operation: {ports: [\"70000\"]}}]}]", "spec.rules[0].to[0].operation.ports[0]", "not a port");
-        refused("  rules: [{from: [{source: {principals: [\"a*b\"]}}]}]", "spec.rules[0].from[0].source.principals[0]", "only allowed alone, as a prefix or as a suffix");
-        refused("  rules: [{to: [{operation: {paths: [\"/a/{**}/b/{*}\"]}}]}]", "spec.rules[0].to[0].operation.paths[0]", "not a path template");
-        refused("  rules: [{from: [{source: {serviceAccounts: [\"a/b/c\"]}}]}]", "spec.rules[0].from[0].source.serviceAccounts[0]", "not a service account");
+        refused(
+            "  action: CUSTOM",
+            "spec.provider",
+            "is required with action CUSTOM",
+        );
+        refused(
+            "  provider: {name: x}",
+            "spec.provider",
+            "only allowed with action CUSTOM",
+        );
+        refused(
+            "  rules: [{from: [{}]}]",
+            "spec.rules[0].from[0].source",
+            "is required",
+        );
+        refused(
+            "  rules: [{from: [{source: {}}]}]",
+            "spec.rules[0].from[0].source",
+            "must not be empty",
+        );
+        refused(
+            "  rules: [{to: [{operation: {}}]}]",
+            "spec.rules[0].to[0].operation",
+            "must not be empty",
+        );
+        refused(
+            "  rules: [{when: [{key: request.foo, values: [x]}]}]",
+            "spec.rules[0].when[0].key",
+            "not a known key",
+        );
+        refused(
+            "  rules: [{when: [{key: \"request.headers[x]\"}]}]",
+            "spec.rules[0].when[0]",
+            "needs values or notValues",
+        );
+        refused(
+            "  rules: [{when: [{key: source.ip, values: [1.2.3]}]}]",
+            "spec.rules[0].when[0].values[0]",
+            "not an IP address",
+        );
+        refused(
+            "  rules: [{from: [{source: {ipBlocks: [10.0.0.0/40]}}]}]",
+            "spec.rules[0].from[0].source.ipBlocks[0]",
+            "not an IP address",
+        );
+        refused(
+            "  rules: [{to: [{operation: {ports: [\"70000\"]}}]}]",
+            "spec.rules[0].to[0].operation.ports[0]",
+            "not a port",
+        );
+        refused(
+            "  rules: [{from: [{source: {principals: [\"a*b\"]}}]}]",
+            "spec.rules[0].from[0].source.principals[0]",
+            "only allowed alone, as a prefix or as a suffix",
+        );
+        refused(
+            "  rules: [{to: [{operation: {paths: [\"/a/{**}/b/{*}\"]}}]}]",
+            "spec.rules[0].to[0].operation.paths[0]",
+            "not a path template",
+        );
+        refused(
+            "  rules: [{from: [{source: {serviceAccounts: [\"a/b/c\"]}}]}]",
+            "spec.rules[0].from[0].source.serviceAccounts[0]",
+            "not a service account",
+        );
     }
 }

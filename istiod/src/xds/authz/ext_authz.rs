@@ -49,7 +49,9 @@ pub enum ProviderError {
     #[error("extension provider {0:?} is not in the mesh config's extensionProviders")]
     NotFound(String),
     /// The provider is not an ext_authz provider.
-    #[error("extension provider {0:?} is a {1} provider, not envoyExtAuthzHttp or envoyExtAuthzGrpc")]
+    #[error(
+        "extension provider {0:?} is a {1} provider, not envoyExtAuthzHttp or envoyExtAuthzGrpc"
+    )]
     NotExtAuthz(String, String),
     /// The provider's service is not in the registry.
     #[error("extension provider {0:?}: service {1:?} is not in the registry")]
@@ -84,7 +86,12 @@ pub(super) fn resolve<'a>(
     for p in policies {
         match &p.spec.provider {
             Some(pr) if !pr.name.is_empty() => names.insert(pr.name.clone()),
-            _ => return Err(ProviderError::Missing(format!("{}/{}", p.namespace, p.name))),
+            _ => {
+                return Err(ProviderError::Missing(format!(
+                    "{}/{}",
+                    p.namespace, p.name
+                )));
+            }
         };
     }
     if names.len() > 1 {
@@ -122,7 +129,10 @@ fn enabled_metadata(rbac_filter: &str) -> MetadataMatcher {
     m::metadata(
         rbac_filter,
         &[&format!("{SHADOW_STAT_PREFIX}shadow_effective_policy_id")],
-        m::value_string(m::string(&format!("{}*", POLICY_PREFIX.trim_end_matches('-')))),
+        m::value_string(m::string(&format!(
+            "{}*",
+            POLICY_PREFIX.trim_end_matches('-')
+        ))),
     )
 }
 
@@ -172,7 +182,11 @@ pub(super) fn http_config(r: &Resolved<'_>) -> http_authz::ExtAuthz {
     };
     match r {
         Resolved::Http(h, cluster, host) => {
-            let port = if h.port == 80 { String::new() } else { format!(":{}", h.port) };
+            let port = if h.port == 80 {
+                String::new()
+            } else {
+                format!(":{}", h.port)
+            };
             let timeout = duration(h.timeout.unwrap_or(DEFAULT_TIMEOUT));
             out.services = Some(http_authz::ext_authz::Services::HttpService(
                 http_authz::HttpService {
@@ -191,7 +205,7 @@ pub(super) fn http_config(r: &Resolved<'_>) -> http_authz::ExtAuthz {
                             .map(|(k, v)| HeaderValue {
                                 key: k.clone(),
                                 value: v.clone(),
-                                        ..Default::default()
+                                ..Default::default()
                             })
                             .collect(),
                         ..Default::default()
@@ -258,7 +272,10 @@ pub(super) fn deny_all(policies: &[NamedPolicy<'_>]) -> (Action, Vec<(String, Po
         .iter()
         .map(|p| {
             (
-                format!("{POLICY_PREFIX}ns[{}]-policy[{}]-deny-all", p.namespace, p.name),
+                format!(
+                    "{POLICY_PREFIX}ns[{}]-policy[{}]-deny-all",
+                    p.namespace, p.name
+                ),
                 all.clone(),
             )
         })

@@ -53,7 +53,11 @@ pub fn string_with_prefix(v: &str, prefix: &str, ignore_case: bool) -> StringMat
         if prefix.is_empty() {
             return sm(MatchPattern::Suffix(rest.to_string()), ignore_case);
         }
-        return regex(&format!("{}.*{}", regex::escape(prefix), regex::escape(rest)));
+        return regex(&format!(
+            "{}.*{}",
+            regex::escape(prefix),
+            regex::escape(rest)
+        ));
     }
     if let Some(rest) = v.strip_suffix('*') {
         return sm(MatchPattern::Prefix(format!("{prefix}{rest}")), ignore_case);
@@ -161,9 +165,7 @@ pub fn metadata(filter: &str, path: &[&str], value: ValueMatcher) -> MetadataMat
         path: path
             .iter()
             .map(|k| metadata_matcher::PathSegment {
-                segment: Some(metadata_matcher::path_segment::Segment::Key(
-                    k.to_string(),
-                )),
+                segment: Some(metadata_matcher::path_segment::Segment::Key(k.to_string())),
             })
             .collect(),
         value: Some(value),
@@ -186,7 +188,10 @@ mod tests {
     #[test]
     fn star_syntax() {
         assert_eq!(string("*"), regex(".+"));
-        assert_eq!(string("*.com"), sm(MatchPattern::Suffix(".com".into()), false));
+        assert_eq!(
+            string("*.com"),
+            sm(MatchPattern::Suffix(".com".into()), false)
+        );
         assert_eq!(string("/a*"), sm(MatchPattern::Prefix("/a".into()), false));
         assert_eq!(
             string_with_prefix("*/sa/x", "spiffe://", false),
@@ -201,7 +206,10 @@ mod tests {
     #[test]
     fn cidrs() {
         let c = cidr("10.0.0.1").unwrap();
-        assert_eq!((c.address_prefix.as_str(), c.prefix_len.unwrap().value), ("10.0.0.1", 32));
+        assert_eq!(
+            (c.address_prefix.as_str(), c.prefix_len.unwrap().value),
+            ("10.0.0.1", 32)
+        );
         assert_eq!(cidr("10.0.0.0/8").unwrap().prefix_len.unwrap().value, 8);
         assert_eq!(cidr("::1").unwrap().prefix_len.unwrap().value, 128);
         assert!(cidr("10.0.0.0/33").is_none());

@@ -111,13 +111,19 @@ impl Attr {
 
 /// The name in brackets after `prefix` (`request.headers[x]` -> `x`).
 fn bracketed(key: &str, prefix: &str) -> Option<String> {
-    let name = key.strip_prefix(prefix)?.strip_prefix('[')?.strip_suffix(']')?;
+    let name = key
+        .strip_prefix(prefix)?
+        .strip_prefix('[')?
+        .strip_suffix(']')?;
     (!name.is_empty() && !name.contains(['[', ']'])).then(|| name.to_string())
 }
 
 /// Nested bracketed names (`request.auth.claims[a][b]` -> `[a, b]`).
 fn nested(key: &str, prefix: &str) -> Option<Vec<String>> {
-    let rest = key.strip_prefix(prefix)?.strip_prefix('[')?.strip_suffix(']')?;
+    let rest = key
+        .strip_prefix(prefix)?
+        .strip_prefix('[')?
+        .strip_suffix(']')?;
     let parts: Vec<String> = rest.split("][").map(str::to_string).collect();
     parts
         .iter()
@@ -285,11 +291,7 @@ fn request_principal(v: &str) -> Principal {
     } else if let Some(rest) = v.strip_prefix('*') {
         match sub {
             Some(sub) => {
-                let mi = if iss == "*" {
-                    any()
-                } else {
-                    s(m::string(iss))
-                };
+                let mi = if iss == "*" { any() } else { s(m::string(iss)) };
                 (mi, Some(s(m::exact(sub, false))))
             }
             None => (any(), Some(s(m::string(&format!("*{rest}"))))),
@@ -326,9 +328,7 @@ fn aggregate_principal(attr: &Attr, values: &[String]) -> Option<Principal> {
                 princ(principal::Identifier::OrIds(principal::Set { ids: or }))
             }
         }
-        Attr::Audiences => {
-            meta_principal(m::jwt_claim(&["aud"], m::value_string_or_list(values)))
-        }
+        Attr::Audiences => meta_principal(m::jwt_claim(&["aud"], m::value_string_or_list(values))),
         Attr::Presenter => meta_principal(m::jwt_claim(&["azp"], m::value_string_or_list(values))),
         Attr::Claims(path) => {
             let path: Vec<&str> = path.iter().map(String::as_str).collect();
@@ -344,16 +344,16 @@ fn envoy_filter_permission(key: &str, values: &[String]) -> Result<Permission, G
     let (filter, path) = envoy_filter_key(key).ok_or_else(|| GenError::Unknown(key.into()))?;
     let ms = values
         .iter()
-        .map(|v| match v.strip_prefix('[').and_then(|v| v.strip_suffix(']')) {
-            Some(inner) => m::value_list_one_of(m::value_string(m::string(inner))),
-            None => m::value_string(m::string(v)),
-        })
+        .map(
+            |v| match v.strip_prefix('[').and_then(|v| v.strip_suffix(']')) {
+                Some(inner) => m::value_list_one_of(m::value_string(m::string(inner))),
+                None => m::value_string(m::string(v)),
+            },
+        )
         .collect();
-    Ok(perm(permission::Rule::SourcedMetadata(sourced(m::metadata(
-        &filter,
-        &[path.as_str()],
-        m::value_or(ms),
-    )))))
+    Ok(perm(permission::Rule::SourcedMetadata(sourced(
+        m::metadata(&filter, &[path.as_str()], m::value_or(ms)),
+    ))))
 }
 
 /// One attribute with its values and notValues.
@@ -402,11 +402,16 @@ fn generate<T>(
         if let Some(t) = aggregate(vals)? {
             return Ok(Some(t));
         }
-        Ok(Some(or(vals.iter().map(|v| one(v)).collect::<Result<_, _>>()?)))
+        Ok(Some(or(vals
+            .iter()
+            .map(|v| one(v))
+            .collect::<Result<_, _>>()?)))
     };
     let mut out = Vec::new();
     out.extend(check(side(e.values).map(|t| t.into_iter().collect()))?);
-    out.extend(check(side(e.not_values).map(|t| t.into_iter().map(&not).collect()))?);
+    out.extend(check(
+        side(e.not_values).map(|t| t.into_iter().map(&not).collect()),
+    )?);
     Ok(out)
 }
 
@@ -449,7 +454,12 @@ fn principal_and(e: &[Entry<'_>], mode: Mode, ns: &str) -> Result<Principal, Gen
     Ok(and_principals(ids))
 }
 
-fn entry<'a>(key: &'a str, attr: Attr, values: &'a [String], not_values: &'a [String]) -> Option<Entry<'a>> {
+fn entry<'a>(
+    key: &'a str,
+    attr: Attr,
+    values: &'a [String],
+    not_values: &'a [String],
+) -> Option<Entry<'a>> {
     (!values.is_empty() || !not_values.is_empty()).then_some(Entry {
         key,
         attr,
@@ -464,7 +474,11 @@ pub fn rule_policy(rule: &Rule, ns: &str, mode: Mode) -> Result<Policy, GenError
     let mut base_princ = Vec::new();
     for c in &rule.when {
         let attr = when_attr(&c.key)?;
-        let target = if attr.is_permission() { &mut base_perm } else { &mut base_princ };
+        let target = if attr.is_permission() {
+            &mut base_perm
+        } else {
+            &mut base_princ
+        };
         target.extend(entry(&c.key, attr, &c.values, &c.not_values));
     }
 
@@ -472,7 +486,12 @@ pub fn rule_policy(rule: &Rule, ns: &str, mode: Mode) -> Result<Policy, GenError
     for from in &rule.from {
         let mut list = Vec::new();
         if let Some(s) = &from.source {
-            list.extend(entry("principals", Attr::SrcPrincipal, &s.principals, &s.not_principals));
+            list.extend(entry(
+                "principals",
+                Attr::SrcPrincipal,
+                &s.principals,
+                &s.not_principals,
+            ));
             list.extend(entry(
                 "requestPrincipals",
                 Attr::RequestPrincipal,
@@ -485,16 +504,29 @@ pub fn rule_policy(rule: &Rule, ns: &str, mode: Mode) -> Result<Policy, GenError
                 &s.service_accounts,
                 &s.not_service_accounts,
             ));
-            list.extend(entry("namespaces", Attr::SrcNamespace, &s.namespaces, &s.not_namespaces));
+            list.extend(entry(
+                "namespaces",
+                Attr::SrcNamespace,
+                &s.namespaces,
+                &s.not_namespaces,
+            ));
             list.extend(entry(
                 "remoteIpBlocks",
                 Attr::RemoteIp,
                 &s.remote_ip_blocks,
                 &s.not_remote_ip_blocks,
             ));
-            list.extend(entry("ipBlocks", Attr::SrcIp, &s.ip_blocks, &s.not_ip_blocks));
+            list.extend(entry(
+                "ipBlocks",
+                Attr::SrcIp,
+                &s.ip_blocks,
+                &s.not_ip_blocks,
+            ));
         }
-        list.extend(base_princ.iter().map(|e| Entry { attr: e.attr.clone(), ..*e }));
+        list.extend(base_princ.iter().map(|e| Entry {
+            attr: e.attr.clone(),
+            ..*e
+        }));
         principals.push(principal_and(&list, mode, ns)?);
     }
     if rule.from.is_empty() {
@@ -510,7 +542,10 @@ pub fn rule_policy(rule: &Rule, ns: &str, mode: Mode) -> Result<Policy, GenError
             list.extend(entry("paths", Attr::Path, &o.paths, &o.not_paths));
             list.extend(entry("ports", Attr::DestPort, &o.ports, &o.not_ports));
         }
-        list.extend(base_perm.iter().map(|e| Entry { attr: e.attr.clone(), ..*e }));
+        list.extend(base_perm.iter().map(|e| Entry {
+            attr: e.attr.clone(),
+            ..*e
+        }));
         permissions.push(permission_and(&list, mode)?);
     }
     if rule.to.is_empty() {

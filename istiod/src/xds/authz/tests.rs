@@ -1,9 +1,9 @@
 //! The RBAC and ext_authz protos produced for representative policies.
 
 use prost::Message;
+use proto::pb::envoy::config::core::v3::http_uri;
 use proto::pb::envoy::config::rbac::v3::{permission::Rule as P, principal::Identifier as I};
 use proto::pb::envoy::extensions::filters::http::ext_authz::v3::{ExtAuthz, ext_authz::Services};
-use proto::pb::envoy::config::core::v3::http_uri;
 use proto::pb::envoy::r#type::matcher::v3::path_matcher;
 use proto::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
 
@@ -79,11 +79,27 @@ fn permission_rules(p: &Permission) -> &[Permission] {
 fn selection_root_namespace_and_own_namespace() {
     let yaml = [
         policy("istio-system", "mesh-wide", "  rules: [{}]"),
-        policy("istio-system", "root-selected", "  selector: {matchLabels: {app: httpbin}}\n  rules: [{}]"),
-        policy("istio-system", "root-other", "  selector: {matchLabels: {app: other}}\n  rules: [{}]"),
+        policy(
+            "istio-system",
+            "root-selected",
+            "  selector: {matchLabels: {app: httpbin}}\n  rules: [{}]",
+        ),
+        policy(
+            "istio-system",
+            "root-other",
+            "  selector: {matchLabels: {app: other}}\n  rules: [{}]",
+        ),
         policy("demo", "ns-wide", "  rules: [{}]"),
-        policy("demo", "selected", "  selector: {matchLabels: {app: httpbin}}\n  rules: [{}]"),
-        policy("demo", "other", "  selector: {matchLabels: {app: other}}\n  rules: [{}]"),
+        policy(
+            "demo",
+            "selected",
+            "  selector: {matchLabels: {app: httpbin}}\n  rules: [{}]",
+        ),
+        policy(
+            "demo",
+            "other",
+            "  selector: {matchLabels: {app: other}}\n  rules: [{}]",
+        ),
         policy("elsewhere", "ns-wide", "  rules: [{}]"),
     ]
     .concat();
@@ -125,8 +141,14 @@ fn no_policies_no_filters_and_empty_allow_denies_everything() {
     let c = ctx(&policy("demo", "allow-all", "  rules: [{}]"), "");
     let rules = rbac_of(&http_filters(&c, &proxy(&[]))[0]).rules.unwrap();
     let p = &rules.policies["ns[demo]-policy[allow-all]-rule[0]"];
-    assert_eq!(permission_rules(&p.permissions[0]), [any_policy().permissions[0].clone()]);
-    assert_eq!(principal_ids(&p.principals[0]), [any_policy().principals[0].clone()]);
+    assert_eq!(
+        permission_rules(&p.permissions[0]),
+        [any_policy().permissions[0].clone()]
+    );
+    assert_eq!(
+        principal_ids(&p.principals[0]),
+        [any_policy().principals[0].clone()]
+    );
 }
 
 #[test]
@@ -149,21 +171,40 @@ fn actions_in_istio_order_with_names_and_matchers() {
     let actions: Vec<i32> = f.iter().map(|f| rbac_of(f).rules.unwrap().action).collect();
     assert_eq!(
         actions,
-        [Action::Deny as i32, Action::Log as i32, Action::Allow as i32]
+        [
+            Action::Deny as i32,
+            Action::Log as i32,
+            Action::Allow as i32
+        ]
     );
 
     let deny = rbac_of(&f[0]).rules.unwrap();
     let d = &deny.policies["ns[demo]-policy[deny]-rule[0]"];
-    let [Permission { rule: Some(P::OrRules(or)) }] = permission_rules(&d.permissions[0]) else {
+    let [
+        Permission {
+            rule: Some(P::OrRules(or)),
+        },
+    ] = permission_rules(&d.permissions[0])
+    else {
         panic!("{d:?}")
     };
-    let Some(P::UrlPath(path)) = &or.rules[0].rule else { panic!("{or:?}") };
-    let Some(path_matcher::Rule::Path(sm)) = &path.rule else { panic!() };
-    assert_eq!(sm.match_pattern, Some(MatchPattern::Prefix("/admin".into())));
+    let Some(P::UrlPath(path)) = &or.rules[0].rule else {
+        panic!("{or:?}")
+    };
+    let Some(path_matcher::Rule::Path(sm)) = &path.rule else {
+        panic!()
+    };
+    assert_eq!(
+        sm.match_pattern,
+        Some(MatchPattern::Prefix("/admin".into()))
+    );
 
     let audit = rbac_of(&f[1]).rules.unwrap();
     let a = &audit.policies["ns[demo]-policy[audit]-rule[0]"];
-    assert!(matches!(permission_rules(&a.permissions[0])[0].rule, Some(P::NotRule(_))));
+    assert!(matches!(
+        permission_rules(&a.permissions[0])[0].rule,
+        Some(P::NotRule(_))
+    ));
 
     let allow = rbac_of(&f[2]).rules.unwrap();
     let p = &allow.policies["ns[demo]-policy[allow]-rule[0]"];
@@ -174,25 +215,41 @@ fn actions_in_istio_order_with_names_and_matchers() {
         Some(I::OrIds(s)) => s.ids[0].identifier.clone(),
         other => other.clone(),
     };
-    let Some(I::Authenticated(a)) = or(&ids[0]) else { panic!("{ids:?}") };
+    let Some(I::Authenticated(a)) = or(&ids[0]) else {
+        panic!("{ids:?}")
+    };
     assert_eq!(
         a.principal_name.unwrap().match_pattern,
-        Some(MatchPattern::Exact("spiffe://cluster.local/ns/demo/sa/sleep".into()))
+        Some(MatchPattern::Exact(
+            "spiffe://cluster.local/ns/demo/sa/sleep".into()
+        ))
     );
-    let Some(I::Authenticated(a)) = or(&ids[1]) else { panic!() };
-    assert!(matches!(a.principal_name.unwrap().match_pattern, Some(MatchPattern::SafeRegex(r)) if r.regex == ".*/ns/demo/.*"));
+    let Some(I::Authenticated(a)) = or(&ids[1]) else {
+        panic!()
+    };
+    assert!(
+        matches!(a.principal_name.unwrap().match_pattern, Some(MatchPattern::SafeRegex(r)) if r.regex == ".*/ns/demo/.*")
+    );
     assert!(matches!(or(&ids[2]), Some(I::DirectRemoteIp(c)) if c.address_prefix == "198.18.0.0"));
     assert!(matches!(or(&ids[3]), Some(I::Header(h)) if h.name == "x-user"));
-    let Some(I::SourcedMetadata(md)) = or(&ids[4]) else { panic!() };
+    let Some(I::SourcedMetadata(md)) = or(&ids[4]) else {
+        panic!()
+    };
     let mm = md.metadata_matcher.unwrap();
     assert_eq!(mm.filter, "envoy.filters.http.jwt_authn");
     assert_eq!(mm.path.len(), 2);
     // Permissions: methods, paths (one exact-prefix, one template), ports.
     let rules = permission_rules(&p.permissions[0]);
     assert_eq!(rules.len(), 3);
-    let Some(P::OrRules(paths)) = &rules[1].rule else { panic!() };
-    assert!(matches!(&paths.rules[1].rule, Some(P::UriTemplate(t)) if t.name == "envoy.path.match.uri_template.uri_template_matcher"));
-    assert!(matches!(&rules[2].rule, Some(P::OrRules(s)) if s.rules[0].rule == Some(P::DestinationPort(8080))));
+    let Some(P::OrRules(paths)) = &rules[1].rule else {
+        panic!()
+    };
+    assert!(
+        matches!(&paths.rules[1].rule, Some(P::UriTemplate(t)) if t.name == "envoy.path.match.uri_template.uri_template_matcher")
+    );
+    assert!(
+        matches!(&rules[2].rule, Some(P::OrRules(s)) if s.rules[0].rule == Some(P::DestinationPort(8080)))
+    );
 }
 
 #[test]
@@ -219,7 +276,9 @@ fn tcp_drops_http_rules_in_allow_and_http_fields_in_deny() {
     let d = &deny.policies["ns[demo]-policy[deny]-rule[0]"];
     let rules = permission_rules(&d.permissions[0]);
     assert_eq!(rules.len(), 1);
-    assert!(matches!(&rules[0].rule, Some(P::OrRules(s)) if s.rules[0].rule == Some(P::DestinationPort(9000))));
+    assert!(
+        matches!(&rules[0].rule, Some(P::OrRules(s)) if s.rules[0].rule == Some(P::DestinationPort(9000)))
+    );
     let allow = net_rbac_of(&n[1]).rules.unwrap();
     let names: Vec<&String> = allow.policies.keys().collect();
     assert_eq!(names, ["ns[demo]-policy[allow]-rule[1]"]);
@@ -231,7 +290,9 @@ fn tcp_drops_http_rules_in_allow_and_http_fields_in_deny() {
 #[test]
 fn request_principals_split_issuer_and_subject() {
     let value_of = |p: &Principal| -> (String, String) {
-        let Some(I::SourcedMetadata(md)) = &p.identifier else { panic!("{p:?}") };
+        let Some(I::SourcedMetadata(md)) = &p.identifier else {
+            panic!("{p:?}")
+        };
         let mm = md.metadata_matcher.clone().unwrap();
         let key = |s: &proto::pb::envoy::r#type::matcher::v3::metadata_matcher::PathSegment| {
             match &s.segment {
@@ -239,13 +300,22 @@ fn request_principals_split_issuer_and_subject() {
                 None => String::new(),
             }
         };
-        (key(&mm.path[1]), format!("{:?}", mm.value.unwrap().match_pattern.unwrap()))
+        (
+            key(&mm.path[1]),
+            format!("{:?}", mm.value.unwrap().match_pattern.unwrap()),
+        )
     };
     let ids = |v: &str| -> Vec<(String, String)> {
         let p = model::rule_policy(
-            &serde_yaml_ng::from_str(&format!("from: [{{source: {{requestPrincipals: [\"{v}\"]}}}}]")).unwrap(),
+            &serde_yaml_ng::from_str(&format!(
+                "from: [{{source: {{requestPrincipals: [\"{v}\"]}}}}]"
+            ))
+            .unwrap(),
             "demo",
-            model::Mode { tcp: false, allow: true },
+            model::Mode {
+                tcp: false,
+                allow: true,
+            },
         )
         .unwrap();
         let outer = principal_ids(&p.principals[0]);
@@ -253,13 +323,19 @@ fn request_principals_split_issuer_and_subject() {
     };
     let exact = ids("https://issuer.example/x/user-1");
     assert_eq!(exact[0].0, "iss");
-    assert!(exact[0].1.contains("Exact(\"https://issuer.example/x\")"), "{exact:?}");
+    assert!(
+        exact[0].1.contains("Exact(\"https://issuer.example/x\")"),
+        "{exact:?}"
+    );
     assert!(exact[1].1.contains("Exact(\"user-1\")"), "{exact:?}");
     let star = ids("*");
     assert_eq!(star.len(), 1);
     assert!(star[0].1.contains("PresentMatch(true)"), "{star:?}");
     let sub_prefix = ids("iss/admin-*");
-    assert!(sub_prefix[1].1.contains("Prefix(\"admin-\")"), "{sub_prefix:?}");
+    assert!(
+        sub_prefix[1].1.contains("Prefix(\"admin-\")"),
+        "{sub_prefix:?}"
+    );
 }
 
 const EXT_AUTHZ_SERVICE: &str = r#"---
@@ -303,15 +379,27 @@ fn custom_is_a_shadow_rbac_then_ext_authz_before_deny() {
     let shadow = rbac_of(&f[0]);
     assert!(shadow.rules.is_none());
     assert_eq!(shadow.shadow_rules_stat_prefix, "istio_ext_authz_");
-    assert!(shadow.shadow_rules.unwrap().policies.contains_key("istio-ext-authz-ns[demo]-policy[ext]-rule[0]"));
-    let Some(http_filter::ConfigType::TypedConfig(any)) = &f[1].config_type else { panic!() };
+    assert!(
+        shadow
+            .shadow_rules
+            .unwrap()
+            .policies
+            .contains_key("istio-ext-authz-ns[demo]-policy[ext]-rule[0]")
+    );
+    let Some(http_filter::ConfigType::TypedConfig(any)) = &f[1].config_type else {
+        panic!()
+    };
     let ea = ExtAuthz::decode(any.value.as_slice()).unwrap();
-    let Some(Services::HttpService(hs)) = &ea.services else { panic!("{ea:?}") };
+    let Some(Services::HttpService(hs)) = &ea.services else {
+        panic!("{ea:?}")
+    };
     let uri = hs.server_uri.clone().unwrap();
     assert_eq!(uri.uri, "http://ext-authz.demo.svc.cluster.local:8000");
     assert_eq!(
         uri.http_upstream_type,
-        Some(http_uri::HttpUpstreamType::Cluster("outbound|8000||ext-authz.demo.svc.cluster.local".into()))
+        Some(http_uri::HttpUpstreamType::Cluster(
+            "outbound|8000||ext-authz.demo.svc.cluster.local".into()
+        ))
     );
     assert_eq!(ea.allowed_headers.unwrap().patterns.len(), 1);
     let md = ea.filter_enabled_metadata.unwrap();
@@ -338,7 +426,10 @@ fn custom_with_a_missing_or_unusable_provider_denies_everything() {
         assert_eq!(rules.action, Action::Deny as i32);
         assert_eq!(rules.policies.values().next(), Some(&any_policy()));
         let n = network_filters(&c, &proxy(&[]));
-        assert_eq!(net_rbac_of(&n[0]).rules.unwrap().action, Action::Deny as i32);
+        assert_eq!(
+            net_rbac_of(&n[0]).rules.unwrap().action,
+            Action::Deny as i32
+        );
     }
 }
 
