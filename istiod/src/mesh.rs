@@ -75,6 +75,8 @@ struct MeshConfigFile {
     inbound_traffic_policy: Option<MeshInboundTrafficPolicy>,
     #[serde(default)]
     extension_providers: Vec<serde_json::Value>,
+    #[serde(default)]
+    root_namespace: Option<String>,
 }
 
 /// Istio's `MeshConfig.InboundTrafficPolicy`: only `mode` exists there.
@@ -131,6 +133,18 @@ impl Mesh {
             }
         }
         let extension_providers = extension_providers(&file.extension_providers, &mut errors);
+        // The root namespace decides which policies (Sidecar, PeerAuthentication,
+        // AuthorizationPolicy, RequestAuthentication) apply mesh-wide: one that
+        // is not applied must not be accepted.
+        if let Some(root) = file.root_namespace.as_deref()
+            && !root.is_empty()
+            && root != crate::xds::context::ROOT_NAMESPACE
+        {
+            errors.push(format!(
+                "rootNamespace {root:?} is not supported: this istiod's root namespace is {:?} (remove rootNamespace or set it to that)",
+                crate::xds::context::ROOT_NAMESPACE
+            ));
+        }
         if !errors.is_empty() {
             return Err(errors);
         }
@@ -189,5 +203,15 @@ mod tests {
         assert!(errors[0].contains("\"DENY\" is not a mode"));
         assert!(errors[1].contains("discoverySelectors[0].matchExpressions[0]"));
         assert!(Mesh::parse("discoverySelectors: [{matchLabel: {}}]").is_err());
+    }
+
+    #[test]
+    fn a_root_namespace_other_than_istiods_is_refused() {
+        assert!(Mesh::parse("rootNamespace: istio-system\n").is_ok());
+        let errors = Mesh::parse("rootNamespace: mesh-root\n").unwrap_err();
+        assert!(
+            errors[0].contains("rootNamespace \"mesh-root\" is not supported"),
+            "{errors:?}"
+        );
     }
 }
