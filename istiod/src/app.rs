@@ -230,7 +230,8 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         push_rx,
         xds_metrics,
         config.push_throttle,
-    );
+    )
+    .with_stream_limit(config.max_requests_per_second);
     let sources = crate::generate::start_sources(
         &config,
         kube.clone(),

@@ -48,6 +48,9 @@ pub const ENV_DEBOUNCE_AFTER: &str = "PILOT_DEBOUNCE_AFTER";
 pub const ENV_DEBOUNCE_MAX: &str = "PILOT_DEBOUNCE_MAX";
 /// `PILOT_PUSH_THROTTLE`: pushes generated at once (100).
 pub const ENV_PUSH_THROTTLE: &str = "PILOT_PUSH_THROTTLE";
+/// `PILOT_MAX_REQUESTS_PER_SECOND`: new xDS streams admitted a second (0:
+/// Istio's formula from the CPUs).
+pub const ENV_MAX_REQUESTS_PER_SECOND: &str = "PILOT_MAX_REQUESTS_PER_SECOND";
 
 /// Default for `DEFAULT_WORKLOAD_CERT_TTL`.
 pub const DEFAULT_WORKLOAD_CERT_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -210,6 +213,8 @@ pub struct Config {
     pub debounce_max: Duration,
     /// `PILOT_PUSH_THROTTLE`.
     pub push_throttle: usize,
+    /// `PILOT_MAX_REQUESTS_PER_SECOND`, resolved (never 0).
+    pub max_requests_per_second: f64,
     /// `--configDir`, if set.
     pub config_dir: Option<PathBuf>,
 }
@@ -406,6 +411,19 @@ impl Config {
         let debounce_after = r.duration(ENV_DEBOUNCE_AFTER, crate::push::DEFAULT_DEBOUNCE_AFTER);
         let debounce_max = r.duration(ENV_DEBOUNCE_MAX, crate::push::DEFAULT_DEBOUNCE_MAX);
         let push_throttle: usize = r.parse(ENV_PUSH_THROTTLE, 100);
+        let max_requests_per_second: f64 = r.parse(ENV_MAX_REQUESTS_PER_SECOND, 0.0);
+        if max_requests_per_second < 0.0 || !max_requests_per_second.is_finite() {
+            r.error(format!(
+                "{ENV_MAX_REQUESTS_PER_SECOND}={max_requests_per_second}: must be a rate of 0 or more (0 picks Istio's default from the CPUs)"
+            ));
+        }
+        let max_requests_per_second = if max_requests_per_second > 0.0 {
+            max_requests_per_second
+        } else {
+            crate::xds::rate_limit::default_rate(
+                std::thread::available_parallelism().map_or(1, usize::from),
+            )
+        };
         r.finish()?;
         Ok(Self {
             grpc_addr,
@@ -442,6 +460,7 @@ impl Config {
             debounce_after,
             debounce_max,
             push_throttle,
+            max_requests_per_second,
             config_dir: (!args.config_dir.is_empty()).then(|| PathBuf::from(&args.config_dir)),
         })
     }

@@ -10,6 +10,7 @@ pub mod eds;
 pub mod lds;
 pub mod nds;
 pub mod proxy;
+pub mod rate_limit;
 pub mod rds;
 pub mod security;
 pub mod server;

@@ -88,6 +88,11 @@ struct Harness {
 
 impl Harness {
     async fn new(initial: Arc<dyn PushContext>) -> Harness {
+        Self::start(initial, None).await
+    }
+
+    /// A server admitting `stream_limit` new streams a second, if given.
+    async fn start(initial: Arc<dyn PushContext>, stream_limit: Option<f64>) -> Harness {
         let registry = prometheus::Registry::new();
         let metrics = XdsMetrics::new(&registry).unwrap();
         let (ready, ready_rx) = watch::channel(true);
@@ -97,7 +102,10 @@ impl Harness {
             eds_only: None,
             start: Instant::now(),
         }));
-        let server = DiscoveryServer::new(ready_rx, push_rx, metrics, 10);
+        let mut server = DiscoveryServer::new(ready_rx, push_rx, metrics, 10);
+        if let Some(rate) = stream_limit {
+            server = server.with_stream_limit(rate);
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(
@@ -204,6 +212,64 @@ async fn not_ready_is_unavailable_then_served() {
     h.ready.send_replace(true);
     let (tx, mut s) = sotw(&mut h).await;
     tx.send(req(CLUSTER_TYPE, &[], "")).await.unwrap();
+    assert_eq!(names(&next(&mut s).await), ["C1"]);
+}
+
+type Opened = Result<(mpsc::Sender<DiscoveryRequest>, Streaming<DiscoveryResponse>), tonic::Status>;
+
+async fn open(mut client: AggregatedDiscoveryServiceClient<tonic::transport::Channel>) -> Opened {
+    let (tx, rx) = mpsc::channel(4);
+    tx.send(req(CLUSTER_TYPE, &[], "")).await.unwrap();
+    let s = client
+        .stream_aggregated_resources(ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    Ok((tx, s))
+}
+
+#[tokio::test]
+async fn new_streams_beyond_the_rate_are_refused_with_resource_exhausted() {
+    let h = Harness::start(ctx("v1", &[("c1", "C1")], &[]), Some(1.0)).await;
+    // One stream a second: of three at once the first is admitted now, the
+    // second within its second, and the third, two seconds away, is refused.
+    let (a, b, c) = tokio::join!(
+        open(h.client.clone()),
+        open(h.client.clone()),
+        open(h.client.clone())
+    );
+    let mut admitted = Vec::new();
+    let mut refused = Vec::new();
+    for r in [a, b, c] {
+        match r {
+            Ok(s) => admitted.push(s),
+            Err(e) => refused.push(e),
+        }
+    }
+    assert_eq!((admitted.len(), refused.len()), (2, 1), "{refused:?}");
+    assert_eq!(refused[0].code(), tonic::Code::ResourceExhausted);
+    assert!(
+        refused[0].message().contains("request rate limit exceeded"),
+        "{}",
+        refused[0]
+    );
+    for (_tx, s) in &mut admitted {
+        assert_eq!(names(&next(s).await), ["C1"]);
+    }
+    // The refused proxy retries, as Envoy does, and is served in its turn.
+    let mut served = None;
+    for _ in 0..20 {
+        match open(h.client.clone()).await {
+            Ok(s) => {
+                served = Some(s);
+                break;
+            }
+            Err(e) => {
+                assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    let (_tx, mut s) = served.expect("a retry is admitted within four seconds");
     assert_eq!(names(&next(&mut s).await), ["C1"]);
 }
 

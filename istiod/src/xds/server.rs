@@ -27,6 +27,7 @@ use super::{
     is_wildcard, short_name,
 };
 use crate::ca::authn::Authenticators;
+use super::rate_limit::StreamLimiter;
 
 /// The xDS metrics, with Istio's names.
 #[derive(Clone)]
@@ -121,6 +122,8 @@ struct Inner {
 pub struct DiscoveryServer {
     inner: Arc<Inner>,
     authn: Option<Authenticators>,
+    /// New streams' rate limit, shared by every port's server.
+    limiter: Option<Arc<StreamLimiter>>,
 }
 
 /// The outcome of authentication: `None` on the plaintext port.
@@ -144,6 +147,17 @@ impl DiscoveryServer {
                 counter: AtomicU64::new(0),
             }),
             authn: None,
+            limiter: None,
+        }
+    }
+
+    /// The same server, admitting new streams at most `per_second` a second
+    /// (`PILOT_MAX_REQUESTS_PER_SECOND`); servers cloned from it afterwards
+    /// share the limit.
+    pub fn with_stream_limit(self, per_second: f64) -> Self {
+        Self {
+            limiter: Some(Arc::new(StreamLimiter::new(per_second))),
+            ..self
         }
     }
 
@@ -152,6 +166,7 @@ impl DiscoveryServer {
         Self {
             inner: self.inner.clone(),
             authn: Some(authn),
+            limiter: self.limiter.clone(),
         }
     }
 
@@ -176,6 +191,16 @@ impl DiscoveryServer {
             return Err(Status::unavailable(
                 "server is not ready to serve discovery information",
             ));
+        }
+        if let Some(limiter) = &self.limiter
+            && let Err(e) = limiter.admit().await
+        {
+            let peer = request
+                .remote_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            tracing::warn!(target: "ads", "ADS: {peer:?} exceeded rate limit: {e}");
+            return Err(Status::resource_exhausted(e.to_string()));
         }
         match &self.authn {
             None => Ok(None),
