@@ -22,12 +22,12 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::rate_limit::StreamLimiter;
 use super::{
     CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, Proxy, PushRequest, Resource, cluster_host,
     is_wildcard, short_name,
 };
 use crate::ca::authn::Authenticators;
-use super::rate_limit::StreamLimiter;
 
 /// The xDS metrics, with Istio's names.
 #[derive(Clone)]
