@@ -358,21 +358,37 @@ fn render(ctx: &IstioContext, proxy: &Proxy) -> BTreeMap<&'static str, String> {
     ])
 }
 
-/// The first differing lines of two texts, as a short unified-style diff.
+/// The first differing lines of two texts, as a short unified-style diff:
+/// three lines of context, then up to eight lines removed and added, up
+/// to where the texts agree again.
 fn first_difference(want: &str, got: &str) -> String {
     let (w, g): (Vec<&str>, Vec<&str>) = (want.lines().collect(), got.lines().collect());
     let Some(at) = (0..w.len().max(g.len())).find(|&i| w.get(i) != g.get(i)) else {
         return "(the texts differ only in line endings)".into();
     };
-    let from = at.saturating_sub(3);
+    // The lines both end with, after the first difference.
+    let same_tail = w[at..]
+        .iter()
+        .rev()
+        .zip(g[at..].iter().rev())
+        .take_while(|(a, b)| a == b)
+        .count();
+    // Where the lines agree again at the same offset (a changed value).
+    let resync = (at..w.len().min(g.len()))
+        .find(|&i| w[i] == g[i])
+        .unwrap_or(usize::MAX);
+    let (w_end, g_end) = (
+        (w.len() - same_tail).min(resync.max(at)),
+        (g.len() - same_tail).min(resync.max(at)),
+    );
     let mut out = format!("@@ line {} @@\n", at + 1);
-    for line in &w[from..at.min(w.len())] {
+    for line in &w[at.saturating_sub(3)..at] {
         out.push_str(&format!("  {line}\n"));
     }
-    for line in w.iter().skip(at).take(8) {
+    for line in w[at..w_end].iter().take(8) {
         out.push_str(&format!("- {line}\n"));
     }
-    for line in g.iter().skip(at).take(8) {
+    for line in g[at..g_end].iter().take(8) {
         out.push_str(&format!("+ {line}\n"));
     }
     out
