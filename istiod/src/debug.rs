@@ -146,7 +146,7 @@ async fn config_dump(
                 );
             }
             Err(e) => {
-                out.insert(label.into(), json!({"error": e}));
+                out.insert(label.into(), json!({"error": e.to_string()}));
             }
         }
     }

@@ -180,7 +180,7 @@ mod tests {
             _: &Proxy,
             _: &str,
             _: &BTreeSet<String>,
-        ) -> Result<Vec<Resource>, String> {
+        ) -> Result<Vec<Resource>, crate::xds::generator::GenerateError> {
             Ok(vec![])
         }
     }

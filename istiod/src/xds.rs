@@ -7,6 +7,7 @@ pub mod authz;
 pub mod cds;
 pub mod context;
 pub mod eds;
+pub mod generator;
 pub mod lds;
 pub mod nds;
 pub mod proxy;
@@ -94,7 +95,7 @@ pub trait PushContext: Send + Sync + 'static {
         proxy: &Proxy,
         type_url: &str,
         names: &BTreeSet<String>,
-    ) -> Result<Vec<Resource>, String>;
+    ) -> Result<Vec<Resource>, generator::GenerateError>;
 }
 
 /// What changed in a push.
@@ -108,6 +109,16 @@ pub struct PushRequest {
     pub eds_only: Option<BTreeSet<String>>,
     /// When the first change of this push happened (for convergence time).
     pub start: Instant,
+}
+
+/// Istio's outbound cluster name, `outbound|<port>|<subset>|<host>`.
+pub fn outbound_name(port: u16, subset: &str, host: &str) -> String {
+    format!("outbound|{port}|{subset}|{host}")
+}
+
+/// Istio's inbound cluster name, `inbound|<port>||`.
+pub fn inbound_name(port: u16) -> String {
+    format!("inbound|{port}||")
 }
 
 /// The service host an EDS cluster name (`outbound|port|subset|host`) refers to.

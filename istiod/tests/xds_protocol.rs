@@ -34,7 +34,7 @@ impl PushContext for Fake {
         _: &Proxy,
         type_url: &str,
         names: &BTreeSet<String>,
-    ) -> Result<Vec<Resource>, String> {
+    ) -> Result<Vec<Resource>, istiod::xds::generator::GenerateError> {
         Ok(self
             .resources
             .get(type_url)

@@ -44,15 +44,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Istio's "unlimited" circuit-breaker threshold.
 const UNLIMITED: u32 = u32::MAX;
 
-/// `outbound|<port>|<subset>|<host>`.
-pub fn outbound_name(port: u16, subset: &str, host: &str) -> String {
-    format!("outbound|{port}|{subset}|{host}")
-}
-
-/// `inbound|<port>||`.
-pub fn inbound_name(port: u16) -> String {
-    format!("inbound|{port}||")
-}
+pub use super::{inbound_name, outbound_name};
 
 fn resource(c: Cluster) -> Resource {
     Resource {

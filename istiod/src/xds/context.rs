@@ -17,7 +17,7 @@ use crate::model::service::{
 };
 use crate::model::store::Snapshot;
 
-use super::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, Proxy, PushContext, ROUTE_TYPE, Resource};
+use super::Proxy;
 
 /// Istio's mesh root namespace.
 pub const ROOT_NAMESPACE: &str = "istio-system";
@@ -35,7 +35,7 @@ pub struct Named<T> {
 
 /// The push context.
 pub struct IstioContext {
-    version: String,
+    pub(super) version: String,
     /// Services and endpoints.
     pub registry: ServiceRegistry,
     /// DNS domain (`cluster.local`).
@@ -234,7 +234,7 @@ impl IstioContext {
                 (Some(dest), Some(sc)) => {
                     let host = resolve_host(&dest.host, &sc.namespace, &self.domain);
                     let port = dest.port.as_ref().map(|p| p.number as u16).unwrap_or(0);
-                    super::cds::outbound_name(port, &dest.subset, &host)
+                    super::outbound_name(port, &dest.subset, &host)
                 }
                 _ => super::util::PASSTHROUGH_CLUSTER.into(),
             }),
@@ -571,36 +571,5 @@ impl IstioContext {
             }
         }
         proxy.labels.clone()
-    }
-}
-
-impl PushContext for IstioContext {
-    fn version(&self) -> &str {
-        &self.version
-    }
-
-    fn generate(
-        &self,
-        proxy: &Proxy,
-        type_url: &str,
-        names: &BTreeSet<String>,
-    ) -> Result<Vec<Resource>, String> {
-        let mut proxy = proxy.clone();
-        proxy.labels = self.workload_labels(&proxy);
-        let all = match type_url {
-            CLUSTER_TYPE => super::cds::build(self, &proxy),
-            ENDPOINT_TYPE => super::eds::build(self, &proxy, names),
-            LISTENER_TYPE => super::lds::build(self, &proxy),
-            ROUTE_TYPE => super::rds::build(self, &proxy, names),
-            super::NAME_TABLE_TYPE => super::nds::build(self, &proxy),
-            other => return Err(format!("no generator for {other}")),
-        };
-        Ok(if names.is_empty() || super::is_wildcard(type_url) {
-            all
-        } else {
-            all.into_iter()
-                .filter(|r| names.contains(&r.name))
-                .collect()
-        })
     }
 }

@@ -1,0 +1,50 @@
+//! Generation dispatched by type URL, in one place: the push context
+//! ([`IstioContext`]) is data, and each generator module reads it without
+//! the context calling back into the generators.
+
+use std::collections::BTreeSet;
+
+use super::context::IstioContext;
+use super::{
+    CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, Proxy, PushContext, ROUTE_TYPE,
+    Resource, cds, eds, is_wildcard, lds, nds, rds,
+};
+
+/// Why a proxy's request could not be generated.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum GenerateError {
+    /// A type URL no generator serves (Istio answers these with nothing).
+    #[error("no generator for {0}")]
+    UnknownType(String),
+}
+
+impl PushContext for IstioContext {
+    fn version(&self) -> &str {
+        &self.version
+    }
+
+    fn generate(
+        &self,
+        proxy: &Proxy,
+        type_url: &str,
+        names: &BTreeSet<String>,
+    ) -> Result<Vec<Resource>, GenerateError> {
+        let mut proxy = proxy.clone();
+        proxy.labels = self.workload_labels(&proxy);
+        let all = match type_url {
+            CLUSTER_TYPE => cds::build(self, &proxy),
+            ENDPOINT_TYPE => eds::build(self, &proxy, names),
+            LISTENER_TYPE => lds::build(self, &proxy),
+            ROUTE_TYPE => rds::build(self, &proxy, names),
+            NAME_TABLE_TYPE => nds::build(self, &proxy),
+            other => return Err(GenerateError::UnknownType(other.to_string())),
+        };
+        Ok(if names.is_empty() || is_wildcard(type_url) {
+            all
+        } else {
+            all.into_iter()
+                .filter(|r| names.contains(&r.name))
+                .collect()
+        })
+    }
+}
