@@ -146,7 +146,21 @@ pub async fn run(
             last.elapsed(),
             start.elapsed()
         );
-        let ctx = builder.build(version);
+        // Building walks every object of the store: off the async runtime,
+        // so streams keep being served meanwhile.
+        let (back, ctx) = match tokio::task::spawn_blocking(move || {
+            let ctx = builder.build(version);
+            (builder, ctx)
+        })
+        .await
+        {
+            Ok(built) => built,
+            // A panic while building is a bug: it stays one, as before.
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Cancelled: the runtime is shutting down.
+            Err(_) => return,
+        };
+        builder = back;
         let eds_only = endpoint_only.then_some(hosts);
         if eds_only.is_some() {
             metrics.incremental_pushes.inc();
