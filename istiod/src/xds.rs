@@ -13,6 +13,7 @@ pub mod nds;
 pub mod proxy;
 pub mod rate_limit;
 pub mod rds;
+pub mod scope;
 pub mod security;
 pub mod server;
 pub mod util;

@@ -60,7 +60,8 @@ fn kind(t: cluster::DiscoveryType) -> Option<cluster::ClusterDiscoveryType> {
 /// The clusters of one proxy.
 pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Resource> {
     let mut out = Vec::new();
-    for svc in ctx.services_for(proxy) {
+    let scope = ctx.scope(proxy);
+    for svc in scope.services() {
         if svc.resolution == ServiceResolution::Passthrough {
             continue;
         }

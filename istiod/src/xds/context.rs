@@ -3,8 +3,8 @@
 //! (Sidecar scope, `exportTo`, DestinationRule and VirtualService selection,
 //! PeerAuthentication mode, outbound traffic policy, inbound ports).
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::config::MeshConfig;
 use crate::model::istio::{
@@ -12,12 +12,11 @@ use crate::model::istio::{
     PeerAuthentication, PolicySelector, Sidecar, VirtualService, WorkloadSelector,
 };
 use crate::model::security::{AuthorizationPolicy, RequestAuthentication};
-use crate::model::service::{
-    Protocol, Service, ServiceRegistry, egress_host_matches, host_matches, is_exported_to,
-};
+use crate::model::service::{Protocol, Service, ServiceRegistry, host_matches, is_exported_to};
 use crate::model::store::Snapshot;
 
 use super::Proxy;
+use super::scope::SidecarScope;
 
 /// Istio's mesh root namespace.
 pub const ROOT_NAMESPACE: &str = "istio-system";
@@ -60,6 +59,72 @@ pub struct IstioContext {
     pub mesh: MeshConfig,
     /// The JWKS of RequestAuthentication `jwksUri`s, fetched by istiod.
     pub jwks: Arc<crate::jwks::JwksResolver>,
+    /// Lookups built once per context.
+    index: Index,
+    /// Sidecar scopes by (proxy namespace, Sidecar index), computed on first use.
+    scopes: Mutex<HashMap<(String, Option<usize>), Arc<SidecarScope>>>,
+}
+
+/// The push context's lookups, built with it: VirtualServices by host,
+/// DestinationRules by namespace, and workloads by IP, so a generator's
+/// question costs a map lookup rather than a scan of every object.
+#[derive(Debug, Default)]
+struct Index {
+    /// VirtualServices for sidecars (`mesh`) by resolved exact host.
+    vs_by_host: HashMap<String, Vec<usize>>,
+    /// VirtualServices for sidecars with a wildcard host: (host, index).
+    vs_wildcards: Vec<(String, usize)>,
+    /// DestinationRules by namespace, with their resolved host.
+    dr_by_namespace: HashMap<String, Vec<(String, usize)>>,
+    /// (service index, endpoint index, service port, target port) of every
+    /// endpoint by IP, in registry order.
+    inbound_by_ip: HashMap<String, Vec<(usize, usize, u16, u16)>>,
+}
+
+impl Index {
+    fn new(
+        domain: &str,
+        registry: &ServiceRegistry,
+        virtual_services: &[Named<VirtualService>],
+        destination_rules: &[Named<DestinationRule>],
+    ) -> Self {
+        let mut index = Index::default();
+        for (i, vs) in virtual_services.iter().enumerate() {
+            let for_mesh =
+                vs.spec.gateways.is_empty() || vs.spec.gateways.iter().any(|g| g == "mesh");
+            if !for_mesh {
+                continue;
+            }
+            for h in &vs.spec.hosts {
+                let host = resolve_host(h, &vs.namespace, domain);
+                if host.contains('*') {
+                    index.vs_wildcards.push((host, i));
+                } else {
+                    let list = index.vs_by_host.entry(host).or_default();
+                    if list.last() != Some(&i) {
+                        list.push(i);
+                    }
+                }
+            }
+        }
+        for (i, dr) in destination_rules.iter().enumerate() {
+            index
+                .dr_by_namespace
+                .entry(dr.namespace.clone())
+                .or_default()
+                .push((resolve_host(&dr.spec.host, &dr.namespace, domain), i));
+        }
+        for (s, svc) in registry.services().iter().enumerate() {
+            for (e, ep) in svc.endpoints.iter().enumerate() {
+                index
+                    .inbound_by_ip
+                    .entry(ep.address.clone())
+                    .or_default()
+                    .push((s, e, ep.service_port, ep.port));
+            }
+        }
+        index
+    }
 }
 
 /// The PeerAuthentications that decide one workload's modes.
@@ -108,6 +173,8 @@ pub struct InboundPort {
 pub struct EgressScope<'a> {
     /// The Sidecar's listener; `None` for the implicit catch-all.
     pub listener: Option<&'a IstioEgressListener>,
+    /// The listener's index in the Sidecar's `egress`.
+    pub index: Option<usize>,
     /// The Sidecar's namespace (resolves `.` in hosts).
     pub namespace: &'a str,
 }
@@ -179,13 +246,24 @@ impl IstioContext {
         snapshot: &Snapshot,
         options: &crate::model::service::RegistryOptions,
     ) -> Self {
+        let registry = ServiceRegistry::build(snapshot, options);
+        let destination_rules = collect(snapshot);
+        let virtual_services = collect(snapshot);
+        let index = Index::new(
+            &options.domain,
+            &registry,
+            &virtual_services,
+            &destination_rules,
+        );
         Self {
             version,
-            registry: ServiceRegistry::build(snapshot, options),
+            registry,
             domain: options.domain.clone(),
             trust_domain: options.trust_domain.clone(),
-            destination_rules: collect(snapshot),
-            virtual_services: collect(snapshot),
+            destination_rules,
+            virtual_services,
+            index,
+            scopes: Mutex::default(),
             peer_authentications: oldest_first(snapshot),
             sidecars: collect(snapshot),
             authorization_policies: collect(snapshot),
@@ -253,34 +331,37 @@ impl IstioContext {
                 .spec
                 .egress
                 .iter()
-                .map(|l| EgressScope {
+                .enumerate()
+                .map(|(i, l)| EgressScope {
                     listener: Some(l),
+                    index: Some(i),
                     namespace: &sc.namespace,
                 })
                 .collect(),
             _ => vec![EgressScope {
                 listener: None,
+                index: None,
                 namespace: &proxy.namespace,
             }],
         }
     }
 
-    /// Services visible to `proxy` through one egress scope.
-    pub fn scope_services<'a>(
-        &'a self,
-        proxy: &'a Proxy,
-        scope: EgressScope<'a>,
-    ) -> Vec<&'a Arc<Service>> {
-        self.registry
-            .visible_to(&proxy.namespace)
-            .filter(|svc| {
-                scope.listener.is_none_or(|l| {
-                    l.hosts.iter().any(|h| {
-                        egress_host_matches(h, scope.namespace, &svc.namespace, &svc.hostname)
-                    })
-                })
+    /// The proxy's Sidecar scope: its namespace seen through the Sidecar
+    /// that applies to it, computed once per context and shared.
+    pub fn scope(&self, proxy: &Proxy) -> Arc<SidecarScope> {
+        let sidecar = self.sidecar_index(proxy);
+        let key = (proxy.namespace.clone(), sidecar);
+        let mut scopes = self.scopes.lock().unwrap_or_else(PoisonError::into_inner);
+        scopes
+            .entry(key)
+            .or_insert_with(|| {
+                Arc::new(SidecarScope::new(
+                    &self.registry,
+                    &proxy.namespace,
+                    sidecar.map(|i| (i, &self.sidecars[i])),
+                ))
             })
-            .collect()
+            .clone()
     }
 
     /// The workload's inbound ports, sorted: its Sidecar's `ingress` when it
@@ -357,42 +438,29 @@ impl IstioContext {
     /// The Sidecar resource that applies to `proxy`: selector match in its
     /// namespace, else its namespace's default, else the root namespace's.
     pub fn sidecar_for(&self, proxy: &Proxy) -> Option<&Named<Sidecar>> {
+        self.sidecar_index(proxy).map(|i| &self.sidecars[i])
+    }
+
+    fn sidecar_index(&self, proxy: &Proxy) -> Option<usize> {
         let ns = proxy.namespace.as_str();
-        self.sidecars
+        let sidecars = &self.sidecars;
+        sidecars
             .iter()
-            .find(|s| {
+            .position(|s| {
                 s.namespace == ns
                     && s.spec.workload_selector.is_some()
                     && selects(&s.spec.workload_selector, &proxy.labels)
             })
             .or_else(|| {
-                self.sidecars
+                sidecars
                     .iter()
-                    .find(|s| s.namespace == ns && s.spec.workload_selector.is_none())
+                    .position(|s| s.namespace == ns && s.spec.workload_selector.is_none())
             })
             .or_else(|| {
-                self.sidecars
-                    .iter()
-                    .find(|s| s.namespace == ROOT_NAMESPACE && s.spec.workload_selector.is_none())
+                sidecars.iter().position(|s| {
+                    s.namespace == ROOT_NAMESPACE && s.spec.workload_selector.is_none()
+                })
             })
-    }
-
-    /// Services visible to `proxy`: exported to its namespace and allowed by
-    /// its Sidecar's egress hosts.
-    pub fn services_for<'a>(&'a self, proxy: &'a Proxy) -> Vec<&'a Arc<Service>> {
-        let sidecar = self.sidecar_for(proxy);
-        self.registry
-            .visible_to(&proxy.namespace)
-            .filter(|svc| match sidecar {
-                None => true,
-                Some(sc) if sc.spec.egress.is_empty() => true,
-                Some(sc) => sc.spec.egress.iter().any(|e| {
-                    e.hosts.iter().any(|h| {
-                        egress_host_matches(h, &sc.namespace, &svc.namespace, &svc.hostname)
-                    })
-                }),
-            })
-            .collect()
     }
 
     /// The DestinationRule for `host` as seen from `client_ns`: the client's
@@ -402,19 +470,19 @@ impl IstioContext {
         client_ns: &str,
         service: &Service,
     ) -> Option<&Named<DestinationRule>> {
-        let matches = |dr: &&Named<DestinationRule>| {
-            host_matches(
-                &resolve_host(&dr.spec.host, &dr.namespace, &self.domain),
-                &service.hostname,
-            ) && is_exported_to(&dr.spec.export_to, &dr.namespace, client_ns)
-        };
         [client_ns, service.namespace.as_str(), ROOT_NAMESPACE]
             .iter()
             .find_map(|ns| {
-                self.destination_rules
+                self.index
+                    .dr_by_namespace
+                    .get(*ns)?
                     .iter()
-                    .filter(|d| d.namespace == *ns)
-                    .find(matches)
+                    .map(|(host, i)| (host, &self.destination_rules[*i]))
+                    .find(|(host, dr)| {
+                        host_matches(host, &service.hostname)
+                            && is_exported_to(&dr.spec.export_to, &dr.namespace, client_ns)
+                    })
+                    .map(|(_, dr)| dr)
             })
     }
 
@@ -425,18 +493,26 @@ impl IstioContext {
         client_ns: &str,
         hostname: &str,
     ) -> Vec<&Named<VirtualService>> {
-        self.virtual_services
-            .iter()
-            .filter(|vs| {
-                vs.spec.gateways.is_empty() || vs.spec.gateways.iter().any(|g| g == "mesh")
-            })
+        let mut indices: Vec<usize> = self
+            .index
+            .vs_by_host
+            .get(hostname)
+            .map(|v| v.to_vec())
+            .unwrap_or_default();
+        indices.extend(
+            self.index
+                .vs_wildcards
+                .iter()
+                .filter(|(h, _)| host_matches(h, hostname))
+                .map(|(_, i)| *i),
+        );
+        // The order of the VirtualServices, as before the index.
+        indices.sort_unstable();
+        indices.dedup();
+        indices
+            .into_iter()
+            .map(|i| &self.virtual_services[i])
             .filter(|vs| is_exported_to(&vs.spec.export_to, &vs.namespace, client_ns))
-            .filter(|vs| {
-                vs.spec
-                    .hosts
-                    .iter()
-                    .any(|h| host_matches(&resolve_host(h, &vs.namespace, &self.domain), hostname))
-            })
             .collect()
     }
 
@@ -545,15 +621,22 @@ impl IstioContext {
     /// The services this proxy's workload serves, with the matching target ports:
     /// (service, service port, target port).
     pub fn inbound_for<'a>(&'a self, proxy: &'a Proxy) -> Vec<(&'a Arc<Service>, u16, u16)> {
+        let services = self.registry.services();
+        let mut found: Vec<(usize, usize, u16, u16)> = proxy
+            .ips
+            .iter()
+            .filter_map(|ip| self.index.inbound_by_ip.get(ip))
+            .flatten()
+            .copied()
+            .collect();
+        // Registry order, then endpoint order, as a scan of the registry finds them.
+        found.sort_unstable_by_key(|(s, e, _, _)| (*s, *e));
         let mut out = Vec::new();
         let mut seen = BTreeSet::new();
-        for svc in self.registry.services() {
-            for ep in &svc.endpoints {
-                if proxy.ips.contains(&ep.address)
-                    && seen.insert((svc.hostname.clone(), ep.service_port))
-                {
-                    out.push((svc, ep.service_port, ep.port));
-                }
+        for (s, _, service_port, port) in found {
+            let svc = &services[s];
+            if seen.insert((svc.hostname.clone(), service_port)) {
+                out.push((svc, service_port, port));
             }
         }
         out
@@ -561,15 +644,22 @@ impl IstioContext {
 
     /// The proxy's workload labels from the registry (Pod labels), or its metadata.
     pub fn workload_labels(&self, proxy: &Proxy) -> Labels {
-        for svc in self.registry.services() {
-            if let Some(ep) = svc
-                .endpoints
-                .iter()
-                .find(|e| proxy.ips.contains(&e.address))
-            {
-                return ep.labels.clone();
-            }
-        }
-        proxy.labels.clone()
+        let services = self.registry.services();
+        let first = proxy
+            .ips
+            .iter()
+            .filter_map(|ip| self.index.inbound_by_ip.get(ip))
+            .flatten()
+            .map(|(s, _, _, _)| *s)
+            .min();
+        first
+            .and_then(|s| {
+                services[s]
+                    .endpoints
+                    .iter()
+                    .find(|e| proxy.ips.contains(&e.address))
+            })
+            .map(|e| e.labels.clone())
+            .unwrap_or_else(|| proxy.labels.clone())
     }
 }

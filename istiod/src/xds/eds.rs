@@ -35,20 +35,15 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy, names: &BTreeSet<String>) -> Vec
     } else {
         names.iter().cloned().collect()
     };
-    // The proxy's visible services, indexed once (not per cluster); the
-    // first service of a host name wins, as in the registry's order.
-    let services: std::collections::HashMap<&str, &std::sync::Arc<crate::model::service::Service>> =
-        ctx.services_for(proxy)
-            .into_iter()
-            .rev()
-            .map(|s| (s.hostname.as_str(), s))
-            .collect();
+    // The proxy's visible services; the first service of a host name wins,
+    // as in the registry's order.
+    let scope = ctx.scope(proxy);
     let mut out = Vec::new();
     for name in wanted {
         let Some((port, subset, host)) = parse_cluster(&name) else {
             continue;
         };
-        let Some(svc) = services.get(host).copied() else {
+        let Some(svc) = scope.service(host) else {
             // Unknown now: an empty assignment keeps Envoy from waiting.
             out.push(Resource {
                 name: name.clone(),

@@ -18,7 +18,8 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Resource> {
         return Vec::new();
     }
     let mut table = NameTable::default();
-    for svc in ctx.services_for(proxy) {
+    let scope = ctx.scope(proxy);
+    for svc in scope.services() {
         let ips: Vec<String> = svc
             .addresses
             .iter()

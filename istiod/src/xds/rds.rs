@@ -178,8 +178,9 @@ fn route_config(ctx: &IstioContext, proxy: &Proxy, name: &str) -> Option<RouteCo
             .find(|s| port_of(s) == u32::from(port))
             .or(catch_all_scope),
     }?;
-    let mut vhosts: Vec<VirtualHost> = ctx
-        .scope_services(proxy, *scope)
+    let sidecar_scope = ctx.scope(proxy);
+    let mut vhosts: Vec<VirtualHost> = sidecar_scope
+        .egress_services(scope.index)
         .into_iter()
         .filter(|s| host.is_none_or(|h| s.hostname == h))
         .filter(|s| {

@@ -192,6 +192,7 @@ fn plan(ctx: &IstioContext, proxy: &Proxy) -> Plan {
         ip,
         entries: BTreeMap::new(),
     };
+    let sidecar_scope = ctx.scope(proxy);
     for scope in ctx.egress_scopes(proxy) {
         let l = scope.listener;
         let capture_none = l.is_some_and(|l| l.capture_mode == CaptureMode::None);
@@ -208,8 +209,12 @@ fn plan(ctx: &IstioContext, proxy: &Proxy) -> Plan {
             },
             bind_to_port,
         };
-        let services = ctx.scope_services(proxy, scope);
-        add_scope(&mut plan, &binding, scope, &services);
+        add_scope(
+            &mut plan,
+            &binding,
+            scope,
+            &sidecar_scope.egress_services(scope.index),
+        );
     }
     plan
 }

@@ -1,0 +1,172 @@
+//! Istio's `SidecarScope`: what the outbound side of one proxy can see, computed
+//! once per push context for every (namespace, Sidecar) pair and shared by
+//! every proxy with that pair. Generators read the services from here rather
+//! than filtering the registry per proxy, the cache keys route configurations
+//! by it, and push scoping asks it whether a change is visible.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use crate::model::istio::{IstioEgressListener, Sidecar};
+use crate::model::service::{
+    ExportTo, Service, ServiceRegistry, egress_host_matches, host_matches,
+};
+
+use super::context::Named;
+
+/// The services one egress scope of a Sidecar admits (or, without a
+/// Sidecar or without egress listeners, the implicit catch-all).
+#[derive(Debug)]
+pub struct EgressServices {
+    /// The listener's index in the Sidecar's `egress`; `None` for the catch-all.
+    pub listener: Option<usize>,
+    /// Indices into [`SidecarScope::services`].
+    pub services: Vec<usize>,
+}
+
+/// One proxy namespace seen through one Sidecar (or none).
+#[derive(Debug)]
+pub struct SidecarScope {
+    /// The proxies' namespace.
+    pub namespace: String,
+    /// The Sidecar's index in the push context's list, if one applies.
+    pub sidecar: Option<usize>,
+    /// The Sidecar's `namespace/name`, for cache keys; empty without one.
+    pub sidecar_key: String,
+    /// Visible services (exported to the namespace and allowed by an egress
+    /// listener of the Sidecar), in registry order.
+    services: Vec<Arc<Service>>,
+    /// The first visible service of each host name.
+    by_host: HashMap<String, usize>,
+    /// Per egress scope, in the Sidecar's order.
+    egress: Vec<EgressServices>,
+    /// The namespaces the visible services are defined in.
+    namespaces: HashSet<String>,
+    /// The egress hosts of the Sidecar (`ns/host`), to decide whether a
+    /// service that is not in the registry now (deleted) was visible.
+    egress_hosts: Vec<(String, Vec<String>)>,
+}
+
+fn admitted(listener: &IstioEgressListener, sidecar_ns: &str, svc: &Service) -> bool {
+    listener
+        .hosts
+        .iter()
+        .any(|h| egress_host_matches(h, sidecar_ns, &svc.namespace, &svc.hostname))
+}
+
+impl SidecarScope {
+    /// Computes the scope of proxies in `namespace` under `sidecar`.
+    pub fn new(
+        registry: &ServiceRegistry,
+        namespace: &str,
+        sidecar: Option<(usize, &Named<Sidecar>)>,
+    ) -> Self {
+        let listeners: Vec<&IstioEgressListener> = sidecar
+            .map(|(_, sc)| sc.spec.egress.iter().collect())
+            .unwrap_or_default();
+        let sidecar_ns = sidecar.map(|(_, sc)| sc.namespace.as_str()).unwrap_or("");
+        let mut services = Vec::new();
+        let mut egress: Vec<EgressServices> = if listeners.is_empty() {
+            vec![EgressServices {
+                listener: None,
+                services: Vec::new(),
+            }]
+        } else {
+            (0..listeners.len())
+                .map(|i| EgressServices {
+                    listener: Some(i),
+                    services: Vec::new(),
+                })
+                .collect()
+        };
+        for svc in registry.visible_to(namespace) {
+            let mut seen = false;
+            for e in egress.iter_mut() {
+                let admits = e
+                    .listener
+                    .is_none_or(|i| admitted(listeners[i], sidecar_ns, svc));
+                if admits {
+                    if !seen {
+                        services.push(svc.clone());
+                        seen = true;
+                    }
+                    e.services.push(services.len() - 1);
+                }
+            }
+        }
+        let mut by_host = HashMap::new();
+        for (i, svc) in services.iter().enumerate() {
+            by_host.entry(svc.hostname.clone()).or_insert(i);
+        }
+        let namespaces = services.iter().map(|s| s.namespace.clone()).collect();
+        let egress_hosts = listeners
+            .iter()
+            .map(|l| (sidecar_ns.to_string(), l.hosts.clone()))
+            .collect();
+        Self {
+            namespace: namespace.to_string(),
+            sidecar: sidecar.map(|(i, _)| i),
+            sidecar_key: sidecar
+                .map(|(_, sc)| format!("{}/{}", sc.namespace, sc.name))
+                .unwrap_or_default(),
+            services,
+            by_host,
+            egress,
+            namespaces,
+            egress_hosts,
+        }
+    }
+
+    /// The visible services, in registry order.
+    pub fn services(&self) -> &[Arc<Service>] {
+        &self.services
+    }
+
+    /// The first visible service named `host`.
+    pub fn service(&self, host: &str) -> Option<&Arc<Service>> {
+        self.by_host.get(host).map(|i| &self.services[*i])
+    }
+
+    /// The services of one egress scope (see [`EgressServices::listener`]).
+    pub fn egress_services(&self, listener: Option<usize>) -> Vec<&Arc<Service>> {
+        self.egress
+            .iter()
+            .find(|e| e.listener == listener)
+            .map(|e| e.services.iter().map(|i| &self.services[*i]).collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether some visible service's host matches `pattern` (a host or a
+    /// `*.` wildcard, as VirtualService and DestinationRule hosts are).
+    pub fn sees_host(&self, pattern: &str) -> bool {
+        if pattern == "*" {
+            return !self.services.is_empty();
+        }
+        if !pattern.contains('*') {
+            return self.by_host.contains_key(pattern);
+        }
+        self.services
+            .iter()
+            .any(|s| host_matches(pattern, &s.hostname))
+    }
+
+    /// Whether a service defined in `namespace` as `hostname` with
+    /// `export_to` would be visible here, whether or not the registry holds
+    /// it now (push scoping asks about deleted services too).
+    pub fn admits(&self, namespace: &str, hostname: &str, export_to: &ExportTo) -> bool {
+        if !export_to.is_visible_to(&self.namespace) {
+            return false;
+        }
+        self.egress_hosts.is_empty()
+            || self.egress_hosts.iter().any(|(sidecar_ns, hosts)| {
+                hosts
+                    .iter()
+                    .any(|h| egress_host_matches(h, sidecar_ns, namespace, hostname))
+            })
+    }
+
+    /// Whether a visible service is defined in `namespace`.
+    pub fn sees_namespace(&self, namespace: &str) -> bool {
+        self.namespaces.contains(namespace)
+    }
+}
