@@ -62,8 +62,11 @@ pub struct IstioContext {
     /// Lookups built once per context.
     index: Index,
     /// Sidecar scopes by (proxy namespace, Sidecar index), computed on first use.
-    scopes: Mutex<HashMap<(String, Option<usize>), Arc<SidecarScope>>>,
+    scopes: Mutex<HashMap<ScopeKey, Arc<SidecarScope>>>,
 }
+
+/// A proxy namespace and the index of the Sidecar that applies there.
+type ScopeKey = (String, Option<usize>);
 
 /// The push context's lookups, built with it: VirtualServices by host,
 /// DestinationRules by namespace, and workloads by IP, so a generator's
