@@ -235,7 +235,7 @@ fn generate_all(
     proxy: &Proxy,
     eds: &BTreeSet<String>,
     rds: &BTreeSet<String>,
-) -> Vec<Vec<Resource>> {
+) -> Vec<Vec<Arc<Resource>>> {
     let none = BTreeSet::new();
     [
         (CLUSTER_TYPE, &none),
@@ -256,7 +256,7 @@ struct Decoded4 {
     routes: Vec<RouteConfiguration>,
 }
 
-fn decode_all(generated: &[Vec<Resource>]) -> Decoded4 {
+fn decode_all(generated: &[Vec<Arc<Resource>>]) -> Decoded4 {
     let d = |i: usize| generated[i].iter().map(|r| r.resource.value.as_slice());
     Decoded4 {
         clusters: d(0).map(|b| Cluster::decode(b).unwrap()).collect(),
@@ -482,14 +482,14 @@ async fn run(shape: Shape, cores: usize) -> anyhow::Result<()> {
         .generate(&proxy, CLUSTER_TYPE, &none)
         .map_err(anyhow::Error::msg)?
         .into_iter()
-        .map(|r| r.name)
+        .map(|r| r.name.clone())
         .filter(|n| n.starts_with("outbound|"))
         .collect();
     let rds: BTreeSet<String> = ctx
         .generate(&proxy, ROUTE_TYPE, &none)
         .map_err(anyhow::Error::msg)?
         .into_iter()
-        .map(|r| r.name)
+        .map(|r| r.name.clone())
         .collect();
     let mut gen_times = Vec::new();
     let mut per_type = vec![Vec::new(); 4];

@@ -194,7 +194,7 @@ mod tests {
             _: &Proxy,
             _: &str,
             _: &BTreeSet<String>,
-        ) -> Result<Vec<Resource>, crate::xds::generator::GenerateError> {
+        ) -> Result<Vec<Arc<Resource>>, crate::xds::generator::GenerateError> {
             Ok(vec![])
         }
     }

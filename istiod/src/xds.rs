@@ -4,6 +4,7 @@
 
 pub mod authn;
 pub mod authz;
+pub mod cache;
 pub mod cds;
 pub mod context;
 pub mod eds;
@@ -64,23 +65,48 @@ pub fn is_wildcard(type_url: &str) -> bool {
     matches!(type_url, CLUSTER_TYPE | LISTENER_TYPE | NAME_TABLE_TYPE)
 }
 
-/// One generated resource.
-#[derive(Debug, Clone, PartialEq)]
+/// One generated resource, encoded. Shared by reference (`Arc`) between the
+/// XDS cache and every response that carries it.
+#[derive(Debug, Clone)]
 pub struct Resource {
     /// Its name (cluster name, listener name, ...).
     pub name: String,
     /// The encoded resource.
     pub resource: Any,
+    /// [`Resource::version`], computed once.
+    version: std::sync::OnceLock<String>,
+}
+
+impl PartialEq for Resource {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name && self.resource == other.resource
+    }
 }
 
 impl Resource {
+    /// A resource named `name`.
+    pub fn new(name: String, resource: Any) -> Self {
+        Self {
+            name,
+            resource,
+            version: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The resource `m` encoded, named `name`.
+    pub fn encode<M: prost::Message + prost::Name>(name: String, m: &M) -> Self {
+        Self::new(name, util::any(m))
+    }
+
     /// A stable version of the resource's content, for delta xDS.
-    pub fn version(&self) -> String {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        self.resource.type_url.hash(&mut h);
-        self.resource.value.hash(&mut h);
-        format!("{:016x}", h.finish())
+    pub fn version(&self) -> &str {
+        self.version.get_or_init(|| {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            self.resource.type_url.hash(&mut h);
+            self.resource.value.hash(&mut h);
+            format!("{:016x}", h.finish())
+        })
     }
 }
 
@@ -96,7 +122,7 @@ pub trait PushContext: Send + Sync + 'static {
         proxy: &Proxy,
         type_url: &str,
         names: &BTreeSet<String>,
-    ) -> Result<Vec<Resource>, generator::GenerateError>;
+    ) -> Result<Vec<Arc<Resource>>, generator::GenerateError>;
 }
 
 /// What changed in a push.

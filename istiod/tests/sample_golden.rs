@@ -271,7 +271,7 @@ fn sort_keys(v: Value) -> Value {
 }
 
 /// The RDS names the listeners' HTTP connection managers ask for.
-fn rds_names(listeners: &[istiod::xds::Resource]) -> BTreeSet<String> {
+fn rds_names(listeners: &[std::sync::Arc<istiod::xds::Resource>]) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     for r in listeners {
         let l = Listener::decode(r.resource.value.as_slice()).unwrap();
@@ -304,7 +304,7 @@ fn hcm(f: &Filter) -> Option<HttpConnectionManager> {
 
 /// The clusters that take their endpoints from EDS (their service name,
 /// else their own name).
-fn eds_names(clusters: &[istiod::xds::Resource]) -> BTreeSet<String> {
+fn eds_names(clusters: &[std::sync::Arc<istiod::xds::Resource>]) -> BTreeSet<String> {
     clusters
         .iter()
         .map(|r| Cluster::decode(r.resource.value.as_slice()).unwrap())
@@ -338,7 +338,7 @@ fn render(ctx: &IstioContext, proxy: &Proxy) -> BTreeMap<&'static str, String> {
     let listeners = generate(LISTENER_TYPE, &none);
     let routes = generate(ROUTE_TYPE, &rds_names(&listeners));
     let endpoints = generate(ENDPOINT_TYPE, &eds_names(&clusters));
-    let json = |rs: &[istiod::xds::Resource]| {
+    let json = |rs: &[std::sync::Arc<istiod::xds::Resource>]| {
         let items: Vec<Value> = rs
             .iter()
             .map(|r| {

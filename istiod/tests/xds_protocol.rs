@@ -34,19 +34,21 @@ impl PushContext for Fake {
         _: &Proxy,
         type_url: &str,
         names: &BTreeSet<String>,
-    ) -> Result<Vec<Resource>, istiod::xds::generator::GenerateError> {
+    ) -> Result<Vec<Arc<Resource>>, istiod::xds::generator::GenerateError> {
         Ok(self
             .resources
             .get(type_url)
             .into_iter()
             .flatten()
             .filter(|(n, _)| names.is_empty() || names.contains(n))
-            .map(|(n, body)| Resource {
-                name: n.clone(),
-                resource: Any {
-                    type_url: type_url.to_string(),
-                    value: body.as_bytes().to_vec(),
-                },
+            .map(|(n, body)| {
+                Arc::new(Resource::new(
+                    n.clone(),
+                    Any {
+                        type_url: type_url.to_string(),
+                        value: body.as_bytes().to_vec(),
+                    },
+                ))
             })
             .collect())
     }

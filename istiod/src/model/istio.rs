@@ -1109,7 +1109,7 @@ pub struct PeerMtls {
 }
 
 /// The inbound mTLS mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, Hash)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum MtlsMode {
     /// Inherit from the parent scope.

@@ -164,7 +164,7 @@ impl Protocol {
 }
 
 /// How a service's endpoints are found (Istio's `model.Resolution`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ServiceResolution {
     /// Endpoints known to istiod, sent over EDS.
     ClientSideLb,
@@ -179,7 +179,7 @@ pub enum ServiceResolution {
 }
 
 /// Where a service came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ServiceSource {
     /// A Kubernetes Service.
     Kubernetes,
@@ -188,7 +188,7 @@ pub enum ServiceSource {
 }
 
 /// One port of a service.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ServicePort {
     /// The port name (may be empty for a single-port Kubernetes Service).
     pub name: String,
@@ -199,7 +199,7 @@ pub struct ServicePort {
 }
 
 /// Visibility of a config or service across namespaces (`exportTo`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ExportTo {
     /// Every namespace (`*`, and the mesh default).
     All,
@@ -283,7 +283,7 @@ pub fn host_matches(pattern: &str, hostname: &str) -> bool {
 }
 
 /// Istio's `security.istio.io/tlsMode` of an endpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EndpointTlsMode {
     /// The endpoint's sidecar accepts Istio mTLS (label `istio`).
     Istio,
@@ -292,7 +292,7 @@ pub enum EndpointTlsMode {
 }
 
 /// One endpoint of one service port (Istio's `IstioEndpoint`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Endpoint {
     /// IP address or host name (DNS services).
     pub address: String,
@@ -321,7 +321,7 @@ pub struct Endpoint {
 }
 
 /// A service, as generators see it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Service {
     /// The fully qualified host name (`<name>.<ns>.svc.<domain>` or a ServiceEntry host).
     pub hostname: String,
@@ -345,9 +345,25 @@ pub struct Service {
     pub subject_alt_names: Vec<String>,
     /// The endpoints of every port.
     pub endpoints: Vec<Endpoint>,
+    /// A hash of everything above, set when the registry is built: two
+    /// services with the same host, namespace and revision generate the
+    /// same configuration (the XDS cache keys by it).
+    pub revision: u64,
 }
 
 impl Service {
+    /// The content hash [`Service::revision`] holds.
+    pub fn content_hash(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::hash::DefaultHasher::new();
+        Service {
+            revision: 0,
+            ..self.clone()
+        }
+        .hash(&mut h);
+        h.finish()
+    }
+
     /// The port with this number.
     pub fn port(&self, number: u16) -> Option<&ServicePort> {
         self.ports.iter().find(|p| p.port == number)
@@ -399,12 +415,16 @@ impl ServiceRegistry {
     pub fn build(snapshot: &Snapshot, options: &RegistryOptions) -> Self {
         let index = JoinIndex::new(snapshot);
         let mut services: Vec<Arc<Service>> = Vec::new();
+        let mut add = |mut svc: Service| {
+            svc.revision = svc.content_hash();
+            services.push(Arc::new(svc));
+        };
         for svc in snapshot.list::<kube::Service>() {
-            services.push(Arc::new(kube_service(snapshot, &index, svc, options)));
+            add(kube_service(snapshot, &index, svc, options));
         }
         for se in snapshot.list::<istio::ServiceEntry>() {
             for svc in service_entry_services(snapshot, se, options) {
-                services.push(Arc::new(svc));
+                add(svc);
             }
         }
         services.sort_by(|a, b| {
@@ -602,6 +622,7 @@ fn kube_service(
         mesh_external: external,
         export_to: ExportTo::parse(&export_to, &meta.namespace),
         subject_alt_names: Vec::new(),
+        revision: 0,
         endpoints,
     }
 }
@@ -860,6 +881,7 @@ fn service_entry_services(
             mesh_external,
             export_to: ExportTo::parse(&spec.export_to, &meta.namespace),
             subject_alt_names: spec.subject_alt_names.clone(),
+            revision: 0,
             endpoints: endpoints.clone(),
         })
         .collect()

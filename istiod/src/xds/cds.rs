@@ -29,6 +29,9 @@ use proto::pb::envoy::extensions::upstreams::http::v3::{
 };
 use proto::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher};
 
+use std::sync::Arc;
+
+use super::cache::{Dependency, KeyBuilder};
 use super::context::IstioContext;
 use super::util::{
     ads_source, any, delimited, duration, sds, socket, struct_of, transport_socket, u32v,
@@ -38,6 +41,7 @@ use crate::model::istio::{
     ConnectionPoolSettings, H2UpgradePolicy, MtlsMode, TlsMode, TrafficPolicy,
 };
 use crate::model::service::{Protocol, Service, ServicePort, ServiceResolution};
+use crate::model::{Kind, ObjectKey};
 
 /// Istio's mesh default `connectTimeout`.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -46,19 +50,17 @@ const UNLIMITED: u32 = u32::MAX;
 
 pub use super::{inbound_name, outbound_name};
 
-fn resource(c: Cluster) -> Resource {
-    Resource {
-        name: c.name.clone(),
-        resource: any(&c),
-    }
+fn resource(c: Cluster) -> Arc<Resource> {
+    Arc::new(Resource::encode(c.name.clone(), &c))
 }
 
 fn kind(t: cluster::DiscoveryType) -> Option<cluster::ClusterDiscoveryType> {
     Some(cluster::ClusterDiscoveryType::Type(t.into()))
 }
 
-/// The clusters of one proxy.
-pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Resource> {
+/// The clusters of one proxy. Outbound clusters come from the XDS cache
+/// when a proxy with the same view of their service built them already.
+pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Arc<Resource>> {
     let mut out = Vec::new();
     let scope = ctx.scope(proxy);
     for svc in scope.services() {
@@ -67,18 +69,39 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Resource> {
         }
         let dr = ctx.destination_rule(&proxy.namespace, svc);
         let top = dr.and_then(|d| d.spec.traffic_policy.as_ref());
-        for port in &svc.ports {
-            let policy = policy::effective(top, None, port.port);
-            out.push(resource(outbound(ctx, svc, port, "", policy.as_ref())));
-            for subset in dr.map(|d| d.spec.subsets.as_slice()).unwrap_or_default() {
-                let policy = policy::effective(top, Some(subset), port.port);
-                out.push(resource(outbound(
-                    ctx,
-                    svc,
-                    port,
-                    &subset.name,
-                    policy.as_ref(),
+        // What an outbound cluster is built from, besides its name: the
+        // service, the DestinationRule chosen for this proxy, and the mTLS
+        // mode the service's PeerAuthentications imply.
+        let inputs = KeyBuilder::new("CDS", "")
+            .with((&svc.hostname, &svc.namespace, svc.revision))
+            .with(dr.map(|d| (&d.namespace, &d.name)))
+            .with(ctx.service_mtls_mode(svc))
+            .key();
+        let dependencies = || {
+            let mut d = vec![Dependency::Service(svc.hostname.clone())];
+            if let Some(dr) = dr {
+                d.push(Dependency::Config(ObjectKey::new(
+                    Kind::DestinationRule,
+                    &dr.namespace,
+                    &dr.name,
                 )));
+            }
+            d
+        };
+        let subsets = dr.map(|d| d.spec.subsets.as_slice()).unwrap_or_default();
+        for port in &svc.ports {
+            for subset in std::iter::once(None).chain(subsets.iter().map(Some)) {
+                let subset_name = subset.map(|s| s.name.as_str()).unwrap_or("");
+                let name = outbound_name(port.port, subset_name, &svc.hostname);
+                let key = KeyBuilder::new("CDS", &name).with(inputs).key();
+                out.push(
+                    ctx.cache
+                        .get_or_build(key, &name, ctx.seq, dependencies, || {
+                            let policy = policy::effective(top, subset, port.port);
+                            let c = outbound(ctx, svc, port, subset_name, policy.as_ref());
+                            Resource::encode(name.clone(), &c)
+                        }),
+                );
             }
         }
     }

@@ -16,6 +16,7 @@ use crate::model::service::{Protocol, Service, ServiceRegistry, host_matches, is
 use crate::model::store::Snapshot;
 
 use super::Proxy;
+use super::cache::XdsCache;
 use super::scope::SidecarScope;
 
 /// Istio's mesh root namespace.
@@ -59,6 +60,10 @@ pub struct IstioContext {
     pub mesh: MeshConfig,
     /// The JWKS of RequestAuthentication `jwksUri`s, fetched by istiod.
     pub jwks: Arc<crate::jwks::JwksResolver>,
+    /// Generated resources shared across proxies and pushes.
+    pub cache: Arc<XdsCache>,
+    /// The push sequence this context was built for (the cache's token).
+    pub seq: u64,
     /// Lookups built once per context.
     index: Index,
     /// Sidecar scopes by (proxy namespace, Sidecar index), computed on first use.
@@ -139,7 +144,7 @@ struct PeerPolicies<'a> {
 
 /// Where a proxy's traffic to destinations outside the registry goes
 /// (Istio's `SidecarScope.OutboundTrafficPolicy`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct OutboundPolicy {
     /// `ALLOW_ANY` (else `REGISTRY_ONLY`).
     pub allow_any: bool,
@@ -266,6 +271,8 @@ impl IstioContext {
             destination_rules,
             virtual_services,
             index,
+            cache: Arc::default(),
+            seq: 0,
             scopes: Mutex::default(),
             peer_authentications: oldest_first(snapshot),
             sidecars: collect(snapshot),
@@ -288,6 +295,13 @@ impl IstioContext {
     /// The context with this JWKS resolver (shared by every push context).
     pub fn with_jwks(mut self, jwks: Arc<crate::jwks::JwksResolver>) -> Self {
         self.jwks = jwks;
+        self
+    }
+
+    /// The context with the shared XDS cache, built for push `seq`.
+    pub fn with_cache(mut self, cache: Arc<XdsCache>, seq: u64) -> Self {
+        self.cache = cache;
+        self.seq = seq;
         self
     }
 

@@ -3,6 +3,7 @@
 //! the context calling back into the generators.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use super::context::IstioContext;
 use super::{
@@ -28,7 +29,7 @@ impl PushContext for IstioContext {
         proxy: &Proxy,
         type_url: &str,
         names: &BTreeSet<String>,
-    ) -> Result<Vec<Resource>, GenerateError> {
+    ) -> Result<Vec<Arc<Resource>>, GenerateError> {
         let mut proxy = proxy.clone();
         proxy.labels = self.workload_labels(&proxy);
         let all = match type_url {

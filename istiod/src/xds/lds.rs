@@ -31,6 +31,8 @@ use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3:
 use proto::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
 use proto::pb::envoy::r#type::v3::Int32Range;
 
+use std::sync::Arc;
+
 use super::context::IstioContext;
 use super::util::{ads_source, any, u32v};
 use super::{Proxy, Resource};
@@ -42,15 +44,12 @@ pub use outbound::route_names;
 pub const PLAINTEXT_HTTP_ALPNS: &[&str] = &["http/1.1", "h2c"];
 
 /// The listeners of one proxy.
-pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Resource> {
+pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Arc<Resource>> {
     let mut out: Vec<Listener> = outbound::listeners(ctx, proxy);
     out.extend(outbound::virtual_outbound(ctx, proxy));
     out.extend(inbound::listeners(ctx, proxy));
     out.into_iter()
-        .map(|l| Resource {
-            name: l.name.clone(),
-            resource: any(&l),
-        })
+        .map(|l| Arc::new(Resource::encode(l.name.clone(), &l)))
         .collect()
 }
 

@@ -3,6 +3,8 @@
 //! services also carry their short name and namespace so the agent answers
 //! `name`, `name.ns` and `name.ns.svc` inside the namespace.
 
+use std::sync::Arc;
+
 use prost::Message;
 use proto::nds::NameTable;
 use proto::nds::name_table::NameInfo;
@@ -13,7 +15,7 @@ use super::{NAME_TABLE_TYPE, Proxy, Resource};
 use crate::model::service::ServiceSource;
 
 /// The name table of one proxy (empty unless it captures DNS).
-pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Resource> {
+pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Arc<Resource>> {
     if !proxy.dns_capture {
         return Vec::new();
     }
@@ -58,11 +60,11 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Resource> {
             },
         );
     }
-    vec![Resource {
-        name: String::new(),
-        resource: Any {
+    vec![Arc::new(Resource::new(
+        String::new(),
+        Any {
             type_url: NAME_TABLE_TYPE.into(),
             value: table.encode_to_vec(),
         },
-    }]
+    ))]
 }

@@ -17,6 +17,7 @@ mod tests;
 mod translate;
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use proto::pb::envoy::config::route::v3::{
@@ -27,12 +28,15 @@ use proto::pb::google::protobuf::BoolValue;
 pub use ops::{CORS_FILTER, grpc_code};
 
 use self::translate::{Clusters, default_retries, route_match, source_matches, timed, vs_route};
+use super::cache::{Dependency, KeyBuilder};
 use super::cds::outbound_name;
-use super::context::{IstioContext, OutboundPolicy};
-use super::util::{MAX_DIRECT_RESPONSE_BODY_BYTES, any, u32v};
+use super::context::{IstioContext, Named, OutboundPolicy, resolve_host};
+use super::scope::SidecarScope;
+use super::util::{MAX_DIRECT_RESPONSE_BODY_BYTES, u32v};
 use super::{Proxy, Resource};
-use crate::model::istio::HttpMatchRequest;
+use crate::model::istio::{HttpMatchRequest, VirtualService};
 use crate::model::service::{Service, ServiceResolution, ServiceSource};
+use crate::model::{Kind, ObjectKey};
 
 /// Istio's virtual host domains for a service, seen from a sidecar in
 /// `client_ns` (`generateVirtualHostDomains` with sidecars' port-less hosts):
@@ -105,9 +109,15 @@ fn catch_all(policy: &OutboundPolicy) -> VirtualHost {
 
 /// The virtual host of one service port: its VirtualService routes, else
 /// Istio's default route.
-fn virtual_host(ctx: &IstioContext, proxy: &Proxy, svc: &Service, port: u16) -> VirtualHost {
+fn virtual_host(
+    ctx: &IstioContext,
+    proxy: &Proxy,
+    svc: &Service,
+    port: u16,
+    virtual_services: &[&Named<VirtualService>],
+) -> VirtualHost {
     let mut routes = Vec::new();
-    for vs in ctx.virtual_services_for(&proxy.namespace, &svc.hostname) {
+    for vs in virtual_services {
         let clusters = Clusters {
             ctx,
             vs_ns: &vs.namespace,
@@ -153,10 +163,112 @@ fn virtual_host(ctx: &IstioContext, proxy: &Proxy, svc: &Service, port: u16) -> 
     }
 }
 
+/// The hosts a VirtualService's routes and mirrors send to.
+fn destination_hosts(vs: &VirtualService) -> impl Iterator<Item = &str> {
+    vs.http.iter().flat_map(|r| {
+        r.route
+            .iter()
+            .map(|d| d.destination.host.as_str())
+            .chain(r.mirror.iter().map(|m| m.host.as_str()))
+            .chain(r.mirrors.iter().map(|m| m.destination.host.as_str()))
+    })
+}
+
+/// What one route configuration is built from: the services with a virtual
+/// host in it, each with its VirtualServices, and the catch-all's policy.
+struct RoutePlan<'a> {
+    name: &'a str,
+    services: Vec<(&'a Arc<Service>, Vec<&'a Named<VirtualService>>)>,
+    catch_all: Option<OutboundPolicy>,
+}
+
+impl RoutePlan<'_> {
+    /// The XDS cache key: the plan, the destinations' services (their ports
+    /// pick cluster names), the proxy's namespace and Sidecar (domains and
+    /// `exportTo`), and its labels when a match asks for `sourceLabels`.
+    fn key(&self, ctx: &IstioContext, proxy: &Proxy, scope: &SidecarScope) -> KeyBuilder {
+        let mut key = KeyBuilder::new("RDS", self.name)
+            .with(&proxy.namespace)
+            .with(&scope.sidecar_key)
+            .with(&self.catch_all);
+        let mut source_labels = false;
+        for (svc, vss) in &self.services {
+            key.add((&svc.hostname, &svc.namespace, svc.revision));
+            for vs in vss {
+                key.add((&vs.namespace, &vs.name));
+                for host in destination_hosts(&vs.spec) {
+                    let host = resolve_host(host, &vs.namespace, &ctx.domain);
+                    key.add(ctx.registry.by_hostname(&host).next().map(|s| s.revision));
+                }
+                source_labels |= vs
+                    .spec
+                    .http
+                    .iter()
+                    .flat_map(|r| &r.r#match)
+                    .any(|m| !m.source_labels.is_empty());
+            }
+        }
+        if source_labels {
+            key.add(&proxy.labels);
+        }
+        key
+    }
+
+    fn dependencies(&self, ctx: &IstioContext, scope: &SidecarScope) -> Vec<Dependency> {
+        let mut out = Vec::new();
+        if !scope.sidecar_key.is_empty()
+            && let Some((ns, name)) = scope.sidecar_key.split_once('/')
+        {
+            out.push(Dependency::Config(ObjectKey::new(Kind::Sidecar, ns, name)));
+        }
+        for (svc, vss) in &self.services {
+            out.push(Dependency::Service(svc.hostname.clone()));
+            for vs in vss {
+                out.push(Dependency::Config(ObjectKey::new(
+                    Kind::VirtualService,
+                    &vs.namespace,
+                    &vs.name,
+                )));
+                for host in destination_hosts(&vs.spec) {
+                    out.push(Dependency::Service(resolve_host(
+                        host,
+                        &vs.namespace,
+                        &ctx.domain,
+                    )));
+                }
+            }
+        }
+        out.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
+        out.dedup();
+        out
+    }
+
+    fn build(&self, ctx: &IstioContext, proxy: &Proxy, port: u16) -> RouteConfiguration {
+        let mut vhosts: Vec<VirtualHost> = self
+            .services
+            .iter()
+            .map(|(s, vss)| virtual_host(ctx, proxy, s, port, vss))
+            .collect();
+        vhosts.sort_by(|a, b| a.name.cmp(&b.name));
+        vhosts.dedup_by(|a, b| a.name == b.name);
+        if let Some(policy) = &self.catch_all {
+            vhosts.push(catch_all(policy));
+        }
+        RouteConfiguration {
+            name: self.name.to_string(),
+            virtual_hosts: vhosts,
+            validate_clusters: Some(BoolValue { value: false }),
+            max_direct_response_body_size_bytes: Some(u32v(MAX_DIRECT_RESPONSE_BODY_BYTES)),
+            ignore_port_in_host_matching: true,
+            ..Default::default()
+        }
+    }
+}
+
 /// One route configuration: `"<port>"`, or `"<host>:<port>"` for a
 /// detected-protocol listener. `None` for a name no listener of this proxy
 /// could use.
-fn route_config(ctx: &IstioContext, proxy: &Proxy, name: &str) -> Option<RouteConfiguration> {
+fn route_config(ctx: &IstioContext, proxy: &Proxy, name: &str) -> Option<Arc<Resource>> {
     let (host, port) = match name.rsplit_once(':') {
         Some((host, port)) => (Some(host), port.parse::<u16>().ok()?),
         None => (None, name.parse::<u16>().ok()?),
@@ -179,34 +291,33 @@ fn route_config(ctx: &IstioContext, proxy: &Proxy, name: &str) -> Option<RouteCo
             .or(catch_all_scope),
     }?;
     let sidecar_scope = ctx.scope(proxy);
-    let mut vhosts: Vec<VirtualHost> = sidecar_scope
-        .egress_services(scope.index)
-        .into_iter()
-        .filter(|s| host.is_none_or(|h| s.hostname == h))
-        .filter(|s| {
-            s.port(port)
-                .is_some_and(|p| p.protocol.is_http() || p.protocol.is_unsupported())
-        })
-        .map(|s| virtual_host(ctx, proxy, s, port))
-        .collect();
-    vhosts.sort_by(|a, b| a.name.cmp(&b.name));
-    vhosts.dedup_by(|a, b| a.name == b.name);
-    if host.is_none() {
-        vhosts.push(catch_all(&ctx.outbound_policy(proxy)));
-    }
-    Some(RouteConfiguration {
-        name: name.to_string(),
-        virtual_hosts: vhosts,
-        validate_clusters: Some(BoolValue { value: false }),
-        max_direct_response_body_size_bytes: Some(u32v(MAX_DIRECT_RESPONSE_BODY_BYTES)),
-        ignore_port_in_host_matching: true,
-        ..Default::default()
-    })
+    let plan = RoutePlan {
+        name,
+        services: sidecar_scope
+            .egress_services(scope.index)
+            .into_iter()
+            .filter(|s| host.is_none_or(|h| s.hostname == h))
+            .filter(|s| {
+                s.port(port)
+                    .is_some_and(|p| p.protocol.is_http() || p.protocol.is_unsupported())
+            })
+            .map(|s| (s, ctx.virtual_services_for(&proxy.namespace, &s.hostname)))
+            .collect(),
+        catch_all: host.is_none().then(|| ctx.outbound_policy(proxy)),
+    };
+    let key = plan.key(ctx, proxy, &sidecar_scope).key();
+    Some(ctx.cache.get_or_build(
+        key,
+        name,
+        ctx.seq,
+        || plan.dependencies(ctx, &sidecar_scope),
+        || Resource::encode(name.to_string(), &plan.build(ctx, proxy, port)),
+    ))
 }
 
 /// Route configurations for `names` (every name the proxy's listeners use
 /// when empty).
-pub fn build(ctx: &IstioContext, proxy: &Proxy, names: &BTreeSet<String>) -> Vec<Resource> {
+pub fn build(ctx: &IstioContext, proxy: &Proxy, names: &BTreeSet<String>) -> Vec<Arc<Resource>> {
     let all;
     let names = if names.is_empty() {
         all = super::lds::route_names(ctx, proxy);
@@ -217,9 +328,5 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy, names: &BTreeSet<String>) -> Vec
     names
         .iter()
         .filter_map(|n| route_config(ctx, proxy, n))
-        .map(|rc| Resource {
-            name: rc.name.clone(),
-            resource: any(&rc),
-        })
         .collect()
 }

@@ -387,7 +387,7 @@ impl SotwConn {
         names: &BTreeSet<String>,
         incremental: bool,
     ) -> Result<(), ()> {
-        let resources: Vec<Resource> = match ctx.ctx.generate(&self.proxy, type_url, names) {
+        let resources: Vec<Arc<Resource>> = match ctx.ctx.generate(&self.proxy, type_url, names) {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(target: "ads", "{}: generation failed for {}: {e}", short_name(type_url), self.id);
@@ -409,7 +409,7 @@ impl SotwConn {
         let count = resources.len();
         let response = DiscoveryResponse {
             version_info: version.clone(),
-            resources: resources.into_iter().map(|r| r.resource).collect(),
+            resources: resources.iter().map(|r| r.resource.clone()).collect(),
             type_url: type_url.to_string(),
             nonce: nonce.clone(),
             ..Default::default()
@@ -688,7 +688,7 @@ impl DeltaConn {
                 continue;
             }
             present.insert(r.name.clone());
-            let v = r.version();
+            let v = r.version().to_string();
             if w.sent.get(&r.name) != Some(&v) {
                 changed.push((r, v));
             }
@@ -731,9 +731,9 @@ impl DeltaConn {
             resources: changed
                 .into_iter()
                 .map(|(r, v)| DeltaResource {
-                    name: r.name,
+                    name: r.name.clone(),
                     version: v,
-                    resource: Some(r.resource),
+                    resource: Some(r.resource.clone()),
                     ..Default::default()
                 })
                 .collect(),

@@ -162,7 +162,12 @@ fn generate<M: Message + Default>(
     ctx.generate(p, type_url, &BTreeSet::new())
         .unwrap()
         .into_iter()
-        .map(|r| (r.name, M::decode(r.resource.value.as_slice()).unwrap()))
+        .map(|r| {
+            (
+                r.name.clone(),
+                M::decode(r.resource.value.as_slice()).unwrap(),
+            )
+        })
         .collect()
 }
 
