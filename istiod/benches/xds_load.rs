@@ -569,12 +569,12 @@ async fn run(shape: Shape, cores: usize) -> anyhow::Result<()> {
     let registry = prometheus::Registry::new();
     let metrics = XdsMetrics::new(&registry)?;
     let (_ready, ready_rx) = watch::channel(true);
-    let (pushes, push_rx) = watch::channel(Some(PushRequest {
-        seq: 1,
-        ctx: ctx.clone() as Arc<dyn PushContext>,
-        eds_only: None,
-        start: Instant::now(),
-    }));
+    let (pushes, push_rx) = watch::channel(Some(PushRequest::new(
+        1,
+        ctx.clone() as Arc<dyn PushContext>,
+        istiod::xds::Updates::everything(),
+        Instant::now(),
+    )));
     // Istio's PILOT_PUSH_THROTTLE default: min(15 + 5 * cores, 100).
     let throttle = (15 + 5 * cores).min(100);
     let server = DiscoveryServer::new(ready_rx, push_rx, metrics, throttle);
@@ -653,12 +653,13 @@ async fn run(shape: Shape, cores: usize) -> anyhow::Result<()> {
     let rebuild = t.elapsed();
     let cpu0 = cpu();
     let start = Instant::now();
-    pushes.send_replace(Some(PushRequest {
-        seq: 2,
-        ctx: ctx2,
-        eds_only: None,
+    let first = pushes.borrow().clone().unwrap();
+    pushes.send_replace(Some(first.next(
+        2,
+        ctx2,
+        istiod::xds::Updates::everything(),
         start,
-    }));
+    )));
     let full = converge(
         &mut acks,
         shape.clients,
@@ -687,12 +688,13 @@ async fn run(shape: Shape, cores: usize) -> anyhow::Result<()> {
     ));
     let cpu0 = cpu();
     let start = Instant::now();
-    pushes.send_replace(Some(PushRequest {
-        seq: 3,
-        ctx: ctx3,
-        eds_only: Some([host0].into_iter().collect()),
+    let second = pushes.borrow().clone().unwrap();
+    pushes.send_replace(Some(second.next(
+        3,
+        ctx3,
+        istiod::xds::Updates::eds([host0]),
         start,
-    }));
+    )));
     let inc = converge(
         &mut acks,
         shape.clients,

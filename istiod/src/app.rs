@@ -231,12 +231,23 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         xds_metrics,
         config.push_throttle,
     )
+    .with_send_timeout(config.xds_send_timeout)
     .with_stream_limit(config.max_requests_per_second);
-    let sources = crate::generate::start_sources(
+    let cache_metrics = if config.xds_cache.stats {
+        Some(crate::xds::cache::CacheMetrics::new(&registry)?)
+    } else {
+        None
+    };
+    let cache = Arc::new(crate::xds::cache::XdsCache::new(
+        config.xds_cache.clone(),
+        cache_metrics,
+    ));
+    let sources = crate::source::start(
         &config,
         kube.clone(),
         shutdown_rx.clone(),
         crate::metrics::rejected_configs(&registry),
+        cache.clone(),
     )
     .await?;
     let configz = sources.configz.clone();
@@ -253,30 +264,18 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
             shutdown_rx.clone(),
         ));
     }
-    {
-        let pushes = push_tx;
-        let builder = sources.builder;
-        let changes = sources.changes;
-        let (after, max) = (config.debounce_after, config.debounce_max);
-        let mut synced = sources.synced;
-        tokio::spawn(async move {
-            // Istio serves no xDS until its caches are synced and the first
-            // push context exists.
-            let _ = synced.wait_for(|s| *s).await;
-            let mut builder = builder;
-            let ctx =
-                crate::push::ContextBuilder::build(&mut builder, crate::push::push_version(1));
-            pushes.send_replace(Some(crate::xds::PushRequest {
-                seq: 1,
-                ctx,
-                eds_only: None,
-                start: std::time::Instant::now(),
-            }));
-            let _ = ready_tx.send(true);
-            tracing::info!(target: "ads", "caches synced and first push context built: serving xDS");
-            crate::push::run(changes, builder, pushes, after, max, push_metrics).await;
-        });
-    }
+    tokio::spawn(crate::push::run(
+        sources.inputs,
+        sources.builder,
+        sources.synced,
+        ready_tx,
+        push_tx,
+        crate::push::Settings {
+            after: config.debounce_after,
+            max: config.debounce_max,
+            metrics: push_metrics,
+        },
+    ));
 
     let mut secure_grpc_addr = None;
     if let Some(addr) = config.secure_grpc_addr {

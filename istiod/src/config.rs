@@ -46,7 +46,8 @@ pub const ENV_KUBERNETES_SERVICE_HOST: &str = "KUBERNETES_SERVICE_HOST";
 pub const ENV_DEBOUNCE_AFTER: &str = "PILOT_DEBOUNCE_AFTER";
 /// `PILOT_DEBOUNCE_MAX`: longest a push waits for quiet (10s).
 pub const ENV_DEBOUNCE_MAX: &str = "PILOT_DEBOUNCE_MAX";
-/// `PILOT_PUSH_THROTTLE`: pushes generated at once (100).
+/// `PILOT_PUSH_THROTTLE`: pushes generated at once (0: Istio's
+/// `min(15 + 5 x CPUs, 100)`).
 pub const ENV_PUSH_THROTTLE: &str = "PILOT_PUSH_THROTTLE";
 /// `PILOT_MAX_REQUESTS_PER_SECOND`: new xDS streams admitted a second (0:
 /// Istio's formula from the CPUs).
@@ -217,6 +218,12 @@ pub struct Config {
     pub max_requests_per_second: f64,
     /// `--configDir`, if set.
     pub config_dir: Option<PathBuf>,
+    /// The XDS cache (`PILOT_ENABLE_XDS_CACHE`, `PILOT_ENABLE_CDS_CACHE`,
+    /// `PILOT_ENABLE_RDS_CACHE`, `PILOT_XDS_CACHE_SIZE`, `PILOT_XDS_CACHE_STATS`).
+    pub xds_cache: crate::xds::cache::CacheSettings,
+    /// `PILOT_XDS_SEND_TIMEOUT`: how long one push may take to be written to
+    /// a proxy before its stream is closed (0: no limit, Istio's default).
+    pub xds_send_timeout: Duration,
 }
 
 /// Parses Go's listen address forms: `:15012`, `host:port`, `""` (disabled).
@@ -410,7 +417,24 @@ impl Config {
         };
         let debounce_after = r.duration(ENV_DEBOUNCE_AFTER, crate::push::DEFAULT_DEBOUNCE_AFTER);
         let debounce_max = r.duration(ENV_DEBOUNCE_MAX, crate::push::DEFAULT_DEBOUNCE_MAX);
-        let push_throttle: usize = r.parse(ENV_PUSH_THROTTLE, 100);
+        // Istio's PILOT_PUSH_THROTTLE: 0 picks min(15 + 5 x CPUs, 100).
+        let push_throttle: usize = match r.parse(ENV_PUSH_THROTTLE, 0) {
+            0 => crate::xds::rate_limit::default_rate(
+                std::thread::available_parallelism().map_or(1, usize::from),
+            ) as usize,
+            n => n,
+        };
+        let xds_cache = crate::xds::cache::CacheSettings {
+            enabled: r.bool("PILOT_ENABLE_XDS_CACHE", true),
+            cds: r.bool("PILOT_ENABLE_CDS_CACHE", true),
+            rds: r.bool("PILOT_ENABLE_RDS_CACHE", true),
+            size: r.parse(
+                "PILOT_XDS_CACHE_SIZE",
+                crate::xds::cache::DEFAULT_CACHE_SIZE,
+            ),
+            stats: r.bool("PILOT_XDS_CACHE_STATS", false),
+        };
+        let xds_send_timeout = r.duration("PILOT_XDS_SEND_TIMEOUT", Duration::ZERO);
         let max_requests_per_second: f64 = r.parse(ENV_MAX_REQUESTS_PER_SECOND, 0.0);
         if max_requests_per_second < 0.0 || !max_requests_per_second.is_finite() {
             r.error(format!(
@@ -462,6 +486,8 @@ impl Config {
             push_throttle,
             max_requests_per_second,
             config_dir: (!args.config_dir.is_empty()).then(|| PathBuf::from(&args.config_dir)),
+            xds_cache,
+            xds_send_timeout,
         })
     }
 }

@@ -6,7 +6,6 @@ pub mod app;
 pub mod ca;
 pub mod config;
 pub mod debug;
-pub mod generate;
 pub mod grpc;
 pub mod inject;
 pub mod jwks;

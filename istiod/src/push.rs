@@ -1,44 +1,51 @@
-//! The push pipeline: config and endpoint changes are debounced
-//! (`PILOT_DEBOUNCE_AFTER`, `PILOT_DEBOUNCE_MAX`), merged, turned into one new
-//! immutable push context and published to every connection. A batch made
-//! only of endpoint changes becomes an incremental EDS push for the affected
-//! hosts (Istio's "PUSH INC").
+//! The push pipeline, one way: the store's change batches (and the mesh
+//! config and JWKS triggers) are debounced once (`PILOT_DEBOUNCE_AFTER`,
+//! `PILOT_DEBOUNCE_MAX`), a new immutable push context is built from the
+//! store's snapshot off the async runtime ([`builder`]), what the batch
+//! changed is resolved into who needs which types ([`updates`]), the XDS
+//! cache drops what the batch invalidated, and the push is published to
+//! every stream. Only one context is built at a time; changes that arrive
+//! meanwhile wait for the next push, as Istio's debounce does.
 
-use std::collections::BTreeSet;
+pub mod builder;
+pub mod updates;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, Registry};
-use tokio::sync::{mpsc, watch};
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 
-use crate::xds::{PushContext, PushRequest};
+use crate::model::{ConfigBatch, Kind};
+use crate::xds::{PushContext, PushRequest, Updates};
+
+pub use builder::Builder;
+pub use updates::Pending;
 
 /// `PILOT_DEBOUNCE_AFTER`.
 pub const DEFAULT_DEBOUNCE_AFTER: Duration = Duration::from_millis(100);
 /// `PILOT_DEBOUNCE_MAX`.
 pub const DEFAULT_DEBOUNCE_MAX: Duration = Duration::from_secs(10);
 
-/// One change that may need a push.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Change {
-    /// `Kind/namespace/name`, for logs.
-    pub key: String,
-    /// Only endpoints changed (EndpointSlice, WorkloadEntry, Pod IPs).
-    pub endpoint_only: bool,
-    /// Service hosts whose endpoints changed (for incremental EDS).
-    pub hosts: BTreeSet<String>,
+/// A reason to push that does not come from the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// The mesh config changed: everything may have.
+    Mesh,
+    /// RequestAuthentication public keys changed (Istio's `JwksResolver.PushFunc`).
+    Jwks,
 }
 
-/// The push metrics.
+/// The push metrics, with Istio's names.
 #[derive(Clone)]
 pub struct PushMetrics {
     /// `pilot_debounce_time`: first change to push published, context build included.
     pub debounce_time: Histogram,
-    /// `pilot_push_triggers`-like count of pushes published.
-    pub pushes_published: IntCounter,
-    /// `pilot_eds_no_instances`-style count of incremental pushes.
-    pub incremental_pushes: IntCounter,
+    /// `pilot_pushcontext_init_seconds`: building one push context.
+    pub init_time: Histogram,
+    /// `pilot_push_triggers{type}`: pushes by what triggered them.
+    pub triggers: IntCounterVec,
 }
 
 impl PushMetrics {
@@ -48,38 +55,50 @@ impl PushMetrics {
             HistogramOpts::new("pilot_debounce_time", "Delay in seconds between the first config enters debouncing and the merged push request is pushed into the push queue.")
                 .buckets(vec![0.01, 0.1, 1.0, 3.0, 5.0, 10.0, 20.0, 30.0]),
         )?;
-        let pushes_published = IntCounter::new(
-            "pilot_push_context_builds",
-            "Push contexts built and published.",
+        let init_time = Histogram::with_opts(
+            HistogramOpts::new(
+                "pilot_pushcontext_init_seconds",
+                "Total time in seconds Pilot takes to init pushContext.",
+            )
+            .buckets(vec![0.01, 0.1, 0.5, 1.0, 3.0, 5.0]),
         )?;
-        let incremental_pushes = IntCounter::new(
-            "pilot_eds_incremental_pushes",
-            "Endpoint-only pushes published.",
+        let triggers = IntCounterVec::new(
+            Opts::new(
+                "pilot_push_triggers",
+                "Total number of times a push was triggered, labeled by reason for the push.",
+            ),
+            &["type"],
         )?;
-        for c in [
-            Box::new(debounce_time.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(pushes_published.clone()),
-            Box::new(incremental_pushes.clone()),
-        ] {
-            r.register(c)?;
-        }
+        r.register(Box::new(debounce_time.clone()))?;
+        r.register(Box::new(init_time.clone()))?;
+        r.register(Box::new(triggers.clone()))?;
         Ok(Self {
             debounce_time,
-            pushes_published,
-            incremental_pushes,
+            init_time,
+            triggers,
         })
     }
-}
 
-/// Builds a push context from the current state; called once per push.
-pub trait ContextBuilder: Send + 'static {
-    /// A new immutable context with the given push version.
-    fn build(&mut self, version: String) -> Arc<dyn PushContext>;
-}
-
-impl<F: FnMut(String) -> Arc<dyn PushContext> + Send + 'static> ContextBuilder for F {
-    fn build(&mut self, version: String) -> Arc<dyn PushContext> {
-        self(version)
+    /// Counts one push under each of Istio's trigger reasons it has.
+    fn count(&self, pending: &Pending) {
+        let mut reasons = std::collections::BTreeSet::new();
+        if pending.everything {
+            reasons.insert("global");
+        }
+        if pending.jwks {
+            reasons.insert("config");
+        }
+        for (key, endpoint_only) in &pending.objects {
+            reasons.insert(match key.kind {
+                _ if *endpoint_only => "endpoint",
+                Kind::Service | Kind::ServiceEntry => "service",
+                Kind::Namespace => "namespace",
+                _ => "config",
+            });
+        }
+        for r in reasons {
+            self.triggers.with_label_values(&[r]).inc();
+        }
     }
 }
 
@@ -97,217 +116,205 @@ pub fn push_version(counter: u64) -> String {
     )
 }
 
-/// Runs the debounce loop until `changes` closes. The first context is built
-/// and published at once (the initial push); later ones after debouncing.
-pub async fn run(
-    mut changes: mpsc::Receiver<Change>,
-    mut builder: impl ContextBuilder,
-    pushes: watch::Sender<Option<PushRequest>>,
-    after: Duration,
-    max: Duration,
-    metrics: PushMetrics,
-) {
-    let mut seq = pushes.borrow().as_ref().map(|p| p.seq).unwrap_or(0);
-    loop {
-        // Wait for the first change of a batch.
-        let Some(first) = changes.recv().await else {
-            return;
-        };
-        let start = Instant::now();
-        let mut last = start;
-        let mut count = 1usize;
-        let mut endpoint_only = first.endpoint_only;
-        let mut hosts = first.hosts.clone();
-        let first_key = first.key.clone();
-        let mut closed = false;
-        loop {
-            let quiet_deadline = last + after;
-            let max_deadline = start + max;
-            let deadline = quiet_deadline.min(max_deadline);
-            tokio::select! {
-                c = changes.recv() => match c {
-                    Some(c) => {
-                        count += 1;
-                        last = Instant::now();
-                        endpoint_only &= c.endpoint_only;
-                        hosts.extend(c.hosts);
-                    }
-                    None => { closed = true; break; }
-                },
-                _ = tokio::time::sleep_until(deadline) => break,
-            }
+/// A store batch as debouncing merges it; each event is logged as Istio's
+/// config controller logs it.
+fn pending_of(batch: &ConfigBatch) -> Pending {
+    let mut p = Pending {
+        count: 1,
+        ..Default::default()
+    };
+    for event in batch.events.iter() {
+        tracing::info!(target: "config", "{event}");
+        if p.first.is_empty() {
+            p.first = event.key.to_string();
         }
-        seq += 1;
-        let version = push_version(seq);
-        tracing::info!(
-            target: "ads",
-            "Push debounce stable[{seq}] {count} for config {first_key} and {} more configs: {:?} since last change, {:?} since first change",
-            count - 1,
-            last.elapsed(),
-            start.elapsed()
-        );
-        // Building walks every object of the store: off the async runtime,
-        // so streams keep being served meanwhile.
-        let (back, ctx) = match tokio::task::spawn_blocking(move || {
-            let ctx = builder.build(version);
-            (builder, ctx)
-        })
-        .await
-        {
-            Ok(built) => built,
-            // A panic while building is a bug: it stays one, as before.
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            // Cancelled: the runtime is shutting down.
-            Err(_) => return,
-        };
-        builder = back;
-        let eds_only = endpoint_only.then_some(hosts);
-        if eds_only.is_some() {
-            metrics.incremental_pushes.inc();
-        }
-        metrics.pushes_published.inc();
-        pushes.send_replace(Some(PushRequest {
-            seq,
-            ctx,
-            eds_only,
-            start: start.into_std(),
-        }));
-        metrics.debounce_time.observe(start.elapsed().as_secs_f64());
-        if closed {
-            return;
-        }
+        let e = p.objects.entry(event.key.clone()).or_insert(true);
+        *e &= event.endpoint_only;
+    }
+    p
+}
+
+fn pending_of_trigger(t: Trigger) -> Pending {
+    Pending {
+        everything: t == Trigger::Mesh,
+        jwks: t == Trigger::Jwks,
+        first: match t {
+            Trigger::Mesh => "MeshConfig".into(),
+            Trigger::Jwks => "JWKS".into(),
+        },
+        count: 1,
+        ..Default::default()
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::xds::{Proxy, Resource};
+/// Where the pipeline's input comes from.
+pub struct Inputs {
+    /// The store's change batches.
+    pub batches: broadcast::Receiver<ConfigBatch>,
+    /// Mesh config and JWKS changes.
+    pub triggers: mpsc::Receiver<Trigger>,
+}
 
-    struct V(String);
-    impl PushContext for V {
-        fn version(&self) -> &str {
-            &self.0
-        }
-        fn generate(
-            &self,
-            _: &Proxy,
-            _: &str,
-            _: &BTreeSet<String>,
-        ) -> Result<Vec<Arc<Resource>>, crate::xds::generator::GenerateError> {
-            Ok(vec![])
-        }
-    }
-
-    fn change(key: &str, endpoint_only: bool, host: &str) -> Change {
-        Change {
-            key: key.into(),
-            endpoint_only,
-            hosts: [host.to_string()].into(),
-        }
-    }
-
-    fn setup() -> (
-        mpsc::Sender<Change>,
-        watch::Receiver<Option<PushRequest>>,
-        tokio::task::JoinHandle<()>,
-    ) {
-        let (tx, rx) = mpsc::channel(64);
-        let (ptx, prx) = watch::channel(None);
-        let metrics = PushMetrics::new(&Registry::new()).unwrap();
-        let builder = |v: String| Arc::new(V(v)) as Arc<dyn PushContext>;
-        let h = tokio::spawn(run(
-            rx,
-            builder,
-            ptx,
-            DEFAULT_DEBOUNCE_AFTER,
-            DEFAULT_DEBOUNCE_MAX,
-            metrics,
-        ));
-        (tx, prx, h)
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn changes_within_debounce_after_merge_into_one_push() {
-        let (tx, mut prx, _h) = setup();
-        for i in 0..5 {
-            tx.send(change(&format!("VirtualService/default/vs{i}"), false, "a"))
-                .await
-                .unwrap();
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        prx.changed().await.unwrap();
-        let p = prx.borrow_and_update().clone().unwrap();
-        assert_eq!(p.seq, 1);
-        assert!(p.eds_only.is_none(), "a config change is a full push");
-        // Nothing else is pending.
-        assert!(
-            tokio::time::timeout(Duration::from_secs(1), prx.changed())
-                .await
-                .is_err()
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn debounce_max_bounds_a_stream_of_changes() {
-        let (tx, mut prx, _h) = setup();
-        let started = Instant::now();
-        let sender = tokio::spawn(async move {
-            for i in 0..300 {
-                if tx
-                    .send(change(&format!("ServiceEntry/default/s{i}"), false, "a"))
-                    .await
-                    .is_err()
-                {
-                    break;
+impl Inputs {
+    /// The next trigger; `None` once the sources are gone.
+    async fn next(&mut self) -> Option<Pending> {
+        tokio::select! {
+            b = self.batches.recv() => match b {
+                Ok(batch) => Some(pending_of(&batch)),
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::warn!(target: "ads", "{n} config batches were missed: pushing everything");
+                    Some(Pending { everything: true, first: "lost events".into(), count: 1, ..Default::default() })
                 }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        });
-        prx.changed().await.unwrap();
-        let waited = started.elapsed();
-        assert!(
-            waited >= DEFAULT_DEBOUNCE_MAX
-                && waited < DEFAULT_DEBOUNCE_MAX + Duration::from_millis(200),
-            "{waited:?}"
-        );
-        sender.abort();
+                Err(broadcast::error::RecvError::Closed) => None,
+            },
+            t = self.triggers.recv() => t.map(pending_of_trigger),
+        }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn endpoint_only_batches_are_incremental_and_mixed_ones_full() {
-        let (tx, mut prx, _h) = setup();
-        tx.send(change(
-            "EndpointSlice/default/a-1",
-            true,
-            "a.default.svc.cluster.local",
-        ))
-        .await
-        .unwrap();
-        tx.send(change(
-            "EndpointSlice/default/b-1",
-            true,
-            "b.default.svc.cluster.local",
-        ))
-        .await
-        .unwrap();
-        prx.changed().await.unwrap();
-        let p = prx.borrow_and_update().clone().unwrap();
-        let hosts: Vec<String> = p.eds_only.clone().unwrap().into_iter().collect();
-        assert_eq!(
-            hosts,
-            ["a.default.svc.cluster.local", "b.default.svc.cluster.local"]
-        );
-        tx.send(change("EndpointSlice/default/a-1", true, "a"))
-            .await
-            .unwrap();
-        tx.send(change("DestinationRule/default/a", false, "a"))
-            .await
-            .unwrap();
-        prx.changed().await.unwrap();
-        let p = prx.borrow_and_update().clone().unwrap();
-        assert!(p.eds_only.is_none());
-        assert_eq!(p.seq, 2);
-        assert!(p.ctx.version().ends_with("/2"));
+    /// Drops the batches the snapshot of `version` already holds.
+    fn skip_until(&mut self, version: u64) -> Option<Pending> {
+        let mut kept = Pending::default();
+        loop {
+            match self.batches.try_recv() {
+                Ok(b) if b.snapshot.version() <= version => {}
+                Ok(b) => kept.merge(pending_of(&b)),
+                Err(broadcast::error::TryRecvError::Lagged(_)) => {
+                    kept.merge(Pending {
+                        everything: true,
+                        count: 1,
+                        ..Default::default()
+                    });
+                }
+                Err(_) => break,
+            }
+        }
+        (kept.count > 0).then_some(kept)
+    }
+}
+
+/// Waits for the first trigger, then for `after` of quiet (at most `max`
+/// in all), merging what arrives. `None` once the inputs are gone.
+async fn debounce(
+    inputs: &mut Inputs,
+    carried: Option<Pending>,
+    after: Duration,
+    max: Duration,
+) -> Option<(Pending, Instant, bool)> {
+    let mut pending = match carried {
+        Some(p) => p,
+        None => inputs.next().await?,
+    };
+    let start = Instant::now();
+    let mut last = start;
+    loop {
+        let deadline = (last + after).min(start + max);
+        tokio::select! {
+            next = inputs.next() => match next {
+                Some(p) => {
+                    pending.merge(p);
+                    last = Instant::now();
+                }
+                None => return Some((pending, start, true)),
+            },
+            _ = tokio::time::sleep_until(deadline) => break,
+        }
+    }
+    tracing::info!(
+        target: "ads",
+        "Push debounce stable {} for config {} and {} more configs: {:?} since last change, {:?} since first change",
+        pending.count,
+        pending.first,
+        pending.count.saturating_sub(1),
+        last.elapsed(),
+        start.elapsed()
+    );
+    Some((pending, start, false))
+}
+
+/// The pipeline's settings.
+pub struct Settings {
+    /// `PILOT_DEBOUNCE_AFTER`.
+    pub after: Duration,
+    /// `PILOT_DEBOUNCE_MAX`.
+    pub max: Duration,
+    /// The metrics.
+    pub metrics: PushMetrics,
+}
+
+/// Builds off the async runtime: a builder panic is a bug and stays one.
+async fn build_blocking(
+    mut builder: Builder,
+    seq: u64,
+    pending: Option<Pending>,
+) -> Option<(Builder, Arc<dyn PushContext>, Updates)> {
+    let built = tokio::task::spawn_blocking(move || {
+        let (ctx, updates) = match &pending {
+            None => (builder.initial(seq), Updates::everything()),
+            Some(p) => builder.build(seq, p),
+        };
+        (builder, ctx as Arc<dyn PushContext>, updates)
+    })
+    .await;
+    match built {
+        Ok(b) => Some(b),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Cancelled: the runtime is shutting down.
+        Err(_) => None,
+    }
+}
+
+/// Runs the pipeline: once `synced`, the first push context is built and
+/// published and `ready` set (no stream is served before); then a push per
+/// debounced batch, until the inputs close.
+pub async fn run(
+    mut inputs: Inputs,
+    builder: Builder,
+    mut synced: watch::Receiver<bool>,
+    ready: watch::Sender<bool>,
+    pushes: watch::Sender<Option<PushRequest>>,
+    settings: Settings,
+) {
+    // Istio serves no xDS until its caches are synced and the first push
+    // context exists.
+    let _ = synced.wait_for(|s| *s).await;
+    let started = std::time::Instant::now();
+    let Some((mut builder, ctx, updates)) = build_blocking(builder, 1, None).await else {
+        return;
+    };
+    settings
+        .metrics
+        .init_time
+        .observe(started.elapsed().as_secs_f64());
+    let mut last = PushRequest::new(1, ctx, updates, started);
+    pushes.send_replace(Some(last.clone()));
+    let _ = ready.send(true);
+    tracing::info!(target: "ads", "caches synced and first push context built: serving xDS");
+    let mut carried = inputs.skip_until(builder.snapshot_version());
+    loop {
+        let Some((pending, start, closed)) =
+            debounce(&mut inputs, carried.take(), settings.after, settings.max).await
+        else {
+            return;
+        };
+        let seq = last.seq + 1;
+        settings.metrics.count(&pending);
+        let building = std::time::Instant::now();
+        let Some((back, ctx, updates)) = build_blocking(builder, seq, Some(pending)).await else {
+            return;
+        };
+        builder = back;
+        settings
+            .metrics
+            .init_time
+            .observe(building.elapsed().as_secs_f64());
+        last = last.next(seq, ctx, updates, start.into_std());
+        pushes.send_replace(Some(last.clone()));
+        settings
+            .metrics
+            .debounce_time
+            .observe(start.elapsed().as_secs_f64());
+        if closed {
+            return;
+        }
     }
 }

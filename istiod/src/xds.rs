@@ -2,30 +2,38 @@
 //! ACK/NACK/nonce rules. Generation is behind the [`PushContext`] trait so the
 //! protocol is independent of how configuration is built.
 
+pub mod ads;
 pub mod authn;
 pub mod authz;
 pub mod cache;
 pub mod cds;
+mod connection;
 pub mod context;
+mod delta;
 pub mod eds;
 pub mod generator;
 pub mod lds;
 pub mod nds;
+pub mod outbox;
 pub mod proxy;
+pub mod proxy_dependencies;
+pub mod push_request;
 pub mod rate_limit;
 pub mod rds;
 pub mod scope;
 pub mod security;
 pub mod server;
+mod sotw;
 pub mod util;
+pub mod wire;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Instant;
 
 use proto::pb::google::protobuf::Any;
 
 pub use proxy::Proxy;
+pub use push_request::{PushPlan, PushRequest, Types, Updates};
 
 /// CDS type URL.
 pub const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
@@ -123,19 +131,13 @@ pub trait PushContext: Send + Sync + 'static {
         type_url: &str,
         names: &BTreeSet<String>,
     ) -> Result<Vec<Arc<Resource>>, generator::GenerateError>;
-}
 
-/// What changed in a push.
-#[derive(Clone)]
-pub struct PushRequest {
-    /// Monotonic push sequence number.
-    pub seq: u64,
-    /// The context to generate from.
-    pub ctx: Arc<dyn PushContext>,
-    /// `None` for a full push; `Some(hosts)` for an endpoint-only (incremental EDS) push.
-    pub eds_only: Option<BTreeSet<String>>,
-    /// When the first change of this push happened (for convergence time).
-    pub start: Instant,
+    /// What `proxy` needs from a push with these updates (Istio's
+    /// `ProxyNeedsPush`): the types to send, nothing when no change reaches
+    /// it. Without scopes, every change reaches every proxy.
+    fn plan_push(&self, _proxy: &Proxy, updates: &[Arc<Updates>]) -> PushPlan {
+        push_request::plan_without_scopes(updates)
+    }
 }
 
 /// Istio's outbound cluster name, `outbound|<port>|<subset>|<host>`.

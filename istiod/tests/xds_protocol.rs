@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use istiod::xds::server::{DiscoveryServer, XdsMetrics};
-use istiod::xds::{CLUSTER_TYPE, ENDPOINT_TYPE, Proxy, PushContext, PushRequest, Resource};
+use istiod::xds::{
+    CLUSTER_TYPE, ENDPOINT_TYPE, Proxy, PushContext, PushRequest, Resource, Updates,
+};
 use proto::pb::envoy::config::core::v3::Node;
 use proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use proto::pb::envoy::service::discovery::v3::{
@@ -98,12 +100,12 @@ impl Harness {
         let registry = prometheus::Registry::new();
         let metrics = XdsMetrics::new(&registry).unwrap();
         let (ready, ready_rx) = watch::channel(true);
-        let (pushes, push_rx) = watch::channel(Some(PushRequest {
-            seq: 1,
-            ctx: initial,
-            eds_only: None,
-            start: Instant::now(),
-        }));
+        let (pushes, push_rx) = watch::channel(Some(PushRequest::new(
+            1,
+            initial,
+            Updates::everything(),
+            Instant::now(),
+        )));
         let mut server = DiscoveryServer::new(ready_rx, push_rx, metrics, 10);
         if let Some(rate) = stream_limit {
             server = server.with_stream_limit(rate);
@@ -129,13 +131,13 @@ impl Harness {
 
     fn push(&mut self, ctx: Arc<dyn PushContext>, eds_only: Option<&[&str]>) {
         self.seq += 1;
-        let eds_only = eds_only.map(|h| h.iter().map(|s| s.to_string()).collect());
-        self.pushes.send_replace(Some(PushRequest {
-            seq: self.seq,
-            ctx,
-            eds_only,
-            start: Instant::now(),
-        }));
+        let updates = match eds_only {
+            Some(hosts) => Updates::eds(hosts.iter().map(|s| s.to_string())),
+            None => Updates::everything(),
+        };
+        let last = self.pushes.borrow().clone().unwrap();
+        self.pushes
+            .send_replace(Some(last.next(self.seq, ctx, updates, Instant::now())));
     }
 
     fn metric(&self, name: &str, label: &str) -> u64 {

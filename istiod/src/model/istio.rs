@@ -220,6 +220,19 @@ pub struct VirtualService {
     pub export_to: Vec<String>,
 }
 
+impl VirtualService {
+    /// The hosts its HTTP routes and mirrors send to, as written.
+    pub fn destination_hosts(&self) -> impl Iterator<Item = &str> {
+        self.http.iter().flat_map(|r| {
+            r.route
+                .iter()
+                .map(|d| d.destination.host.as_str())
+                .chain(r.mirror.iter().map(|m| m.host.as_str()))
+                .chain(r.mirrors.iter().map(|m| m.destination.host.as_str()))
+        })
+    }
+}
+
 /// One HTTP route of a VirtualService.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]

@@ -408,6 +408,10 @@ impl Default for RegistryOptions {
 #[derive(Debug, Clone, Default)]
 pub struct ServiceRegistry {
     services: Vec<Arc<Service>>,
+    /// The services each object contributes to: the Service or ServiceEntry
+    /// that defines them, and the Pods and WorkloadEntries behind their
+    /// endpoints.
+    by_source: HashMap<ObjectKey, Vec<usize>>,
 }
 
 impl ServiceRegistry {
@@ -431,7 +435,50 @@ impl ServiceRegistry {
             (a.hostname.as_str(), a.namespace.as_str())
                 .cmp(&(b.hostname.as_str(), b.namespace.as_str()))
         });
-        Self { services }
+        let mut by_source: HashMap<ObjectKey, Vec<usize>> = HashMap::new();
+        for (i, svc) in services.iter().enumerate() {
+            let workloads = svc.endpoints.iter().filter_map(|e| e.workload.as_ref());
+            for key in std::iter::once(&svc.source_object).chain(workloads) {
+                let list = by_source.entry(key.clone()).or_default();
+                if list.last() != Some(&i) {
+                    list.push(i);
+                }
+            }
+        }
+        Self {
+            services,
+            by_source,
+        }
+    }
+
+    /// The services a change of the object `key` can change: those it
+    /// defines (Service, ServiceEntry) or stands behind an endpoint of (Pod,
+    /// WorkloadEntry); an EndpointSlice's Service (its
+    /// `kubernetes.io/service-name` label in `snapshot`); the services of
+    /// the Pods on a Node.
+    pub fn services_from<'a>(
+        &'a self,
+        key: &ObjectKey,
+        snapshot: &Snapshot,
+    ) -> Vec<&'a Arc<Service>> {
+        let of =
+            |k: &ObjectKey| -> Vec<usize> { self.by_source.get(k).cloned().unwrap_or_default() };
+        let mut found: Vec<usize> = match key.kind {
+            Kind::EndpointSlice => snapshot
+                .get(key)
+                .and_then(|o| o.metadata.labels.get(SERVICE_NAME_LABEL))
+                .map(|svc| of(&ObjectKey::new(Kind::Service, &key.namespace, svc)))
+                .unwrap_or_default(),
+            Kind::Node => snapshot
+                .list::<kube::Pod>()
+                .filter(|p| p.spec.spec.node_name == key.name)
+                .flat_map(|p| of(&p.object.key()))
+                .collect(),
+            _ => of(key),
+        };
+        found.sort_unstable();
+        found.dedup();
+        found.into_iter().map(|i| &self.services[i]).collect()
     }
 
     /// Every service.

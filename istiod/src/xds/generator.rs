@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use super::context::IstioContext;
 use super::{
-    CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, Proxy, PushContext, ROUTE_TYPE,
-    Resource, cds, eds, is_wildcard, lds, nds, rds,
+    CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, Proxy, PushContext, PushPlan,
+    ROUTE_TYPE, Resource, Updates, cds, eds, is_wildcard, lds, nds, proxy_dependencies, rds,
 };
 
 /// Why a proxy's request could not be generated.
@@ -47,5 +47,9 @@ impl PushContext for IstioContext {
                 .filter(|r| names.contains(&r.name))
                 .collect()
         })
+    }
+
+    fn plan_push(&self, proxy: &Proxy, updates: &[Arc<Updates>]) -> PushPlan {
+        proxy_dependencies::plan(self, proxy, updates)
     }
 }

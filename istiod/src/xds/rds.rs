@@ -163,17 +163,6 @@ fn virtual_host(
     }
 }
 
-/// The hosts a VirtualService's routes and mirrors send to.
-fn destination_hosts(vs: &VirtualService) -> impl Iterator<Item = &str> {
-    vs.http.iter().flat_map(|r| {
-        r.route
-            .iter()
-            .map(|d| d.destination.host.as_str())
-            .chain(r.mirror.iter().map(|m| m.host.as_str()))
-            .chain(r.mirrors.iter().map(|m| m.destination.host.as_str()))
-    })
-}
-
 /// What one route configuration is built from: the services with a virtual
 /// host in it, each with its VirtualServices, and the catch-all's policy.
 struct RoutePlan<'a> {
@@ -196,7 +185,7 @@ impl RoutePlan<'_> {
             key.add((&svc.hostname, &svc.namespace, svc.revision));
             for vs in vss {
                 key.add((&vs.namespace, &vs.name));
-                for host in destination_hosts(&vs.spec) {
+                for host in vs.spec.destination_hosts() {
                     let host = resolve_host(host, &vs.namespace, &ctx.domain);
                     key.add(ctx.registry.by_hostname(&host).next().map(|s| s.revision));
                 }
@@ -229,7 +218,7 @@ impl RoutePlan<'_> {
                     &vs.namespace,
                     &vs.name,
                 )));
-                for host in destination_hosts(&vs.spec) {
+                for host in vs.spec.destination_hosts() {
                     out.push(Dependency::Service(resolve_host(
                         host,
                         &vs.namespace,

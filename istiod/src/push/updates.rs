@@ -1,0 +1,357 @@
+//! What a debounced batch of config events means for proxies (Istio's
+//! `ConfigsUpdated`, resolved): for each changed object, the proxies it can
+//! reach and the types it can alter, worked out from the object itself and
+//! from both the previous and the new push context, so that a deleted
+//! service or a VirtualService moved to another host still reaches the
+//! proxies that saw it. Also the XDS cache entries the batch invalidates.
+//!
+//! | changed | reaches | types |
+//! |---|---|---|
+//! | Service, ServiceEntry | proxies that see the service; its endpoints' proxies; proxies that see a VirtualService routing to it (RDS) | all |
+//! | endpoints only (EndpointSlice, Pod, WorkloadEntry, Node, ServiceEntry endpoints) | proxies that see the service | EDS for its host (and CDS for DNS services, whose clusters carry endpoints) |
+//! | a Pod or WorkloadEntry, or an endpoint that came, went or changed | the proxy at that IP | all |
+//! | VirtualService | proxies it is exported to that see one of its hosts (old or new) | RDS |
+//! | DestinationRule | proxies it is exported to that see its host | CDS, EDS |
+//! | Sidecar | proxies in its namespace (every proxy from the root namespace) | all |
+//! | PeerAuthentication | proxies in its namespace (LDS); proxies that see its namespace's services (CDS, auto mTLS) | LDS, CDS |
+//! | AuthorizationPolicy, RequestAuthentication, changed JWKS | proxies in its namespace (every proxy from the root namespace) | LDS |
+//! | Namespace, mesh config, lost events | every proxy | all (the cache is cleared) |
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
+
+use crate::model::istio::{DestinationRule, VirtualService};
+use crate::model::kube::Pod;
+use crate::model::service::{Service, ServiceResolution};
+use crate::model::{Kind, ObjectKey, Snapshot};
+use crate::xds::cache::Dependency;
+use crate::xds::context::{IstioContext, Named, ROOT_NAMESPACE, resolve_host};
+use crate::xds::push_request::{Audience, Change, ServiceRef, Types, Updates};
+
+/// The triggers merged by debouncing, for one push.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pending {
+    /// Changed objects, each `true` while every change of it was
+    /// endpoint-only.
+    pub objects: BTreeMap<ObjectKey, bool>,
+    /// Anything may have changed (mesh config, lost events).
+    pub everything: bool,
+    /// RequestAuthentication public keys changed.
+    pub jwks: bool,
+    /// What triggered the push first, and how many triggers were merged.
+    pub first: String,
+    /// Triggers merged.
+    pub count: usize,
+}
+
+impl Pending {
+    /// Merges one more trigger.
+    pub fn merge(&mut self, other: Pending) {
+        if self.count == 0 {
+            self.first = other.first;
+        }
+        self.count += other.count;
+        self.everything |= other.everything;
+        self.jwks |= other.jwks;
+        for (key, endpoint_only) in other.objects {
+            let e = self.objects.entry(key).or_insert(true);
+            *e &= endpoint_only;
+        }
+    }
+
+    /// Whether only endpoints changed.
+    pub fn endpoints_only(&self) -> bool {
+        !self.everything && !self.jwks && self.objects.values().all(|e| *e)
+    }
+}
+
+/// Which cache entries a push invalidates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Clear {
+    /// Every entry.
+    All,
+    /// The entries depending on these.
+    Some(Vec<Dependency>),
+}
+
+/// The contexts and snapshots before and after the batch.
+pub struct Views<'a> {
+    /// The previous push context.
+    pub old: &'a IstioContext,
+    /// Its snapshot.
+    pub old_snapshot: &'a Snapshot,
+    /// The new push context.
+    pub new: &'a IstioContext,
+    /// Its snapshot.
+    pub new_snapshot: &'a Snapshot,
+}
+
+/// The updates and cache invalidation of one push.
+pub fn resolve(pending: &Pending, views: &Views<'_>) -> (Updates, Clear) {
+    if pending.everything || pending.objects.keys().any(|k| k.kind == Kind::Namespace) {
+        return (Updates::everything(), Clear::All);
+    }
+    let mut out = Resolved::default();
+    if pending.jwks {
+        out.changes.push(change("JWKS", Audience::All, Types::LDS));
+    }
+    for (key, endpoint_only) in &pending.objects {
+        out.object(key, *endpoint_only, views);
+    }
+    (
+        Updates {
+            everything: false,
+            changes: out.changes,
+        },
+        Clear::Some(out.clear),
+    )
+}
+
+fn change(reason: &str, audience: Audience, types: Types) -> Change {
+    Change {
+        reason: reason.to_string(),
+        audience,
+        types,
+        eds_hosts: None,
+    }
+}
+
+/// A namespace's proxies, or every proxy for the root namespace.
+fn namespace_audience(namespace: &str) -> Audience {
+    if namespace == ROOT_NAMESPACE {
+        Audience::All
+    } else {
+        Audience::Namespace(namespace.to_string())
+    }
+}
+
+fn find<'a, T>(list: &'a [Named<T>], key: &ObjectKey) -> Option<&'a Named<T>> {
+    list.iter()
+        .find(|n| n.namespace == key.namespace && n.name == key.name)
+}
+
+/// The IPs a Pod or WorkloadEntry had in `snapshot`.
+fn workload_ips(key: &ObjectKey, snapshot: &Snapshot) -> Vec<String> {
+    match key.kind {
+        Kind::Pod => snapshot
+            .get_typed::<Pod>(&key.namespace, &key.name)
+            .map(|p| {
+                p.spec
+                    .status
+                    .pod_ip
+                    .iter()
+                    .cloned()
+                    .chain(p.spec.status.pod_ips.iter().map(|i| i.ip.clone()))
+                    .filter(|ip| !ip.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default(),
+        Kind::WorkloadEntry => snapshot
+            .get_typed::<crate::model::istio::WorkloadEntry>(&key.namespace, &key.name)
+            .map(|w| vec![w.spec.address.clone()])
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
+}
+
+fn service_ref(s: &Service) -> ServiceRef {
+    ServiceRef {
+        hostname: s.hostname.clone(),
+        namespace: s.namespace.clone(),
+        export_to: s.export_to.clone(),
+    }
+}
+
+#[derive(Default)]
+struct Resolved {
+    changes: Vec<Change>,
+    clear: Vec<Dependency>,
+}
+
+impl Resolved {
+    fn object(&mut self, key: &ObjectKey, endpoint_only: bool, views: &Views<'_>) {
+        let reason = key.to_string();
+        match key.kind {
+            Kind::Service
+            | Kind::ServiceEntry
+            | Kind::EndpointSlice
+            | Kind::Pod
+            | Kind::WorkloadEntry
+            | Kind::Node => self.services(key, endpoint_only, views),
+            Kind::VirtualService => {
+                let vs = |ctx: &IstioContext| find(&ctx.virtual_services, key).cloned();
+                for vs in [vs(views.old), vs(views.new)].into_iter().flatten() {
+                    self.changes.push(change(
+                        &reason,
+                        virtual_service_audience(&vs, &views.new.domain),
+                        Types::RDS,
+                    ));
+                }
+                self.clear.push(Dependency::Config(key.clone()));
+            }
+            Kind::DestinationRule => {
+                let dr = |ctx: &IstioContext| find(&ctx.destination_rules, key).cloned();
+                for dr in [dr(views.old), dr(views.new)].into_iter().flatten() {
+                    self.changes.push(change(
+                        &reason,
+                        destination_rule_audience(&dr, &views.new.domain),
+                        Types::CDS | Types::EDS,
+                    ));
+                }
+                self.clear.push(Dependency::Config(key.clone()));
+            }
+            Kind::Sidecar => {
+                self.changes.push(change(
+                    &reason,
+                    namespace_audience(&key.namespace),
+                    Types::ALL,
+                ));
+                self.clear.push(Dependency::Config(key.clone()));
+            }
+            Kind::PeerAuthentication => {
+                // Inbound chains of the namespace's workloads, and the auto
+                // mTLS of clients of its services (the cluster cache keys by
+                // the mode, so nothing is cleared).
+                self.changes.push(change(
+                    &reason,
+                    namespace_audience(&key.namespace),
+                    Types::LDS,
+                ));
+                let clients = if key.namespace == ROOT_NAMESPACE {
+                    Audience::All
+                } else {
+                    Audience::ServiceNamespace(key.namespace.clone())
+                };
+                self.changes.push(change(&reason, clients, Types::CDS));
+            }
+            Kind::AuthorizationPolicy | Kind::RequestAuthentication => {
+                self.changes.push(change(
+                    &reason,
+                    namespace_audience(&key.namespace),
+                    Types::LDS,
+                ));
+            }
+            // Handled before: every proxy.
+            Kind::Namespace => {}
+        }
+    }
+
+    /// A change of an object the service registry is built from.
+    fn services(&mut self, key: &ObjectKey, endpoint_only: bool, views: &Views<'_>) {
+        let reason = key.to_string();
+        let old = views.old.registry.services_from(key, views.old_snapshot);
+        let new = views.new.registry.services_from(key, views.new_snapshot);
+        let hosts: BTreeSet<String> = old
+            .iter()
+            .chain(new.iter())
+            .map(|s| s.hostname.clone())
+            .collect();
+        let refs: Vec<ServiceRef> = old
+            .iter()
+            .chain(new.iter())
+            .map(|s| service_ref(s))
+            .collect();
+        // The proxies whose own workload changed: the object's IPs, and
+        // endpoints that came, went or changed (their inbound listeners and
+        // workload labels come from them).
+        let mut ips: BTreeSet<String> = workload_ips(key, views.old_snapshot)
+            .into_iter()
+            .chain(workload_ips(key, views.new_snapshot))
+            .collect();
+        ips.extend(changed_endpoint_ips(&old, &new, !endpoint_only));
+        if !ips.is_empty() {
+            self.changes
+                .push(change(&reason, Audience::Workloads(ips), Types::ALL));
+        }
+        if !refs.is_empty() {
+            if endpoint_only {
+                // DNS services' clusters carry their endpoints.
+                let dns = old
+                    .iter()
+                    .chain(new.iter())
+                    .any(|s| s.resolution != ServiceResolution::ClientSideLb);
+                let types = if dns {
+                    Types::CDS | Types::EDS
+                } else {
+                    Types::EDS
+                };
+                self.changes.push(Change {
+                    reason: reason.clone(),
+                    audience: Audience::Services(refs),
+                    types,
+                    eds_hosts: Some(hosts.clone()),
+                });
+            } else {
+                self.changes
+                    .push(change(&reason, Audience::Services(refs), Types::ALL));
+                self.routes_to(&reason, &hosts, views);
+            }
+        }
+        self.clear
+            .extend(hosts.into_iter().map(Dependency::Service));
+    }
+
+    /// VirtualServices routing to a changed service: their route
+    /// configurations name its clusters (by its ports).
+    fn routes_to(&mut self, reason: &str, hosts: &BTreeSet<String>, views: &Views<'_>) {
+        for ctx in [views.old, views.new] {
+            for vs in &ctx.virtual_services {
+                let routes_here = vs
+                    .spec
+                    .destination_hosts()
+                    .any(|h| hosts.contains(&resolve_host(h, &vs.namespace, &ctx.domain)));
+                if routes_here {
+                    self.changes.push(change(
+                        reason,
+                        virtual_service_audience(vs, &ctx.domain),
+                        Types::RDS,
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// The IPs of endpoints that differ between the old and new services
+/// (every endpoint's IP when `all`, e.g. when the ports changed).
+fn changed_endpoint_ips(old: &[&Arc<Service>], new: &[&Arc<Service>], all: bool) -> Vec<String> {
+    let endpoints =
+        |services: &[&Arc<Service>]| -> HashSet<(String, crate::model::service::Endpoint)> {
+            services
+                .iter()
+                .flat_map(|s| s.endpoints.iter().map(|e| (s.hostname.clone(), e.clone())))
+                .collect()
+        };
+    let (before, after) = (endpoints(old), endpoints(new));
+    if all {
+        return before
+            .union(&after)
+            .map(|(_, e)| e.address.clone())
+            .collect();
+    }
+    before
+        .symmetric_difference(&after)
+        .map(|(_, e)| e.address.clone())
+        .collect()
+}
+
+fn virtual_service_audience(vs: &Named<VirtualService>, domain: &str) -> Audience {
+    Audience::Hosts {
+        namespace: vs.namespace.clone(),
+        export_to: vs.spec.export_to.clone(),
+        hosts: vs
+            .spec
+            .hosts
+            .iter()
+            .map(|h| resolve_host(h, &vs.namespace, domain))
+            .collect(),
+    }
+}
+
+fn destination_rule_audience(dr: &Named<DestinationRule>, domain: &str) -> Audience {
+    Audience::Hosts {
+        namespace: dr.namespace.clone(),
+        export_to: dr.spec.export_to.clone(),
+        hosts: vec![resolve_host(&dr.spec.host, &dr.namespace, domain)],
+    }
+}

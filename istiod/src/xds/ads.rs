@@ -1,0 +1,103 @@
+//! The gRPC service `envoy.service.discovery.v3.AggregatedDiscoveryService`,
+//! written by hand rather than generated: requests are decoded by tonic, but
+//! each stream's responses are written by its [`ResponseBody`] straight from
+//! the shared resources ([`super::wire`]), so neither a response nor an
+//! encoder buffer the size of the largest response exists per stream.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use proto::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use tonic::Status;
+use tonic::body::Body;
+use tonic::codec::{BufferSettings, Streaming};
+use tonic::server::NamedService;
+use tonic_prost::ProstDecoder;
+
+use super::outbox::{Outbox, ResponseBody, STREAM_QUEUE_BYTES};
+use super::server::DiscoveryServer;
+
+/// The largest request accepted, as Istio's gRPC server sets it.
+const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+const SOTW_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+const DELTA_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+
+/// The ADS service for a tonic router.
+#[derive(Clone)]
+pub struct AdsService {
+    server: DiscoveryServer,
+}
+
+impl AdsService {
+    pub(super) fn new(server: DiscoveryServer) -> Self {
+        Self { server }
+    }
+}
+
+impl NamedService for AdsService {
+    const NAME: &'static str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
+}
+
+fn grpc_response(body: ResponseBody) -> http::Response<Body> {
+    let mut response = http::Response::new(Body::new(body));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    response
+}
+
+async fn serve(server: DiscoveryServer, req: http::Request<Body>) -> http::Response<Body> {
+    let delta = match req.uri().path() {
+        SOTW_PATH => false,
+        DELTA_PATH => true,
+        _ => return Status::unimplemented("").into_http(),
+    };
+    let (parts, body) = req.into_parts();
+    let metadata = tonic::Request::from_http(http::Request::from_parts(parts, ()));
+    let identities = match server.admit(&metadata).await {
+        Ok(identities) => identities,
+        Err(status) => return status.into_http(),
+    };
+    let (outbox, response) = Outbox::new(STREAM_QUEUE_BYTES);
+    if delta {
+        let inbound = Streaming::<DeltaDiscoveryRequest>::new_request(
+            ProstDecoder::new(BufferSettings::default()),
+            body,
+            None,
+            Some(MAX_REQUEST_BYTES),
+        );
+        tokio::spawn(super::delta::run(server, identities, inbound, outbox));
+    } else {
+        let inbound = Streaming::<DiscoveryRequest>::new_request(
+            ProstDecoder::new(BufferSettings::default()),
+            body,
+            None,
+            Some(MAX_REQUEST_BYTES),
+        );
+        tokio::spawn(super::sotw::run(server, identities, inbound, outbox));
+    }
+    grpc_response(response)
+}
+
+type ResponseFuture =
+    Pin<Box<dyn Future<Output = Result<http::Response<Body>, Infallible>> + Send>>;
+
+impl tower::Service<http::Request<Body>> for AdsService {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let server = self.server.clone();
+        Box::pin(async move { Ok(serve(server, req).await) })
+    }
+}

@@ -1,0 +1,427 @@
+//! Delta ADS (`DeltaAggregatedResources`, Istio's `pilot/pkg/xds/delta.go`):
+//! subscriptions by name or wildcard, and per resource what the client
+//! holds, so only changed resources and removals are sent.
+
+use std::collections::{BTreeSet, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+
+use proto::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+use tonic::Streaming;
+
+use super::connection::{Protocol, serve};
+use super::outbox::{Closed, Outbox};
+use super::server::{DiscoveryServer, Ended, Identities, init_proxy, nonce};
+use super::wire::Encoded;
+use super::{
+    CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, Proxy, PushPlan, PushRequest, Resource, cluster_host,
+    is_wildcard, short_name,
+};
+
+/// One resource the client holds.
+enum Held {
+    /// Sent on this stream (shared with the XDS cache).
+    Sent(Arc<Resource>),
+    /// Reported by the client when it reconnected.
+    Known { name: String, version: String },
+}
+
+impl Held {
+    fn name(&self) -> &str {
+        match self {
+            Held::Sent(r) => &r.name,
+            Held::Known { name, .. } => name,
+        }
+    }
+
+    fn version(&self) -> &str {
+        match self {
+            Held::Sent(r) => r.version(),
+            Held::Known { version, .. } => version,
+        }
+    }
+}
+
+fn name_hash(name: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    name.hash(&mut h);
+    h.finish()
+}
+
+/// What the client holds of one type, by name. Sent resources are kept by
+/// reference, so a thousand clients holding the same clusters cost a
+/// pointer each, not a copy of every name and version.
+#[derive(Default)]
+struct Holdings(HashMap<u64, Held>);
+
+impl Holdings {
+    fn get(&self, name: &str) -> Option<&Held> {
+        self.0.get(&name_hash(name)).filter(|h| h.name() == name)
+    }
+
+    fn version(&self, name: &str) -> Option<&str> {
+        self.get(name).map(Held::version)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    fn insert_sent(&mut self, r: Arc<Resource>) {
+        self.0.insert(name_hash(&r.name), Held::Sent(r));
+    }
+
+    fn insert_known(&mut self, name: &str, version: &str) {
+        self.0.insert(
+            name_hash(name),
+            Held::Known {
+                name: name.to_string(),
+                version: version.to_string(),
+            },
+        );
+    }
+
+    fn remove(&mut self, name: &str) {
+        if self.contains(name) {
+            self.0.remove(&name_hash(name));
+        }
+    }
+
+    fn names(&self) -> impl Iterator<Item = &str> {
+        self.0.values().map(Held::name)
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+#[derive(Default)]
+struct DeltaWatch {
+    wildcard: bool,
+    subscribed: BTreeSet<String>,
+    /// What the client has.
+    sent: Holdings,
+    nonce_sent: Option<String>,
+}
+
+struct DeltaConn {
+    server: DiscoveryServer,
+    proxy: Proxy,
+    id: String,
+    watches: HashMap<String, DeltaWatch>,
+    outbox: Outbox,
+}
+
+enum DeltaAction {
+    None,
+    /// Respond; `force` names are sent even if unchanged; `always` sends an empty response too.
+    Respond {
+        force: BTreeSet<String>,
+        always: bool,
+    },
+}
+
+/// A response a request asked for.
+pub(super) struct Reply {
+    type_url: String,
+    only: Option<BTreeSet<String>>,
+    always: bool,
+}
+
+impl DeltaConn {
+    fn action(&mut self, req: &DeltaDiscoveryRequest) -> DeltaAction {
+        let t = req.type_url.as_str();
+        let metrics = self.server.metrics();
+        if let Some(err) = &req.error_detail {
+            metrics
+                .rejects
+                .with_label_values(&[&short_name(t).to_lowercase()])
+                .inc();
+            tracing::warn!(target: "ads", "ADS:{}: ACK ERROR {} {}", short_name(t), self.id, err.message);
+            let msg = err.message.clone();
+            self.server
+                .update_status(&self.id, t, |s| s.last_error = Some(msg));
+            return DeltaAction::None;
+        }
+        let sub: BTreeSet<String> = req.resource_names_subscribe.iter().cloned().collect();
+        let unsub: BTreeSet<String> = req.resource_names_unsubscribe.iter().cloned().collect();
+        if !self.watches.contains_key(t) {
+            let wildcard = sub.contains("*") || (sub.is_empty() && is_wildcard(t));
+            let mut w = DeltaWatch {
+                wildcard: wildcard && !unsub.contains("*"),
+                subscribed: sub.iter().filter(|n| *n != "*").cloned().collect(),
+                ..Default::default()
+            };
+            // On reconnect the client says what it has; only differences are sent.
+            for (name, version) in &req.initial_resource_versions {
+                w.sent.insert_known(name, version);
+                if !w.wildcard {
+                    w.subscribed.insert(name.clone());
+                }
+            }
+            self.watches.insert(t.to_string(), w);
+            return DeltaAction::Respond {
+                force: BTreeSet::new(),
+                always: true,
+            };
+        }
+        let Some(w) = self.watches.get_mut(t) else {
+            return DeltaAction::None;
+        };
+        if !req.response_nonce.is_empty()
+            && w.nonce_sent.as_deref() != Some(req.response_nonce.as_str())
+        {
+            metrics
+                .expired_nonce
+                .with_label_values(&[&short_name(t).to_lowercase()])
+                .inc();
+            return DeltaAction::None;
+        }
+        if !req.response_nonce.is_empty() {
+            let nonce = req.response_nonce.clone();
+            self.server.update_status(&self.id, t, |s| {
+                s.acked_nonce = nonce;
+                s.last_error = None;
+            });
+        }
+        if sub.is_empty() && unsub.is_empty() {
+            return DeltaAction::None;
+        }
+        if sub.contains("*") {
+            w.wildcard = true;
+        }
+        if unsub.contains("*") {
+            w.wildcard = false;
+        }
+        for n in &unsub {
+            w.subscribed.remove(n);
+            w.sent.remove(n);
+        }
+        let mut force = BTreeSet::new();
+        for n in sub.iter().filter(|n| *n != "*") {
+            if w.subscribed.insert(n.clone()) {
+                force.insert(n.clone());
+            }
+            // A (re)subscribed name is sent even if the client had it.
+            w.sent.remove(n);
+        }
+        DeltaAction::Respond {
+            force,
+            always: !sub.is_empty(),
+        }
+    }
+
+    /// Sends what changed of `type_url` (`only` these names, else the
+    /// whole subscription); returns the names sent.
+    async fn respond(
+        &mut self,
+        ctx: &PushRequest,
+        type_url: &str,
+        only: Option<&BTreeSet<String>>,
+        always: bool,
+    ) -> Result<Vec<String>, Closed> {
+        let Some(w) = self.watches.get(type_url) else {
+            return Ok(Vec::new());
+        };
+        let names: BTreeSet<String> = match only {
+            Some(o) => o.clone(),
+            None if w.wildcard => BTreeSet::new(),
+            None => w.subscribed.clone(),
+        };
+        if !w.wildcard && names.is_empty() && !always {
+            return Ok(Vec::new());
+        }
+        let generated = match ctx.ctx.generate(&self.proxy, type_url, &names) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(target: "ads", "{}: generation failed for {}: {e}", short_name(type_url), self.id);
+                return Ok(Vec::new());
+            }
+        };
+        let Some(w) = self.watches.get_mut(type_url) else {
+            return Ok(Vec::new());
+        };
+        let mut changed = Vec::new();
+        let mut present = BTreeSet::new();
+        for r in generated {
+            if !w.wildcard && !w.subscribed.contains(&r.name) {
+                continue;
+            }
+            present.insert(r.name.clone());
+            if w.sent.version(&r.name) != Some(r.version()) {
+                changed.push(r);
+            }
+        }
+        // Removals: what the client has that no longer exists (in scope).
+        let scope: Vec<String> = match (only, w.wildcard) {
+            (Some(o), _) => o.iter().cloned().collect(),
+            (None, true) => w.sent.names().map(str::to_string).collect(),
+            (None, false) => w.subscribed.iter().cloned().collect(),
+        };
+        let removed: Vec<String> = scope
+            .into_iter()
+            .filter(|n| !present.contains(n) && w.sent.contains(n))
+            .collect();
+        if changed.is_empty() && removed.is_empty() && !always {
+            return Ok(Vec::new());
+        }
+        for n in &removed {
+            w.sent.remove(n);
+        }
+        let sent: Vec<String> = changed.iter().map(|r| r.name.clone()).collect();
+        for r in &changed {
+            w.sent.insert_sent(r.clone());
+        }
+        let nonce = nonce();
+        w.nonce_sent = Some(nonce.clone());
+        let version = ctx.ctx.version().to_string();
+        tracing::info!(
+            target: "ads",
+            "{}: PUSH{} for node:{} resources:{} removed:{}",
+            short_name(type_url),
+            if only.is_some() { " INC" } else { "" },
+            self.proxy.id,
+            changed.len(),
+            removed.len()
+        );
+        let count = changed.len();
+        let response = Encoded::delta(&version, type_url, &nonce, changed, &removed);
+        self.server.update_status(&self.id, type_url, |s| {
+            s.sent_version = version;
+            s.sent_nonce = nonce;
+            s.resources = count;
+        });
+        let short = short_name(type_url).to_lowercase();
+        let metrics = self.server.metrics();
+        metrics.pushes.with_label_values(&[&short]).inc();
+        metrics
+            .config_size
+            .with_label_values(&[&short])
+            .observe(response.len() as f64);
+        self.outbox.send(response).await?;
+        Ok(sent)
+    }
+
+    /// Istio's forceEDSPush (envoy#33607): an updated EDS cluster warms
+    /// until its endpoints are sent again, so they are treated as unsent.
+    fn forget_endpoints(&mut self, clusters: &[String]) {
+        if let Some(eds) = self.watches.get_mut(ENDPOINT_TYPE) {
+            for n in clusters {
+                eds.sent.remove(n);
+            }
+        }
+    }
+}
+
+impl Protocol for DeltaConn {
+    type Request = DeltaDiscoveryRequest;
+    type Reply = Reply;
+
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn proxy(&self) -> &Proxy {
+        &self.proxy
+    }
+
+    fn outbox(&self) -> &Outbox {
+        &self.outbox
+    }
+
+    fn on_request(&mut self, req: &DeltaDiscoveryRequest) -> Option<Reply> {
+        let DeltaAction::Respond { force, always } = self.action(req) else {
+            return None;
+        };
+        let wildcard = self.watches.get(&req.type_url).is_some_and(|w| w.wildcard);
+        Some(Reply {
+            type_url: req.type_url.clone(),
+            only: (!force.is_empty() && !wildcard).then_some(force),
+            always,
+        })
+    }
+
+    async fn reply(&mut self, reply: Reply, ctx: &PushRequest) -> Result<(), Closed> {
+        self.respond(ctx, &reply.type_url, reply.only.as_ref(), reply.always)
+            .await?;
+        if reply.type_url == CLUSTER_TYPE && self.watches.contains_key(ENDPOINT_TYPE) {
+            // After any CDS request every watched load assignment is sent again.
+            if let Some(w) = self.watches.get_mut(ENDPOINT_TYPE) {
+                w.sent.clear();
+            }
+            self.respond(ctx, ENDPOINT_TYPE, None, false).await?;
+        }
+        Ok(())
+    }
+
+    async fn push(&mut self, req: &PushRequest, plan: &PushPlan) -> Result<(), Closed> {
+        for t in PUSH_ORDER {
+            if !plan.types.has(t) {
+                continue;
+            }
+            let Some(w) = self.watches.get(t) else {
+                continue;
+            };
+            match (&plan.eds_hosts, t) {
+                (_, CLUSTER_TYPE) => {
+                    let changed = self.respond(req, t, None, false).await?;
+                    self.forget_endpoints(&changed);
+                }
+                (Some(hosts), ENDPOINT_TYPE) => {
+                    let names: BTreeSet<String> = if w.wildcard {
+                        w.sent.names().map(str::to_string).collect()
+                    } else {
+                        w.subscribed.iter().cloned().collect()
+                    };
+                    let names: BTreeSet<String> = names
+                        .into_iter()
+                        .filter(|n| hosts.contains(cluster_host(n)))
+                        .collect();
+                    if !names.is_empty() {
+                        self.respond(req, t, Some(&names), false).await?;
+                    }
+                }
+                _ => {
+                    self.respond(req, t, None, false).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Serves one delta stream.
+pub(super) async fn run(
+    server: DiscoveryServer,
+    identities: Identities,
+    mut inbound: Streaming<DeltaDiscoveryRequest>,
+    outbox: Outbox,
+) {
+    let first = match inbound.message().await {
+        Ok(Some(r)) => r,
+        _ => return,
+    };
+    let proxy = match init_proxy(first.node.as_ref(), &identities) {
+        Ok(p) => p,
+        Err(status) => {
+            tracing::warn!(target: "ads", "ADS: delta connection rejected: {}", status.message());
+            outbox.end(status);
+            return;
+        }
+    };
+    let id = server.register(&proxy, true);
+    tracing::info!(target: "ads", "ADS: new delta connection for node:{id}");
+    let mut conn = DeltaConn {
+        server: server.clone(),
+        proxy,
+        id: id.clone(),
+        watches: HashMap::new(),
+        outbox,
+    };
+    if let Err(Ended::Status(status)) = serve(&server, &mut conn, &mut inbound, first).await {
+        conn.outbox.end(status);
+    }
+    tracing::info!(target: "ads", "ADS: {id} terminated");
+    server.unregister(&id, &conn.proxy);
+}

@@ -1,0 +1,238 @@
+//! State-of-the-world ADS (`StreamAggregatedResources`): per-type watches
+//! with Istio's nonce/ACK/NACK rules (`pkg/xds/server.go ShouldRespond`),
+//! each response the full set of a wildcard type or the named resources.
+
+use std::collections::{BTreeSet, HashMap};
+
+use proto::pb::envoy::service::discovery::v3::DiscoveryRequest;
+use tonic::Streaming;
+
+use super::connection::{Protocol, serve};
+use super::outbox::{Closed, Outbox};
+use super::server::{DiscoveryServer, Ended, Identities, init_proxy, nonce};
+use super::wire::Encoded;
+use super::{
+    CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, Proxy, PushPlan, PushRequest, cluster_host,
+    is_wildcard, short_name,
+};
+
+#[derive(Default)]
+struct Watch {
+    names: BTreeSet<String>,
+    nonce_sent: Option<String>,
+    always_respond: bool,
+}
+
+struct SotwConn {
+    server: DiscoveryServer,
+    proxy: Proxy,
+    id: String,
+    watches: HashMap<String, Watch>,
+    outbox: Outbox,
+}
+
+impl SotwConn {
+    /// Applies a request; returns the names to answer with (`None` = no response).
+    fn should_respond(&mut self, req: &DiscoveryRequest) -> Option<BTreeSet<String>> {
+        let t = req.type_url.as_str();
+        let metrics = self.server.metrics();
+        if let Some(err) = &req.error_detail {
+            metrics
+                .rejects
+                .with_label_values(&[&short_name(t).to_lowercase()])
+                .inc();
+            tracing::warn!(target: "ads", "ADS:{}: ACK ERROR {} {}", short_name(t), self.id, err.message);
+            let msg = err.message.clone();
+            self.server
+                .update_status(&self.id, t, |s| s.last_error = Some(msg));
+            return None;
+        }
+        let names: BTreeSet<String> = req.resource_names.iter().cloned().collect();
+        if !is_wildcard(t) && names.is_empty() {
+            // Unsubscribe from a named type.
+            self.watches.remove(t);
+            return None;
+        }
+        let w = self.watches.get(t);
+        if req.response_nonce.is_empty() || w.is_none() {
+            // Initial request, or a reconnect to this istiod: respond in full.
+            self.watches.insert(
+                t.to_string(),
+                Watch {
+                    names: names.clone(),
+                    ..Default::default()
+                },
+            );
+            if t == CLUSTER_TYPE
+                && let Some(eds) = self.watches.get_mut(ENDPOINT_TYPE)
+            {
+                // Envoy re-requests EDS while warming new clusters (envoy#13009).
+                eds.always_respond = true;
+            }
+            return Some(names);
+        }
+        let w = self.watches.get_mut(t)?;
+        if w.nonce_sent.as_deref() != Some(req.response_nonce.as_str()) {
+            metrics
+                .expired_nonce
+                .with_label_values(&[&short_name(t).to_lowercase()])
+                .inc();
+            tracing::debug!(target: "ads", "ADS:{}: REQ {} expired nonce received {}", short_name(t), self.id, req.response_nonce);
+            return None;
+        }
+        let nonce = req.response_nonce.clone();
+        self.server.update_status(&self.id, t, |s| {
+            s.acked_nonce = nonce;
+            s.last_error = None;
+        });
+        if std::mem::take(&mut w.always_respond) {
+            w.names = names.clone();
+            return Some(names);
+        }
+        if w.names == names {
+            return None;
+        }
+        let added: BTreeSet<String> = names.difference(&w.names).cloned().collect();
+        w.names = names.clone();
+        if is_wildcard(t) {
+            Some(names)
+        } else if added.is_empty() {
+            None
+        } else {
+            Some(added)
+        }
+    }
+
+    async fn respond(
+        &mut self,
+        ctx: &PushRequest,
+        type_url: &str,
+        names: &BTreeSet<String>,
+        incremental: bool,
+    ) -> Result<(), Closed> {
+        let resources = match ctx.ctx.generate(&self.proxy, type_url, names) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(target: "ads", "{}: generation failed for {}: {e}", short_name(type_url), self.id);
+                return Ok(());
+            }
+        };
+        let nonce = nonce();
+        let version = ctx.ctx.version().to_string();
+        let count = resources.len();
+        let response = Encoded::sotw(&version, type_url, &nonce, resources);
+        tracing::info!(
+            target: "ads",
+            "{}: PUSH{} for node:{} resources:{} size:{}",
+            short_name(type_url),
+            if incremental { " INC" } else { "" },
+            self.proxy.id,
+            count,
+            response.len()
+        );
+        if let Some(w) = self.watches.get_mut(type_url) {
+            w.nonce_sent = Some(nonce.clone());
+        }
+        self.server.update_status(&self.id, type_url, |s| {
+            s.sent_version = version;
+            s.sent_nonce = nonce;
+            s.resources = count;
+        });
+        let short = short_name(type_url).to_lowercase();
+        let metrics = self.server.metrics();
+        metrics.pushes.with_label_values(&[&short]).inc();
+        metrics
+            .config_size
+            .with_label_values(&[&short])
+            .observe(response.len() as f64);
+        self.outbox.send(response).await
+    }
+}
+
+impl Protocol for SotwConn {
+    type Request = DiscoveryRequest;
+    type Reply = (String, BTreeSet<String>);
+
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn proxy(&self) -> &Proxy {
+        &self.proxy
+    }
+
+    fn outbox(&self) -> &Outbox {
+        &self.outbox
+    }
+
+    fn on_request(&mut self, req: &DiscoveryRequest) -> Option<Self::Reply> {
+        self.should_respond(req)
+            .map(|names| (req.type_url.clone(), names))
+    }
+
+    async fn reply(&mut self, reply: Self::Reply, ctx: &PushRequest) -> Result<(), Closed> {
+        let (type_url, names) = reply;
+        self.respond(ctx, &type_url, &names, false).await
+    }
+
+    async fn push(&mut self, req: &PushRequest, plan: &PushPlan) -> Result<(), Closed> {
+        for t in PUSH_ORDER {
+            if !plan.types.has(t) {
+                continue;
+            }
+            let Some(w) = self.watches.get(t) else {
+                continue;
+            };
+            let names: BTreeSet<String> = match (&plan.eds_hosts, t) {
+                (Some(hosts), ENDPOINT_TYPE) => w
+                    .names
+                    .iter()
+                    .filter(|n| hosts.contains(cluster_host(n)))
+                    .cloned()
+                    .collect(),
+                _ => w.names.clone(),
+            };
+            if !is_wildcard(t) && names.is_empty() {
+                continue;
+            }
+            let incremental = t == ENDPOINT_TYPE && plan.eds_hosts.is_some();
+            self.respond(req, t, &names, incremental).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Serves one state-of-the-world stream.
+pub(super) async fn run(
+    server: DiscoveryServer,
+    identities: Identities,
+    mut inbound: Streaming<DiscoveryRequest>,
+    outbox: Outbox,
+) {
+    let first = match inbound.message().await {
+        Ok(Some(r)) => r,
+        _ => return,
+    };
+    let proxy = match init_proxy(first.node.as_ref(), &identities) {
+        Ok(p) => p,
+        Err(status) => {
+            tracing::warn!(target: "ads", "ADS: connection rejected: {}", status.message());
+            outbox.end(status);
+            return;
+        }
+    };
+    let id = server.register(&proxy, false);
+    tracing::info!(target: "ads", "ADS: new connection for node:{id}");
+    let mut conn = SotwConn {
+        server: server.clone(),
+        proxy,
+        id: id.clone(),
+        watches: HashMap::new(),
+        outbox,
+    };
+    if let Err(Ended::Status(status)) = serve(&server, &mut conn, &mut inbound, first).await {
+        conn.outbox.end(status);
+    }
+    tracing::info!(target: "ads", "ADS: {id} terminated");
+    server.unregister(&id, &conn.proxy);
+}
