@@ -14,6 +14,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .build_client(true)
         .compile_well_known_types(true)
+        // Maps encode in key order, so the same name table is the same
+        // bytes (the XDS cache and delta versions compare bytes).
+        .btree_map(".")
         .extern_path(".google.protobuf", "::envoy_types::pb::google::protobuf")
         .compile_fds(fds)?;
     Ok(())

@@ -119,19 +119,10 @@ pub fn push_version(counter: u64) -> String {
 /// A store batch as debouncing merges it; each event is logged as Istio's
 /// config controller logs it.
 fn pending_of(batch: &ConfigBatch) -> Pending {
-    let mut p = Pending {
-        count: 1,
-        ..Default::default()
-    };
     for event in batch.events.iter() {
         tracing::info!(target: "config", "{event}");
-        if p.first.is_empty() {
-            p.first = event.key.to_string();
-        }
-        let e = p.objects.entry(event.key.clone()).or_insert(true);
-        *e &= event.endpoint_only;
     }
-    p
+    Pending::from_batch(batch)
 }
 
 fn pending_of_trigger(t: Trigger) -> Pending {

@@ -45,6 +45,22 @@ pub struct Pending {
 }
 
 impl Pending {
+    /// A store batch's changes (one trigger).
+    pub fn from_batch(batch: &crate::model::ConfigBatch) -> Self {
+        let mut p = Pending {
+            count: 1,
+            ..Default::default()
+        };
+        for event in batch.events.iter() {
+            if p.first.is_empty() {
+                p.first = event.key.to_string();
+            }
+            let e = p.objects.entry(event.key.clone()).or_insert(true);
+            *e &= event.endpoint_only;
+        }
+        p
+    }
+
     /// Merges one more trigger.
     pub fn merge(&mut self, other: Pending) {
         if self.count == 0 {

@@ -322,6 +322,18 @@ impl XdsCache {
         }
     }
 
+    /// Counts `n` reads served from a Sidecar scope's share of the cache
+    /// (the resources every proxy of the scope takes as one list).
+    pub fn count_shared(&self, n: usize) {
+        if !self.settings.enabled || n == 0 {
+            return;
+        }
+        self.hits.fetch_add(n as u64, Ordering::Relaxed);
+        if let Some(m) = &self.metrics {
+            m.reads.with_label_values(&["hit"]).inc_by(n as u64);
+        }
+    }
+
     /// The entry for `key`, if it holds a resource named `name`.
     pub fn get(&self, key: &CacheKey, name: &str) -> Option<Arc<Resource>> {
         if !self.caches(key.kind) {

@@ -33,6 +33,7 @@ use std::sync::Arc;
 
 use super::cache::{Dependency, KeyBuilder};
 use super::context::IstioContext;
+use super::scope::SidecarScope;
 use super::util::{
     ads_source, any, delimited, duration, sds, socket, struct_of, transport_socket, u32v,
 };
@@ -58,16 +59,41 @@ fn kind(t: cluster::DiscoveryType) -> Option<cluster::ClusterDiscoveryType> {
     Some(cluster::ClusterDiscoveryType::Type(t.into()))
 }
 
-/// The clusters of one proxy. Outbound clusters come from the XDS cache
-/// when a proxy with the same view of their service built them already.
+/// The clusters of one proxy: its scope's outbound clusters, built once
+/// per push context for every proxy with the scope, then its inbound and
+/// built-in clusters.
 pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Arc<Resource>> {
-    let mut out = Vec::new();
     let scope = ctx.scope(proxy);
+    let mut out: Vec<Arc<Resource>> = outbound_clusters(ctx, &scope).to_vec();
+    out.extend(inbound::clusters(ctx, proxy).into_iter().map(resource));
+    out.extend(inbound::builtin(proxy).into_iter().map(resource));
+    out
+}
+
+/// The outbound clusters of a Sidecar scope. Each comes from the XDS cache
+/// when an earlier push context built it from the same inputs.
+pub fn outbound_clusters(ctx: &IstioContext, scope: &SidecarScope) -> Arc<[Arc<Resource>]> {
+    let mut built = false;
+    let clusters = scope
+        .outbound_clusters
+        .get_or_init(|| {
+            built = true;
+            build_outbound(ctx, scope).into()
+        })
+        .clone();
+    if !built {
+        ctx.cache.count_shared(clusters.len());
+    }
+    clusters
+}
+
+fn build_outbound(ctx: &IstioContext, scope: &SidecarScope) -> Vec<Arc<Resource>> {
+    let mut out = Vec::new();
     for svc in scope.services() {
         if svc.resolution == ServiceResolution::Passthrough {
             continue;
         }
-        let dr = ctx.destination_rule(&proxy.namespace, svc);
+        let dr = ctx.destination_rule(&scope.namespace, svc);
         let top = dr.and_then(|d| d.spec.traffic_policy.as_ref());
         // What an outbound cluster is built from, besides its name: the
         // service, the DestinationRule chosen for this proxy, and the mTLS
@@ -105,8 +131,6 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Arc<Resource>> {
             }
         }
     }
-    out.extend(inbound::clusters(ctx, proxy).into_iter().map(resource));
-    out.extend(inbound::builtin(proxy).into_iter().map(resource));
     out
 }
 

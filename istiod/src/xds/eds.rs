@@ -2,7 +2,7 @@
 //! cluster, endpoints grouped by locality, subset labels applied, and the
 //! `tlsMode` metadata auto mTLS matches on.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use proto::pb::envoy::config::core::v3::{HealthStatus, Locality, Metadata};
@@ -12,6 +12,7 @@ use proto::pb::envoy::config::endpoint::v3::{
 
 use super::cache::{Dependency, KeyBuilder};
 use super::context::IstioContext;
+use super::scope::SidecarScope;
 use super::util::{socket, struct_of, u32v};
 use super::{Proxy, Resource};
 use crate::model::service::{EndpointTlsMode, Service, ServiceResolution};
@@ -27,69 +28,109 @@ pub fn parse_cluster(name: &str) -> Option<(u16, &str, &str)> {
     Some((port, parts.next()?, parts.next()?))
 }
 
-/// Load assignments for `names` (every EDS cluster of the proxy when empty).
-/// Each comes from the XDS cache when a proxy with the same view of its
-/// service and subset built it already.
+/// Load assignments for `names` (every EDS cluster of the proxy when empty),
+/// from its scope's, built once per push context for every proxy with the
+/// scope; a name outside the scope gets an empty assignment.
 pub fn build(ctx: &IstioContext, proxy: &Proxy, names: &BTreeSet<String>) -> Vec<Arc<Resource>> {
-    let wanted: Vec<String> = if names.is_empty() {
-        super::cds::build(ctx, proxy)
-            .into_iter()
-            .map(|r| r.name.clone())
-            .filter(|n| n.starts_with("outbound|"))
-            .collect()
-    } else {
-        names.iter().cloned().collect()
-    };
-    // The proxy's visible services; the first service of a host name wins,
-    // as in the registry's order.
     let scope = ctx.scope(proxy);
-    let mut out = Vec::new();
-    for name in wanted {
-        let Some((port, subset, host)) = parse_cluster(&name) else {
+    let mut built = false;
+    let all = scope.load_assignments.get_or_init(|| {
+        built = true;
+        build_scope(ctx, &scope)
+    });
+    let out: Vec<Arc<Resource>> = if names.is_empty() {
+        let mut out: Vec<Arc<Resource>> = all.values().cloned().collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    } else {
+        names
+            .iter()
+            .filter_map(|name| match all.get(name) {
+                Some(r) => Some(r.clone()),
+                None => unknown(ctx, &scope, name),
+            })
+            .collect()
+    };
+    if !built {
+        let shared = out.iter().filter(|r| all.contains_key(&r.name)).count();
+        ctx.cache.count_shared(shared);
+    }
+    out
+}
+
+/// A requested name the scope has no EDS cluster of: an empty assignment
+/// keeps Envoy from waiting for a host it cannot know now; a DNS cluster's
+/// name gets nothing (its endpoints are in the cluster).
+fn unknown(ctx: &IstioContext, scope: &SidecarScope, name: &str) -> Option<Arc<Resource>> {
+    let (port, subset, host) = parse_cluster(name)?;
+    if let Some(svc) = scope.service(host) {
+        if svc.resolution != ServiceResolution::ClientSideLb {
+            return None;
+        }
+        // A port or subset the service has no cluster for: computed as any.
+        return Some(load_assignment_of(ctx, scope, svc, name, port, subset));
+    }
+    let empty = ClusterLoadAssignment {
+        cluster_name: name.to_string(),
+        ..Default::default()
+    };
+    Some(Arc::new(Resource::encode(name.to_string(), &empty)))
+}
+
+/// Every EDS cluster's load assignment for one scope, by cluster name.
+fn build_scope(ctx: &IstioContext, scope: &SidecarScope) -> HashMap<String, Arc<Resource>> {
+    let mut out = HashMap::new();
+    for cluster in super::cds::outbound_clusters(ctx, scope).iter() {
+        let Some((port, subset, host)) = parse_cluster(&cluster.name) else {
             continue;
         };
         let Some(svc) = scope.service(host) else {
-            // Unknown now: an empty assignment keeps Envoy from waiting.
-            let empty = ClusterLoadAssignment {
-                cluster_name: name.clone(),
-                ..Default::default()
-            };
-            out.push(Arc::new(Resource::encode(name, &empty)));
             continue;
         };
         if svc.resolution != ServiceResolution::ClientSideLb {
             continue;
         }
-        let dr = (!subset.is_empty())
-            .then(|| ctx.destination_rule(&proxy.namespace, svc))
-            .flatten();
-        let key = KeyBuilder::new("EDS", &name)
-            .with((&svc.hostname, &svc.namespace, svc.revision))
-            .with(dr.map(|d| (&d.namespace, &d.name)))
-            .key();
-        let dependencies = || {
-            let mut d = vec![Dependency::Service(svc.hostname.clone())];
-            if let Some(dr) = dr {
-                d.push(Dependency::Config(ObjectKey::new(
-                    Kind::DestinationRule,
-                    &dr.namespace,
-                    &dr.name,
-                )));
-            }
-            d
-        };
-        let labels = dr
-            .and_then(|dr| dr.spec.subsets.iter().find(|s| s.name == subset))
-            .map(|s| &s.labels);
-        let built = ctx
-            .cache
-            .get_or_build(key, &name, ctx.seq, dependencies, || {
-                let cla = load_assignment(&name, svc, port, labels);
-                Resource::encode(name.clone(), &cla)
-            });
-        out.push(built);
+        let r = load_assignment_of(ctx, scope, svc, &cluster.name, port, subset);
+        out.insert(cluster.name.clone(), r);
     }
     out
+}
+
+/// One load assignment, from the XDS cache when an earlier push context
+/// built it from the same service and DestinationRule.
+fn load_assignment_of(
+    ctx: &IstioContext,
+    scope: &SidecarScope,
+    svc: &Service,
+    name: &str,
+    port: u16,
+    subset: &str,
+) -> Arc<Resource> {
+    let dr = (!subset.is_empty())
+        .then(|| ctx.destination_rule(&scope.namespace, svc))
+        .flatten();
+    let key = KeyBuilder::new("EDS", name)
+        .with((&svc.hostname, &svc.namespace, svc.revision))
+        .with(dr.map(|d| (&d.namespace, &d.name)))
+        .key();
+    let dependencies = || {
+        let mut d = vec![Dependency::Service(svc.hostname.clone())];
+        if let Some(dr) = dr {
+            d.push(Dependency::Config(ObjectKey::new(
+                Kind::DestinationRule,
+                &dr.namespace,
+                &dr.name,
+            )));
+        }
+        d
+    };
+    let labels = dr
+        .and_then(|dr| dr.spec.subsets.iter().find(|s| s.name == subset))
+        .map(|s| &s.labels);
+    ctx.cache
+        .get_or_build(key, name, ctx.seq, dependencies, || {
+            Resource::encode(name.to_string(), &load_assignment(name, svc, port, labels))
+        })
 }
 
 /// The endpoints of one service port (those with the subset's labels),

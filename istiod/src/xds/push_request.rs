@@ -161,16 +161,6 @@ impl Updates {
             }],
         }
     }
-
-    /// Whether only endpoints changed (Istio's incremental EDS push).
-    pub fn endpoints_only(&self) -> bool {
-        !self.everything
-            && !self.changes.is_empty()
-            && self
-                .changes
-                .iter()
-                .all(|c| Types::EDS.contains(c.types) && c.eds_hosts.is_some())
-    }
 }
 
 /// What one proxy gets from a push.

@@ -5,13 +5,14 @@
 //! by it, and push scoping asks it whether a change is visible.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::model::istio::{IstioEgressListener, Sidecar};
 use crate::model::service::{
     ExportTo, Service, ServiceRegistry, egress_host_matches, host_matches,
 };
 
+use super::Resource;
 use super::context::Named;
 
 /// The services one egress scope of a Sidecar admits (or, without a
@@ -45,6 +46,11 @@ pub struct SidecarScope {
     /// The egress hosts of the Sidecar (`ns/host`), to decide whether a
     /// service that is not in the registry now (deleted) was visible.
     egress_hosts: Vec<(String, Vec<String>)>,
+    /// The outbound clusters of every proxy with this scope, built (or
+    /// taken from the XDS cache) by the first proxy that asks.
+    pub(super) outbound_clusters: OnceLock<Arc<[Arc<Resource>]>>,
+    /// The load assignments of those clusters, by name, likewise.
+    pub(super) load_assignments: OnceLock<HashMap<String, Arc<Resource>>>,
 }
 
 fn admitted(listener: &IstioEgressListener, sidecar_ns: &str, svc: &Service) -> bool {
@@ -114,6 +120,8 @@ impl SidecarScope {
             egress,
             namespaces,
             egress_hosts,
+            outbound_clusters: OnceLock::new(),
+            load_assignments: OnceLock::new(),
         }
     }
 
