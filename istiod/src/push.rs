@@ -309,3 +309,162 @@ pub async fn run(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mesh::Mesh;
+    use crate::model::{ConfigStore, RegistryOptions, Update, parse_file};
+    use crate::xds::cache::XdsCache;
+    use crate::xds::push_request::{Audience, Types};
+
+    struct Pipeline {
+        store: ConfigStore,
+        pushes: watch::Receiver<Option<PushRequest>>,
+        triggers: mpsc::Sender<Trigger>,
+        _ready: watch::Receiver<bool>,
+    }
+
+    fn start(after: Duration, max: Duration) -> Pipeline {
+        let store = ConfigStore::new();
+        let (_m, mesh) = watch::channel(Arc::new(Mesh::default()));
+        let builder = Builder::new(
+            store.clone(),
+            RegistryOptions::default(),
+            mesh,
+            Arc::default(),
+            Arc::new(XdsCache::default()),
+        );
+        let (tx, triggers) = mpsc::channel(16);
+        let inputs = Inputs {
+            batches: store.subscribe(),
+            triggers,
+        };
+        let (_synced, synced) = watch::channel(true);
+        let (ready_tx, ready) = watch::channel(false);
+        let (push_tx, pushes) = watch::channel(None);
+        let metrics = PushMetrics::new(&Registry::new()).unwrap();
+        tokio::spawn(run(
+            inputs,
+            builder,
+            synced,
+            ready_tx,
+            push_tx,
+            Settings {
+                after,
+                max,
+                metrics,
+            },
+        ));
+        Pipeline {
+            store,
+            pushes,
+            triggers: tx,
+            _ready: ready,
+        }
+    }
+
+    impl Pipeline {
+        fn apply(&self, yaml: &str) {
+            let objects = parse_file("t.yaml", yaml).unwrap().objects;
+            self.store
+                .apply(objects.into_iter().map(|o| Update::Upsert(Arc::new(o))));
+        }
+
+        async fn next(&mut self) -> PushRequest {
+            tokio::time::timeout(Duration::from_secs(10), self.pushes.changed())
+                .await
+                .expect("a push")
+                .unwrap();
+            self.pushes.borrow_and_update().clone().unwrap()
+        }
+    }
+
+    fn vs(name: &str) -> String {
+        format!(
+            "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: {name}, namespace: demo}}\nspec: {{hosts: [a], http: [{{route: [{{destination: {{host: a}}}}]}}]}}\n"
+        )
+    }
+
+    fn service(ip: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: a, namespace: demo}}\nspec: {{clusterIP: 198.19.0.1, selector: {{app: a}}, ports: [{{name: http, port: 80}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: a-1, namespace: demo, labels: {{kubernetes.io/service-name: a}}}}\naddressType: IPv4\nports: [{{name: http, port: 80}}]\nendpoints: [{{addresses: [{ip}], conditions: {{ready: true}}}}]\n"
+        )
+    }
+
+    #[tokio::test]
+    async fn changes_within_debounce_after_make_one_push_with_all_of_them() {
+        let mut p = start(Duration::from_millis(200), Duration::from_secs(10));
+        let first = p.next().await;
+        assert_eq!(first.seq, 1);
+        for i in 0..5 {
+            p.apply(&vs(&format!("vs{i}")));
+        }
+        let push = p.next().await;
+        assert_eq!(push.seq, 2);
+        let reasons: std::collections::BTreeSet<&str> = push
+            .updates
+            .changes
+            .iter()
+            .map(|c| c.reason.as_str())
+            .collect();
+        assert_eq!(reasons.len(), 5, "one push for the five: {reasons:?}");
+        assert!(push.updates.changes.iter().all(|c| c.types == Types::RDS));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(600), p.pushes.changed())
+                .await
+                .is_err(),
+            "nothing else is pending"
+        );
+    }
+
+    #[tokio::test]
+    async fn debounce_max_bounds_a_stream_of_changes() {
+        let mut p = start(Duration::from_millis(100), Duration::from_millis(400));
+        p.next().await;
+        let store = p.store.clone();
+        let writer = tokio::spawn(async move {
+            for i in 0..100 {
+                let objects = parse_file("t.yaml", &vs(&format!("s{i}"))).unwrap().objects;
+                store.apply(objects.into_iter().map(|o| Update::Upsert(Arc::new(o))));
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+        });
+        // Changes never pause for 100 ms, yet pushes come, each within the max.
+        let second = p.next().await;
+        assert!(!writer.is_finished(), "pushed while changes kept coming");
+        let third = p.next().await;
+        assert_eq!(third.seq, second.seq + 1);
+        writer.abort();
+    }
+
+    #[tokio::test]
+    async fn endpoint_changes_are_incremental_and_a_mesh_change_is_everything() {
+        let mut p = start(Duration::from_millis(50), Duration::from_secs(10));
+        p.next().await;
+        p.apply(&service("198.18.0.1"));
+        let push = p.next().await;
+        assert!(push.updates.changes.iter().any(|c| c.types == Types::ALL));
+        p.apply(&service("198.18.0.2"));
+        let push = p.next().await;
+        let eds: Vec<_> = push
+            .updates
+            .changes
+            .iter()
+            .filter(|c| matches!(c.audience, Audience::Services(_)))
+            .collect();
+        assert_eq!(eds.len(), 1);
+        assert_eq!(eds[0].types, Types::EDS);
+        assert_eq!(
+            eds[0].eds_hosts,
+            Some(["a.demo.svc.cluster.local".to_string()].into())
+        );
+        // The endpoint's old and new IPs are workloads of their own.
+        assert!(push.updates.changes.iter().any(|c| matches!(
+            &c.audience,
+            Audience::Workloads(ips) if ips.contains("198.18.0.1") && ips.contains("198.18.0.2")
+        )));
+        p.triggers.send(Trigger::Mesh).await.unwrap();
+        assert!(p.next().await.updates.everything);
+    }
+}
