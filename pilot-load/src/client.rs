@@ -227,6 +227,10 @@ pub fn route_names(any: &Any, out: &mut BTreeSet<String>) {
     }
 }
 
+fn status_text(s: tonic::Status) -> String {
+    format!("{:?}: {}", s.code(), s.message())
+}
+
 fn type_index(type_url: &str) -> Option<usize> {
     TYPES.iter().position(|t| *t == type_url)
 }
@@ -407,15 +411,11 @@ async fn sotw(
     let mut inbound = client
         .stream_aggregated_resources(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
         .await
-        .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?
+        .map_err(status_text)?
         .into_inner();
     let mut state = State::default();
     let mut last: HashMap<String, (String, String)> = HashMap::new();
-    while let Some(resp) = inbound
-        .message()
-        .await
-        .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?
-    {
+    while let Some(resp) = inbound.message().await.map_err(status_text)? {
         let DiscoveryResponse {
             version_info,
             resources,
@@ -514,14 +514,10 @@ async fn delta(
     let mut inbound = client
         .delta_aggregated_resources(ReceiverStream::new(rx))
         .await
-        .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?
+        .map_err(status_text)?
         .into_inner();
     let mut state = State::default();
-    while let Some(resp) = inbound
-        .message()
-        .await
-        .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?
-    {
+    while let Some(resp) = inbound.message().await.map_err(status_text)? {
         let DeltaDiscoveryResponse {
             system_version_info,
             resources,

@@ -166,6 +166,18 @@ fn sidecar_doc(ns: &str) -> Value {
     })
 }
 
+/// Every object of the mesh at revision 0, as Kubernetes-style JSON
+/// (what [`MeshDir::write`] writes, for benchmarks that load it in process).
+pub fn documents(shape: &Shape) -> Vec<Value> {
+    let mut docs: Vec<Value> = (0..shape.services)
+        .flat_map(|s| service_docs(shape, s, Revision::default()))
+        .collect();
+    if shape.sidecars {
+        docs.extend((0..shape.namespaces).map(|n| sidecar_doc(&format!("ns-{n}"))));
+    }
+    docs
+}
+
 /// JSON documents as one YAML stream (JSON is YAML).
 fn yaml_stream(docs: &[Value]) -> String {
     let mut out = String::new();

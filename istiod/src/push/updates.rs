@@ -195,26 +195,19 @@ impl Resolved {
             | Kind::WorkloadEntry
             | Kind::Node => self.services(key, endpoint_only, views),
             Kind::VirtualService => {
-                let vs = |ctx: &IstioContext| find(&ctx.virtual_services, key).cloned();
-                for vs in [vs(views.old), vs(views.new)].into_iter().flatten() {
-                    self.changes.push(change(
-                        &reason,
-                        virtual_service_audience(&vs, &views.new.domain),
-                        Types::RDS,
-                    ));
-                }
-                self.clear.push(Dependency::Config(key.clone()));
+                let domain = &views.new.domain;
+                let audiences = [views.old, views.new].map(|ctx| {
+                    find(&ctx.virtual_services, key).map(|vs| virtual_service_audience(vs, domain))
+                });
+                self.config(key, audiences, Types::RDS);
             }
             Kind::DestinationRule => {
-                let dr = |ctx: &IstioContext| find(&ctx.destination_rules, key).cloned();
-                for dr in [dr(views.old), dr(views.new)].into_iter().flatten() {
-                    self.changes.push(change(
-                        &reason,
-                        destination_rule_audience(&dr, &views.new.domain),
-                        Types::CDS | Types::EDS,
-                    ));
-                }
-                self.clear.push(Dependency::Config(key.clone()));
+                let domain = &views.new.domain;
+                let audiences = [views.old, views.new].map(|ctx| {
+                    find(&ctx.destination_rules, key)
+                        .map(|dr| destination_rule_audience(dr, domain))
+                });
+                self.config(key, audiences, Types::CDS | Types::EDS);
             }
             Kind::Sidecar => {
                 self.changes.push(change(
@@ -250,6 +243,15 @@ impl Resolved {
             // Handled before: every proxy.
             Kind::Namespace => {}
         }
+    }
+
+    /// A routing config's change, as it was and as it is, and the cache
+    /// entries built from it.
+    fn config(&mut self, key: &ObjectKey, audiences: [Option<Audience>; 2], types: Types) {
+        for audience in audiences.into_iter().flatten() {
+            self.changes.push(change(&key.to_string(), audience, types));
+        }
+        self.clear.push(Dependency::Config(key.clone()));
     }
 
     /// A change of an object the service registry is built from.

@@ -51,6 +51,16 @@ fn grpc_response(body: ResponseBody) -> http::Response<Body> {
     response
 }
 
+/// The stream's requests, decoded as tonic decodes them.
+fn requests<M: prost::Message + Default + Send + 'static>(body: Body) -> Streaming<M> {
+    Streaming::new_request(
+        ProstDecoder::<M>::new(BufferSettings::default()),
+        body,
+        None,
+        Some(MAX_REQUEST_BYTES),
+    )
+}
+
 async fn serve(server: DiscoveryServer, req: http::Request<Body>) -> http::Response<Body> {
     let delta = match req.uri().path() {
         SOTW_PATH => false,
@@ -65,20 +75,10 @@ async fn serve(server: DiscoveryServer, req: http::Request<Body>) -> http::Respo
     };
     let (outbox, response) = Outbox::new(STREAM_QUEUE_BYTES);
     if delta {
-        let inbound = Streaming::<DeltaDiscoveryRequest>::new_request(
-            ProstDecoder::new(BufferSettings::default()),
-            body,
-            None,
-            Some(MAX_REQUEST_BYTES),
-        );
+        let inbound = requests::<DeltaDiscoveryRequest>(body);
         tokio::spawn(super::delta::run(server, identities, inbound, outbox));
     } else {
-        let inbound = Streaming::<DiscoveryRequest>::new_request(
-            ProstDecoder::new(BufferSettings::default()),
-            body,
-            None,
-            Some(MAX_REQUEST_BYTES),
-        );
+        let inbound = requests::<DiscoveryRequest>(body);
         tokio::spawn(super::sotw::run(server, identities, inbound, outbox));
     }
     grpc_response(response)

@@ -103,17 +103,7 @@ fn build_outbound(ctx: &IstioContext, scope: &SidecarScope) -> Vec<Arc<Resource>
             .with(dr.map(|d| (&d.namespace, &d.name)))
             .with(ctx.service_mtls_mode(svc))
             .key();
-        let dependencies = || {
-            let mut d = vec![Dependency::Service(svc.hostname.clone())];
-            if let Some(dr) = dr {
-                d.push(Dependency::Config(ObjectKey::new(
-                    Kind::DestinationRule,
-                    &dr.namespace,
-                    &dr.name,
-                )));
-            }
-            d
-        };
+        let dependencies = || dependencies(svc, dr);
         let subsets = dr.map(|d| d.spec.subsets.as_slice()).unwrap_or_default();
         for port in &svc.ports {
             for subset in std::iter::once(None).chain(subsets.iter().map(Some)) {
@@ -132,6 +122,23 @@ fn build_outbound(ctx: &IstioContext, scope: &SidecarScope) -> Vec<Arc<Resource>
         }
     }
     out
+}
+
+/// What a cluster or load assignment of `svc` is invalidated by: the
+/// service, and the DestinationRule chosen for it.
+pub(super) fn dependencies(
+    svc: &Service,
+    dr: Option<&super::context::Named<crate::model::istio::DestinationRule>>,
+) -> Vec<Dependency> {
+    let mut d = vec![Dependency::Service(svc.hostname.clone())];
+    if let Some(dr) = dr {
+        d.push(Dependency::Config(ObjectKey::new(
+            Kind::DestinationRule,
+            &dr.namespace,
+            &dr.name,
+        )));
+    }
+    d
 }
 
 fn unlimited_breakers() -> CircuitBreakers {

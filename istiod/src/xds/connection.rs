@@ -8,25 +8,39 @@
 
 use std::future::Future;
 
+use proto::pb::envoy::config::core::v3::Node;
 use tonic::Streaming;
 
 use super::outbox::{Closed, Outbox};
-use super::server::{DiscoveryServer, Ended};
+use super::server::{DiscoveryServer, Ended, Identities, init_proxy};
 use super::{Proxy, PushPlan, PushRequest};
+
+/// What every stream has, whatever its protocol.
+pub(super) struct Stream {
+    /// The server it belongs to.
+    pub server: DiscoveryServer,
+    /// The proxy at the other end.
+    pub proxy: Proxy,
+    /// The connection id (`<proxyID>-<counter>`).
+    pub id: String,
+    /// Where its responses go.
+    pub outbox: Outbox,
+}
 
 /// What the protocols (state of the world, delta) do for the driver.
 pub(super) trait Protocol: Send {
     /// The protocol's request message.
     type Request: Send + 'static;
+    /// Whether this is delta xDS (for logs and `/debug/adsz`).
+    const DELTA: bool;
+
+    /// The node a request carries (the first request's says who connects).
+    fn node(req: &Self::Request) -> Option<&Node>;
     /// A response a request asked for.
     type Reply: Send;
 
-    /// The connection id (`<proxyID>-<counter>`).
-    fn id(&self) -> &str;
-    /// The proxy.
-    fn proxy(&self) -> &Proxy;
-    /// The stream's outbox.
-    fn outbox(&self) -> &Outbox;
+    /// The stream's common part.
+    fn stream(&self) -> &Stream;
     /// Applies a request (ACK, NACK, subscription); the response it needs, if any.
     fn on_request(&mut self, req: &Self::Request) -> Option<Self::Reply>;
     /// Sends the response a request asked for, from `ctx`.
@@ -43,9 +57,50 @@ pub(super) trait Protocol: Send {
     ) -> impl Future<Output = Result<(), Closed>> + Send;
 }
 
+/// Serves one stream: its first request names the proxy, which must be
+/// one the caller may speak for; `open` makes the connection's state.
+pub(super) async fn run<P: Protocol>(
+    server: DiscoveryServer,
+    identities: Identities,
+    mut inbound: Streaming<P::Request>,
+    outbox: Outbox,
+    open: impl FnOnce(Stream) -> P,
+) {
+    let kind = if P::DELTA {
+        "delta connection"
+    } else {
+        "connection"
+    };
+    let first = match inbound.message().await {
+        Ok(Some(r)) => r,
+        _ => return,
+    };
+    let proxy = match init_proxy(P::node(&first), &identities) {
+        Ok(p) => p,
+        Err(status) => {
+            tracing::warn!(target: "ads", "ADS: {kind} rejected: {}", status.message());
+            outbox.end(status);
+            return;
+        }
+    };
+    let id = server.register(&proxy, P::DELTA);
+    tracing::info!(target: "ads", "ADS: new {kind} for node:{id}");
+    let mut conn = open(Stream {
+        server: server.clone(),
+        proxy,
+        id: id.clone(),
+        outbox,
+    });
+    if let Err(Ended::Status(status)) = serve(&server, &mut conn, &mut inbound, first).await {
+        conn.stream().outbox.end(status);
+    }
+    tracing::info!(target: "ads", "ADS: {id} terminated");
+    server.unregister(&id, &conn.stream().proxy);
+}
+
 /// Serves a stream whose first request was `first`, until the peer or
 /// istiod ends it.
-pub(super) async fn serve<P: Protocol>(
+async fn serve<P: Protocol>(
     server: &DiscoveryServer,
     conn: &mut P,
     inbound: &mut Streaming<P::Request>,
@@ -64,11 +119,11 @@ pub(super) async fn serve<P: Protocol>(
                 continue;
             };
             let _turn = server.throttle().await;
-            let id = conn.id().to_string();
+            let id = conn.stream().id.clone();
             server
                 .write(&id, async {
                     conn.reply(reply, &ctx).await?;
-                    conn.outbox().drained().await
+                    conn.stream().outbox.drained().await
                 })
                 .await?;
             continue;
@@ -78,7 +133,7 @@ pub(super) async fn serve<P: Protocol>(
                 Ok(Some(r)) => next = Some(r),
                 Ok(None) => return Ok(()),
                 Err(e) => {
-                    tracing::debug!(target: "ads", "ADS: {} terminated: {e}", conn.id());
+                    tracing::debug!(target: "ads", "ADS: {} terminated: {e}", conn.stream().id);
                     return Ok(());
                 }
             },
@@ -100,8 +155,8 @@ async fn push<P: Protocol>(
     seen: &mut u64,
     latest: PushRequest,
 ) -> Result<(), Ended> {
-    if server.plan(conn.proxy(), *seen, &latest).is_empty() {
-        tracing::debug!(target: "ads", "Skipping push to {}, no updates required", conn.id());
+    if server.plan(&conn.stream().proxy, *seen, &latest).is_empty() {
+        tracing::debug!(target: "ads", "Skipping push to {}, no updates required", conn.stream().id);
         *seen = latest.seq;
         return Ok(());
     }
@@ -111,16 +166,16 @@ async fn push<P: Protocol>(
         Ok(true) => pushes.borrow_and_update().clone().unwrap_or(latest),
         _ => latest,
     };
-    let plan = server.plan(conn.proxy(), *seen, &req);
+    let plan = server.plan(&conn.stream().proxy, *seen, &req);
     *seen = req.seq;
     if plan.is_empty() {
         return Ok(());
     }
-    let id = conn.id().to_string();
+    let id = conn.stream().id.clone();
     server
         .write(&id, async {
             conn.push(&req, &plan).await?;
-            conn.outbox().drained().await
+            conn.stream().outbox.drained().await
         })
         .await?;
     server

@@ -9,12 +9,14 @@ use std::sync::Arc;
 use proto::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use tonic::Streaming;
 
-use super::connection::{Protocol, serve};
+use proto::pb::envoy::config::core::v3::Node;
+
+use super::connection::{self, Protocol, Stream};
 use super::outbox::{Closed, Outbox};
-use super::server::{DiscoveryServer, Ended, Identities, init_proxy, nonce};
+use super::server::{DiscoveryServer, Identities, nonce};
 use super::wire::Encoded;
 use super::{
-    CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, Proxy, PushPlan, PushRequest, Resource, cluster_host,
+    CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, PushPlan, PushRequest, Resource, cluster_host,
     is_wildcard, short_name,
 };
 
@@ -106,11 +108,8 @@ struct DeltaWatch {
 }
 
 struct DeltaConn {
-    server: DiscoveryServer,
-    proxy: Proxy,
-    id: String,
+    stream: Stream,
     watches: HashMap<String, DeltaWatch>,
-    outbox: Outbox,
 }
 
 enum DeltaAction {
@@ -132,16 +131,17 @@ pub(super) struct Reply {
 impl DeltaConn {
     fn action(&mut self, req: &DeltaDiscoveryRequest) -> DeltaAction {
         let t = req.type_url.as_str();
-        let metrics = self.server.metrics();
+        let metrics = self.stream.server.metrics();
         if let Some(err) = &req.error_detail {
             metrics
                 .rejects
                 .with_label_values(&[&short_name(t).to_lowercase()])
                 .inc();
-            tracing::warn!(target: "ads", "ADS:{}: ACK ERROR {} {}", short_name(t), self.id, err.message);
+            tracing::warn!(target: "ads", "ADS:{}: ACK ERROR {} {}", short_name(t), self.stream.id, err.message);
             let msg = err.message.clone();
-            self.server
-                .update_status(&self.id, t, |s| s.last_error = Some(msg));
+            self.stream
+                .server
+                .update_status(&self.stream.id, t, |s| s.last_error = Some(msg));
             return DeltaAction::None;
         }
         let sub: BTreeSet<String> = req.resource_names_subscribe.iter().cloned().collect();
@@ -180,7 +180,7 @@ impl DeltaConn {
         }
         if !req.response_nonce.is_empty() {
             let nonce = req.response_nonce.clone();
-            self.server.update_status(&self.id, t, |s| {
+            self.stream.server.update_status(&self.stream.id, t, |s| {
                 s.acked_nonce = nonce;
                 s.last_error = None;
             });
@@ -232,10 +232,10 @@ impl DeltaConn {
         if !w.wildcard && names.is_empty() && !always {
             return Ok(Vec::new());
         }
-        let generated = match ctx.ctx.generate(&self.proxy, type_url, &names) {
+        let generated = match ctx.ctx.generate(&self.stream.proxy, type_url, &names) {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!(target: "ads", "{}: generation failed for {}: {e}", short_name(type_url), self.id);
+                tracing::warn!(target: "ads", "{}: generation failed for {}: {e}", short_name(type_url), self.stream.id);
                 return Ok(Vec::new());
             }
         };
@@ -281,25 +281,21 @@ impl DeltaConn {
             "{}: PUSH{} for node:{} resources:{} removed:{}",
             short_name(type_url),
             if only.is_some() { " INC" } else { "" },
-            self.proxy.id,
+            self.stream.proxy.id,
             changed.len(),
             removed.len()
         );
         let count = changed.len();
         let response = Encoded::delta(&version, type_url, &nonce, changed, &removed);
-        self.server.update_status(&self.id, type_url, |s| {
-            s.sent_version = version;
-            s.sent_nonce = nonce;
-            s.resources = count;
-        });
-        let short = short_name(type_url).to_lowercase();
-        let metrics = self.server.metrics();
-        metrics.pushes.with_label_values(&[&short]).inc();
-        metrics
-            .config_size
-            .with_label_values(&[&short])
-            .observe(response.len() as f64);
-        self.outbox.send(response).await?;
+        self.stream
+            .server
+            .update_status(&self.stream.id, type_url, |s| {
+                s.sent_version = version;
+                s.sent_nonce = nonce;
+                s.resources = count;
+            });
+        self.stream.server.count_response(type_url, response.len());
+        self.stream.outbox.send(response).await?;
         Ok(sent)
     }
 
@@ -317,17 +313,14 @@ impl DeltaConn {
 impl Protocol for DeltaConn {
     type Request = DeltaDiscoveryRequest;
     type Reply = Reply;
+    const DELTA: bool = true;
 
-    fn id(&self) -> &str {
-        &self.id
+    fn node(req: &DeltaDiscoveryRequest) -> Option<&Node> {
+        req.node.as_ref()
     }
 
-    fn proxy(&self) -> &Proxy {
-        &self.proxy
-    }
-
-    fn outbox(&self) -> &Outbox {
-        &self.outbox
+    fn stream(&self) -> &Stream {
+        &self.stream
     }
 
     fn on_request(&mut self, req: &DeltaDiscoveryRequest) -> Option<Reply> {
@@ -395,33 +388,12 @@ impl Protocol for DeltaConn {
 pub(super) async fn run(
     server: DiscoveryServer,
     identities: Identities,
-    mut inbound: Streaming<DeltaDiscoveryRequest>,
+    inbound: Streaming<DeltaDiscoveryRequest>,
     outbox: Outbox,
 ) {
-    let first = match inbound.message().await {
-        Ok(Some(r)) => r,
-        _ => return,
-    };
-    let proxy = match init_proxy(first.node.as_ref(), &identities) {
-        Ok(p) => p,
-        Err(status) => {
-            tracing::warn!(target: "ads", "ADS: delta connection rejected: {}", status.message());
-            outbox.end(status);
-            return;
-        }
-    };
-    let id = server.register(&proxy, true);
-    tracing::info!(target: "ads", "ADS: new delta connection for node:{id}");
-    let mut conn = DeltaConn {
-        server: server.clone(),
-        proxy,
-        id: id.clone(),
+    connection::run(server, identities, inbound, outbox, |stream| DeltaConn {
+        stream,
         watches: HashMap::new(),
-        outbox,
-    };
-    if let Err(Ended::Status(status)) = serve(&server, &mut conn, &mut inbound, first).await {
-        conn.outbox.end(status);
-    }
-    tracing::info!(target: "ads", "ADS: {id} terminated");
-    server.unregister(&id, &conn.proxy);
+    })
+    .await;
 }

@@ -10,13 +10,12 @@ use proto::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
 };
 
-use super::cache::{Dependency, KeyBuilder};
+use super::cache::KeyBuilder;
 use super::context::IstioContext;
 use super::scope::SidecarScope;
 use super::util::{socket, struct_of, u32v};
 use super::{Proxy, Resource};
 use crate::model::service::{EndpointTlsMode, Service, ServiceResolution};
-use crate::model::{Kind, ObjectKey};
 
 /// Splits `outbound|<port>|<subset>|<host>`.
 pub fn parse_cluster(name: &str) -> Option<(u16, &str, &str)> {
@@ -113,17 +112,7 @@ fn load_assignment_of(
         .with((&svc.hostname, &svc.namespace, svc.revision))
         .with(dr.map(|d| (&d.namespace, &d.name)))
         .key();
-    let dependencies = || {
-        let mut d = vec![Dependency::Service(svc.hostname.clone())];
-        if let Some(dr) = dr {
-            d.push(Dependency::Config(ObjectKey::new(
-                Kind::DestinationRule,
-                &dr.namespace,
-                &dr.name,
-            )));
-        }
-        d
-    };
+    let dependencies = || super::cds::dependencies(svc, dr);
     let labels = dr
         .and_then(|dr| dr.spec.subsets.iter().find(|s| s.name == subset))
         .map(|s| &s.labels);

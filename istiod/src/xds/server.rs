@@ -293,6 +293,17 @@ impl DiscoveryServer {
         &self.inner.metrics
     }
 
+    /// Counts one response of `type_url`, `bytes` long
+    /// (`pilot_xds_pushes`, `pilot_xds_config_size_bytes`).
+    pub(super) fn count_response(&self, type_url: &str, bytes: usize) {
+        let short = short_name(type_url).to_lowercase();
+        let m = &self.inner.metrics;
+        m.pushes.with_label_values(&[&short]).inc();
+        m.config_size
+            .with_label_values(&[&short])
+            .observe(bytes as f64);
+    }
+
     /// A receiver of pushes, at the latest.
     pub(super) fn pushes(&self) -> watch::Receiver<Option<PushRequest>> {
         self.inner.pushes.clone()

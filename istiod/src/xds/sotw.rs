@@ -7,13 +7,15 @@ use std::collections::{BTreeSet, HashMap};
 use proto::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use tonic::Streaming;
 
-use super::connection::{Protocol, serve};
+use proto::pb::envoy::config::core::v3::Node;
+
+use super::connection::{self, Protocol, Stream};
 use super::outbox::{Closed, Outbox};
-use super::server::{DiscoveryServer, Ended, Identities, init_proxy, nonce};
+use super::server::{DiscoveryServer, Identities, nonce};
 use super::wire::Encoded;
 use super::{
-    CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, Proxy, PushPlan, PushRequest, cluster_host,
-    is_wildcard, short_name,
+    CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, PushPlan, PushRequest, cluster_host, is_wildcard,
+    short_name,
 };
 
 #[derive(Default)]
@@ -24,27 +26,25 @@ struct Watch {
 }
 
 struct SotwConn {
-    server: DiscoveryServer,
-    proxy: Proxy,
-    id: String,
+    stream: Stream,
     watches: HashMap<String, Watch>,
-    outbox: Outbox,
 }
 
 impl SotwConn {
     /// Applies a request; returns the names to answer with (`None` = no response).
     fn should_respond(&mut self, req: &DiscoveryRequest) -> Option<BTreeSet<String>> {
         let t = req.type_url.as_str();
-        let metrics = self.server.metrics();
+        let metrics = self.stream.server.metrics();
         if let Some(err) = &req.error_detail {
             metrics
                 .rejects
                 .with_label_values(&[&short_name(t).to_lowercase()])
                 .inc();
-            tracing::warn!(target: "ads", "ADS:{}: ACK ERROR {} {}", short_name(t), self.id, err.message);
+            tracing::warn!(target: "ads", "ADS:{}: ACK ERROR {} {}", short_name(t), self.stream.id, err.message);
             let msg = err.message.clone();
-            self.server
-                .update_status(&self.id, t, |s| s.last_error = Some(msg));
+            self.stream
+                .server
+                .update_status(&self.stream.id, t, |s| s.last_error = Some(msg));
             return None;
         }
         let names: BTreeSet<String> = req.resource_names.iter().cloned().collect();
@@ -77,11 +77,11 @@ impl SotwConn {
                 .expired_nonce
                 .with_label_values(&[&short_name(t).to_lowercase()])
                 .inc();
-            tracing::debug!(target: "ads", "ADS:{}: REQ {} expired nonce received {}", short_name(t), self.id, req.response_nonce);
+            tracing::debug!(target: "ads", "ADS:{}: REQ {} expired nonce received {}", short_name(t), self.stream.id, req.response_nonce);
             return None;
         }
         let nonce = req.response_nonce.clone();
-        self.server.update_status(&self.id, t, |s| {
+        self.stream.server.update_status(&self.stream.id, t, |s| {
             s.acked_nonce = nonce;
             s.last_error = None;
         });
@@ -110,10 +110,10 @@ impl SotwConn {
         names: &BTreeSet<String>,
         incremental: bool,
     ) -> Result<(), Closed> {
-        let resources = match ctx.ctx.generate(&self.proxy, type_url, names) {
+        let resources = match ctx.ctx.generate(&self.stream.proxy, type_url, names) {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!(target: "ads", "{}: generation failed for {}: {e}", short_name(type_url), self.id);
+                tracing::warn!(target: "ads", "{}: generation failed for {}: {e}", short_name(type_url), self.stream.id);
                 return Ok(());
             }
         };
@@ -126,43 +126,36 @@ impl SotwConn {
             "{}: PUSH{} for node:{} resources:{} size:{}",
             short_name(type_url),
             if incremental { " INC" } else { "" },
-            self.proxy.id,
+            self.stream.proxy.id,
             count,
             response.len()
         );
         if let Some(w) = self.watches.get_mut(type_url) {
             w.nonce_sent = Some(nonce.clone());
         }
-        self.server.update_status(&self.id, type_url, |s| {
-            s.sent_version = version;
-            s.sent_nonce = nonce;
-            s.resources = count;
-        });
-        let short = short_name(type_url).to_lowercase();
-        let metrics = self.server.metrics();
-        metrics.pushes.with_label_values(&[&short]).inc();
-        metrics
-            .config_size
-            .with_label_values(&[&short])
-            .observe(response.len() as f64);
-        self.outbox.send(response).await
+        self.stream
+            .server
+            .update_status(&self.stream.id, type_url, |s| {
+                s.sent_version = version;
+                s.sent_nonce = nonce;
+                s.resources = count;
+            });
+        self.stream.server.count_response(type_url, response.len());
+        self.stream.outbox.send(response).await
     }
 }
 
 impl Protocol for SotwConn {
     type Request = DiscoveryRequest;
     type Reply = (String, BTreeSet<String>);
+    const DELTA: bool = false;
 
-    fn id(&self) -> &str {
-        &self.id
+    fn node(req: &DiscoveryRequest) -> Option<&Node> {
+        req.node.as_ref()
     }
 
-    fn proxy(&self) -> &Proxy {
-        &self.proxy
-    }
-
-    fn outbox(&self) -> &Outbox {
-        &self.outbox
+    fn stream(&self) -> &Stream {
+        &self.stream
     }
 
     fn on_request(&mut self, req: &DiscoveryRequest) -> Option<Self::Reply> {
@@ -206,33 +199,12 @@ impl Protocol for SotwConn {
 pub(super) async fn run(
     server: DiscoveryServer,
     identities: Identities,
-    mut inbound: Streaming<DiscoveryRequest>,
+    inbound: Streaming<DiscoveryRequest>,
     outbox: Outbox,
 ) {
-    let first = match inbound.message().await {
-        Ok(Some(r)) => r,
-        _ => return,
-    };
-    let proxy = match init_proxy(first.node.as_ref(), &identities) {
-        Ok(p) => p,
-        Err(status) => {
-            tracing::warn!(target: "ads", "ADS: connection rejected: {}", status.message());
-            outbox.end(status);
-            return;
-        }
-    };
-    let id = server.register(&proxy, false);
-    tracing::info!(target: "ads", "ADS: new connection for node:{id}");
-    let mut conn = SotwConn {
-        server: server.clone(),
-        proxy,
-        id: id.clone(),
+    connection::run(server, identities, inbound, outbox, |stream| SotwConn {
+        stream,
         watches: HashMap::new(),
-        outbox,
-    };
-    if let Err(Ended::Status(status)) = serve(&server, &mut conn, &mut inbound, first).await {
-        conn.outbox.end(status);
-    }
-    tracing::info!(target: "ads", "ADS: {id} terminated");
-    server.unregister(&id, &conn.proxy);
+    })
+    .await;
 }
