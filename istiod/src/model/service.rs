@@ -356,11 +356,30 @@ impl Service {
     pub fn content_hash(&self) -> u64 {
         use std::hash::{Hash, Hasher};
         let mut h = std::hash::DefaultHasher::new();
-        Service {
-            revision: 0,
-            ..self.clone()
-        }
-        .hash(&mut h);
+        // Every field but the revision itself (a new field belongs here).
+        let Service {
+            hostname,
+            namespace,
+            source_object,
+            source,
+            addresses,
+            ports,
+            resolution,
+            mesh_external,
+            export_to,
+            subject_alt_names,
+            endpoints,
+            revision: _,
+        } = self;
+        (hostname, namespace, source_object, source, addresses, ports).hash(&mut h);
+        (
+            resolution,
+            mesh_external,
+            export_to,
+            subject_alt_names,
+            endpoints,
+        )
+            .hash(&mut h);
         h.finish()
     }
 
