@@ -43,7 +43,8 @@ if [ "${SIDECARS:-0}" = 1 ]; then sidecars=(--sidecars); fi
     --pods-per-service "${PODS_PER_SERVICE:-2}" \
     "${sidecars[@]}"
 
-ulimit -n 65536
+# One connection per proxy: raise the open-file limit as far as allowed.
+ulimit -n "$(ulimit -Hn)"
 read -r -a extra_env <<<"${ISTIOD_ENV:-}"
 (cd "$work" && exec env "${extra_env[@]}" "$istiod_bin" discovery \
     --configDir "$work/mesh" \
