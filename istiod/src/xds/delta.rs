@@ -61,8 +61,14 @@ impl Holdings {
         self.0.get(&name_hash(name)).filter(|h| h.name() == name)
     }
 
-    fn version(&self, name: &str) -> Option<&str> {
-        self.get(name).map(Held::version)
+    /// Whether the client has `r` as it is: the same shared resource, or
+    /// one of the same version.
+    fn holds(&self, r: &Arc<Resource>) -> bool {
+        match self.get(&r.name) {
+            Some(Held::Sent(s)) if Arc::ptr_eq(s, r) => true,
+            Some(h) => h.version() == r.version(),
+            None => false,
+        }
     }
 
     fn contains(&self, name: &str) -> bool {
@@ -101,7 +107,8 @@ impl Holdings {
 #[derive(Default)]
 struct DeltaWatch {
     wildcard: bool,
-    subscribed: BTreeSet<String>,
+    /// Shared with the pushes that generate them (copied on change).
+    subscribed: Arc<BTreeSet<String>>,
     /// What the client has.
     sent: Holdings,
     nonce_sent: Option<String>,
@@ -150,14 +157,14 @@ impl DeltaConn {
             let wildcard = sub.contains("*") || (sub.is_empty() && is_wildcard(t));
             let mut w = DeltaWatch {
                 wildcard: wildcard && !unsub.contains("*"),
-                subscribed: sub.iter().filter(|n| *n != "*").cloned().collect(),
+                subscribed: Arc::new(sub.iter().filter(|n| *n != "*").cloned().collect()),
                 ..Default::default()
             };
             // On reconnect the client says what it has; only differences are sent.
             for (name, version) in &req.initial_resource_versions {
                 w.sent.insert_known(name, version);
                 if !w.wildcard {
-                    w.subscribed.insert(name.clone());
+                    Arc::make_mut(&mut w.subscribed).insert(name.clone());
                 }
             }
             self.watches.insert(t.to_string(), w);
@@ -195,12 +202,12 @@ impl DeltaConn {
             w.wildcard = false;
         }
         for n in &unsub {
-            w.subscribed.remove(n);
+            Arc::make_mut(&mut w.subscribed).remove(n);
             w.sent.remove(n);
         }
         let mut force = BTreeSet::new();
         for n in sub.iter().filter(|n| *n != "*") {
-            if w.subscribed.insert(n.clone()) {
+            if Arc::make_mut(&mut w.subscribed).insert(n.clone()) {
                 force.insert(n.clone());
             }
             // A (re)subscribed name is sent even if the client had it.
@@ -224,9 +231,9 @@ impl DeltaConn {
         let Some(w) = self.watches.get(type_url) else {
             return Ok(Vec::new());
         };
-        let names: BTreeSet<String> = match only {
-            Some(o) => o.clone(),
-            None if w.wildcard => BTreeSet::new(),
+        let names: Arc<BTreeSet<String>> = match only {
+            Some(o) => Arc::new(o.clone()),
+            None if w.wildcard => Arc::default(),
             None => w.subscribed.clone(),
         };
         if !w.wildcard && names.is_empty() && !always {
@@ -249,7 +256,7 @@ impl DeltaConn {
                 continue;
             }
             present.insert(r.name.clone());
-            if w.sent.version(&r.name) != Some(r.version()) {
+            if !w.sent.holds(&r) {
                 changed.push(r);
             }
         }

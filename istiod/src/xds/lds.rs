@@ -43,14 +43,25 @@ pub use outbound::route_names;
 /// `plaintextHTTPALPNs` without HTTP/1.0): chains matching them take HTTP.
 pub const PLAINTEXT_HTTP_ALPNS: &[&str] = &["http/1.1", "h2c"];
 
-/// The listeners of one proxy.
+/// The listeners of one proxy: the outbound ones, built once per push
+/// context for the proxies of a Sidecar scope with the same IP families
+/// and interception mode, then its own inbound ones.
 pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Arc<Resource>> {
-    let mut out: Vec<Listener> = outbound::listeners(ctx, proxy);
-    out.extend(outbound::virtual_outbound(ctx, proxy));
-    out.extend(inbound::listeners(ctx, proxy));
-    out.into_iter()
-        .map(|l| Arc::new(Resource::encode(l.name.clone(), &l)))
-        .collect()
+    let encode = |l: Listener| Arc::new(Resource::encode(l.name.clone(), &l));
+    let scope = ctx.scope(proxy);
+    let key = format!(
+        "{:?}/{}",
+        super::util::IpMode::of(&proxy.ips),
+        proxy.interception_mode
+    );
+    let outbound = scope.outbound_listeners(&key, || {
+        let mut out: Vec<Listener> = outbound::listeners(ctx, proxy);
+        out.extend(outbound::virtual_outbound(ctx, proxy));
+        out.into_iter().map(encode).collect()
+    });
+    let mut out = outbound.to_vec();
+    out.extend(inbound::listeners(ctx, proxy).into_iter().map(encode));
+    out
 }
 
 /// Whether iptables captures in TPROXY mode (transparent listeners).

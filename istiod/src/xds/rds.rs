@@ -280,6 +280,13 @@ fn route_config(ctx: &IstioContext, proxy: &Proxy, name: &str) -> Option<Arc<Res
             .or(catch_all_scope),
     }?;
     let sidecar_scope = ctx.scope(proxy);
+    let shared = !*sidecar_scope
+        .routes_need_labels
+        .get_or_init(|| source_labels_matter(ctx, &proxy.namespace));
+    if shared && let Some(r) = sidecar_scope.route(name) {
+        ctx.cache.count_shared(1);
+        return Some(r);
+    }
     let plan = RoutePlan {
         name,
         services: sidecar_scope
@@ -295,13 +302,31 @@ fn route_config(ctx: &IstioContext, proxy: &Proxy, name: &str) -> Option<Arc<Res
         catch_all: host.is_none().then(|| ctx.outbound_policy(proxy)),
     };
     let key = plan.key(ctx, proxy, &sidecar_scope).key();
-    Some(ctx.cache.get_or_build(
+    let built = ctx.cache.get_or_build(
         key,
         name,
         ctx.seq,
         || plan.dependencies(ctx, &sidecar_scope),
         || Resource::encode(name.to_string(), &plan.build(ctx, proxy, port)),
-    ))
+    );
+    if shared {
+        sidecar_scope.keep_route(built.clone());
+    }
+    Some(built)
+}
+
+/// Whether a VirtualService exported to `namespace` matches on
+/// `sourceLabels`: then route configurations depend on each proxy's labels.
+fn source_labels_matter(ctx: &IstioContext, namespace: &str) -> bool {
+    ctx.virtual_services.iter().any(|vs| {
+        crate::model::service::is_exported_to(&vs.spec.export_to, &vs.namespace, namespace)
+            && vs
+                .spec
+                .http
+                .iter()
+                .flat_map(|r| &r.r#match)
+                .any(|m| !m.source_labels.is_empty())
+    })
 }
 
 /// Route configurations for `names` (every name the proxy's listeners use

@@ -5,7 +5,7 @@
 //! by it, and push scoping asks it whether a change is visible.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use crate::model::istio::{IstioEgressListener, Sidecar};
 use crate::model::service::{
@@ -51,6 +51,14 @@ pub struct SidecarScope {
     pub(super) outbound_clusters: OnceLock<Arc<[Arc<Resource>]>>,
     /// The load assignments of those clusters, by name, likewise.
     pub(super) load_assignments: OnceLock<HashMap<String, Arc<Resource>>>,
+    /// The outbound listeners, by what else they depend on (the proxy's IP
+    /// families and interception mode).
+    outbound_listeners: Mutex<HashMap<String, Arc<[Arc<Resource>]>>>,
+    /// Route configurations by name, when no VirtualService the scope sees
+    /// matches on `sourceLabels` (they are then the same for every proxy).
+    routes: Mutex<HashMap<String, Arc<Resource>>>,
+    /// Whether a VirtualService exported here matches on `sourceLabels`.
+    pub(super) routes_need_labels: OnceLock<bool>,
 }
 
 fn admitted(listener: &IstioEgressListener, sidecar_ns: &str, svc: &Service) -> bool {
@@ -122,6 +130,9 @@ impl SidecarScope {
             egress_hosts,
             outbound_clusters: OnceLock::new(),
             load_assignments: OnceLock::new(),
+            outbound_listeners: Mutex::default(),
+            routes: Mutex::default(),
+            routes_need_labels: OnceLock::new(),
         }
     }
 
@@ -171,6 +182,38 @@ impl SidecarScope {
                     .iter()
                     .any(|h| egress_host_matches(h, sidecar_ns, namespace, hostname))
             })
+    }
+
+    /// The outbound listeners for `key`, built by the first proxy that asks.
+    pub(super) fn outbound_listeners(
+        &self,
+        key: &str,
+        build: impl FnOnce() -> Vec<Arc<Resource>>,
+    ) -> Arc<[Arc<Resource>]> {
+        let mut memo = self
+            .outbound_listeners
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        memo.entry(key.to_string())
+            .or_insert_with(|| build().into())
+            .clone()
+    }
+
+    /// The route configuration `name` if an earlier proxy of the scope built it.
+    pub(super) fn route(&self, name: &str) -> Option<Arc<Resource>> {
+        self.routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .cloned()
+    }
+
+    /// Keeps a route configuration for the scope's other proxies.
+    pub(super) fn keep_route(&self, r: Arc<Resource>) {
+        self.routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(r.name.clone(), r);
     }
 
     /// Whether a visible service is defined in `namespace`.

@@ -3,6 +3,8 @@
 //! each response the full set of a wildcard type or the named resources.
 
 use std::collections::{BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use proto::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use tonic::Streaming;
@@ -20,9 +22,28 @@ use super::{
 
 #[derive(Default)]
 struct Watch {
-    names: BTreeSet<String>,
+    /// The subscribed names, shared with the pushes that generate them.
+    names: Arc<BTreeSet<String>>,
+    /// [`names_digest`] of `names`: an ACK that repeats them (Envoy sends
+    /// every EDS name with every ACK) is told apart without a new set.
+    digest: (u64, u64, usize),
     nonce_sent: Option<String>,
     always_respond: bool,
+}
+
+/// An order-independent digest of a request's names: two sums of keyed
+/// hashes and the count.
+fn names_digest(names: &[String]) -> (u64, u64, usize) {
+    let one = |salt: u8, n: &str| {
+        let mut h = std::hash::DefaultHasher::new();
+        (salt, n).hash(&mut h);
+        h.finish()
+    };
+    names
+        .iter()
+        .fold((0u64, 0u64, names.len()), |(a, b, c), n| {
+            (a.wrapping_add(one(0, n)), b.wrapping_add(one(1, n)), c)
+        })
 }
 
 struct SotwConn {
@@ -32,7 +53,7 @@ struct SotwConn {
 
 impl SotwConn {
     /// Applies a request; returns the names to answer with (`None` = no response).
-    fn should_respond(&mut self, req: &DiscoveryRequest) -> Option<BTreeSet<String>> {
+    fn should_respond(&mut self, req: &DiscoveryRequest) -> Option<Arc<BTreeSet<String>>> {
         let t = req.type_url.as_str();
         let metrics = self.stream.server.metrics();
         if let Some(err) = &req.error_detail {
@@ -47,19 +68,22 @@ impl SotwConn {
                 .update_status(&self.stream.id, t, |s| s.last_error = Some(msg));
             return None;
         }
-        let names: BTreeSet<String> = req.resource_names.iter().cloned().collect();
-        if !is_wildcard(t) && names.is_empty() {
+        if !is_wildcard(t) && req.resource_names.is_empty() {
             // Unsubscribe from a named type.
             self.watches.remove(t);
             return None;
         }
-        let w = self.watches.get(t);
-        if req.response_nonce.is_empty() || w.is_none() {
+        let digest = names_digest(&req.resource_names);
+        let set =
+            || -> Arc<BTreeSet<String>> { Arc::new(req.resource_names.iter().cloned().collect()) };
+        if req.response_nonce.is_empty() || !self.watches.contains_key(t) {
             // Initial request, or a reconnect to this istiod: respond in full.
+            let names = set();
             self.watches.insert(
                 t.to_string(),
                 Watch {
                     names: names.clone(),
+                    digest,
                     ..Default::default()
                 },
             );
@@ -85,13 +109,20 @@ impl SotwConn {
             s.acked_nonce = nonce;
             s.last_error = None;
         });
-        if std::mem::take(&mut w.always_respond) {
-            w.names = names.clone();
-            return Some(names);
+        let unchanged = w.digest == digest;
+        if !unchanged {
+            w.digest = digest;
         }
-        if w.names == names {
+        if std::mem::take(&mut w.always_respond) {
+            if !unchanged {
+                w.names = set();
+            }
+            return Some(w.names.clone());
+        }
+        if unchanged {
             return None;
         }
+        let names = set();
         let added: BTreeSet<String> = names.difference(&w.names).cloned().collect();
         w.names = names.clone();
         if is_wildcard(t) {
@@ -99,7 +130,7 @@ impl SotwConn {
         } else if added.is_empty() {
             None
         } else {
-            Some(added)
+            Some(Arc::new(added))
         }
     }
 
@@ -147,7 +178,7 @@ impl SotwConn {
 
 impl Protocol for SotwConn {
     type Request = DiscoveryRequest;
-    type Reply = (String, BTreeSet<String>);
+    type Reply = (String, Arc<BTreeSet<String>>);
     const DELTA: bool = false;
 
     fn node(req: &DiscoveryRequest) -> Option<&Node> {
@@ -176,13 +207,14 @@ impl Protocol for SotwConn {
             let Some(w) = self.watches.get(t) else {
                 continue;
             };
-            let names: BTreeSet<String> = match (&plan.eds_hosts, t) {
-                (Some(hosts), ENDPOINT_TYPE) => w
-                    .names
-                    .iter()
-                    .filter(|n| hosts.contains(cluster_host(n)))
-                    .cloned()
-                    .collect(),
+            let names: Arc<BTreeSet<String>> = match (&plan.eds_hosts, t) {
+                (Some(hosts), ENDPOINT_TYPE) => Arc::new(
+                    w.names
+                        .iter()
+                        .filter(|n| hosts.contains(cluster_host(n)))
+                        .cloned()
+                        .collect(),
+                ),
                 _ => w.names.clone(),
             };
             if !is_wildcard(t) && names.is_empty() {
