@@ -83,6 +83,16 @@ pub struct Resource {
     pub resource: Any,
     /// [`Resource::version`], computed once.
     version: std::sync::OnceLock<String>,
+    /// [`name_hash`] of the name.
+    name_hash: u64,
+}
+
+/// A hash of a resource name, as streams index what a client holds.
+pub fn name_hash(name: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    name.hash(&mut h);
+    h.finish()
 }
 
 impl PartialEq for Resource {
@@ -95,10 +105,16 @@ impl Resource {
     /// A resource named `name`.
     pub fn new(name: String, resource: Any) -> Self {
         Self {
+            name_hash: name_hash(&name),
             name,
             resource,
             version: std::sync::OnceLock::new(),
         }
+    }
+
+    /// [`name_hash`] of its name, computed once.
+    pub fn name_hash(&self) -> u64 {
+        self.name_hash
     }
 
     /// The resource `m` encoded, named `name`.

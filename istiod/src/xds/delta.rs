@@ -2,8 +2,8 @@
 //! subscriptions by name or wildcard, and per resource what the client
 //! holds, so only changed resources and removals are sent.
 
-use std::collections::{BTreeSet, HashMap};
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use proto::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
@@ -17,7 +17,7 @@ use super::server::{DiscoveryServer, Identities, nonce};
 use super::wire::Encoded;
 use super::{
     CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, PushPlan, PushRequest, Resource, cluster_host,
-    is_wildcard, short_name,
+    is_wildcard, name_hash, short_name,
 };
 
 /// One resource the client holds.
@@ -44,30 +44,58 @@ impl Held {
     }
 }
 
-fn name_hash(name: &str) -> u64 {
-    let mut h = DefaultHasher::new();
-    name.hash(&mut h);
-    h.finish()
+/// Whether a client holds a resource.
+enum Holding {
+    /// Not at all.
+    No,
+    /// This very content.
+    Same,
+    /// Another version.
+    Other,
+}
+
+/// Keys that are hashes already.
+#[derive(Default)]
+struct PreHashed(u64);
+
+impl Hasher for PreHashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
 }
 
 /// What the client holds of one type, by name. Sent resources are kept by
 /// reference, so a thousand clients holding the same clusters cost a
 /// pointer each, not a copy of every name and version.
 #[derive(Default)]
-struct Holdings(HashMap<u64, Held>);
+struct Holdings(HashMap<u64, Held, BuildHasherDefault<PreHashed>>);
 
 impl Holdings {
     fn get(&self, name: &str) -> Option<&Held> {
         self.0.get(&name_hash(name)).filter(|h| h.name() == name)
     }
 
-    /// Whether the client has `r` as it is: the same shared resource, or
-    /// one of the same version.
-    fn holds(&self, r: &Arc<Resource>) -> bool {
-        match self.get(&r.name) {
-            Some(Held::Sent(s)) if Arc::ptr_eq(s, r) => true,
-            Some(h) => h.version() == r.version(),
-            None => false,
+    /// Whether the client has `r`: the same shared resource (no name or
+    /// version compared), the same version, or another.
+    fn holding(&self, r: &Arc<Resource>) -> Holding {
+        match self.0.get(&r.name_hash()) {
+            Some(Held::Sent(s)) if Arc::ptr_eq(s, r) => Holding::Same,
+            Some(h) if h.name() == r.name => {
+                if h.version() == r.version() {
+                    Holding::Same
+                } else {
+                    Holding::Other
+                }
+            }
+            _ => Holding::No,
         }
     }
 
@@ -75,8 +103,12 @@ impl Holdings {
         self.get(name).is_some()
     }
 
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
     fn insert_sent(&mut self, r: Arc<Resource>) {
-        self.0.insert(name_hash(&r.name), Held::Sent(r));
+        self.0.insert(r.name_hash(), Held::Sent(r));
     }
 
     fn insert_known(&mut self, name: &str, version: &str) {
@@ -250,26 +282,44 @@ impl DeltaConn {
             return Ok(Vec::new());
         };
         let mut changed = Vec::new();
-        let mut present = BTreeSet::new();
-        for r in generated {
-            if !w.wildcard && !w.subscribed.contains(&r.name) {
-                continue;
-            }
-            present.insert(r.name.clone());
-            if !w.sent.holds(&r) {
-                changed.push(r);
+        let (mut present, mut held) = (0usize, 0usize);
+        let in_scope = |r: &Arc<Resource>| w.wildcard || w.subscribed.contains(&r.name);
+        for r in generated.iter().filter(|r| in_scope(r)) {
+            present += 1;
+            match w.sent.holding(r) {
+                Holding::Same => held += 1,
+                Holding::Other => {
+                    held += 1;
+                    changed.push(r.clone());
+                }
+                Holding::No => changed.push(r.clone()),
             }
         }
         // Removals: what the client has that no longer exists (in scope).
-        let scope: Vec<String> = match (only, w.wildcard) {
-            (Some(o), _) => o.iter().cloned().collect(),
-            (None, true) => w.sent.names().map(str::to_string).collect(),
-            (None, false) => w.subscribed.iter().cloned().collect(),
+        // When everything it holds (or asked for) was generated, nothing is.
+        let complete = match (only, w.wildcard) {
+            (Some(o), _) => present == o.len(),
+            (None, true) => held == w.sent.len(),
+            (None, false) => present == w.subscribed.len(),
         };
-        let removed: Vec<String> = scope
-            .into_iter()
-            .filter(|n| !present.contains(n) && w.sent.contains(n))
-            .collect();
+        let removed: Vec<String> = if complete {
+            Vec::new()
+        } else {
+            let generated: HashSet<&str> = generated
+                .iter()
+                .filter(|r| in_scope(r))
+                .map(|r| r.name.as_str())
+                .collect();
+            let scope: Vec<String> = match (only, w.wildcard) {
+                (Some(o), _) => o.iter().cloned().collect(),
+                (None, true) => w.sent.names().map(str::to_string).collect(),
+                (None, false) => w.subscribed.iter().cloned().collect(),
+            };
+            scope
+                .into_iter()
+                .filter(|n| !generated.contains(n.as_str()) && w.sent.contains(n))
+                .collect()
+        };
         if changed.is_empty() && removed.is_empty() && !always {
             return Ok(Vec::new());
         }

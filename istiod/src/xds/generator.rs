@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::context::IstioContext;
 use super::{
     CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, Proxy, PushContext, PushPlan,
-    ROUTE_TYPE, Resource, Updates, cds, eds, is_wildcard, lds, nds, proxy_dependencies, rds,
+    ROUTE_TYPE, Resource, Updates, cds, eds, lds, nds, proxy_dependencies, rds,
 };
 
 /// Why a proxy's request could not be generated.
@@ -40,13 +40,8 @@ impl PushContext for IstioContext {
             NAME_TABLE_TYPE => nds::build(self, &proxy),
             other => return Err(GenerateError::UnknownType(other.to_string())),
         };
-        Ok(if names.is_empty() || is_wildcard(type_url) {
-            all
-        } else {
-            all.into_iter()
-                .filter(|r| names.contains(&r.name))
-                .collect()
-        })
+        // EDS and RDS build the names asked for, and only those.
+        Ok(all)
     }
 
     fn plan_push(&self, proxy: &Proxy, updates: &[Arc<Updates>]) -> PushPlan {
