@@ -18,14 +18,18 @@ use proto::pb::envoy::config::listener::v3::Listener;
 use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, http_connection_manager,
 };
-use proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use proto::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
-};
-use proto::pb::google::protobuf::{Any, Struct, Value, value};
+use proto::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+use proto::pb::google::protobuf::{Struct, Value, value};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
+
+use crate::wire::{DeltaResponse, RawAny, Request, Response};
+
+const SOTW_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+const DELTA_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
 
 /// CDS.
 pub const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
@@ -196,8 +200,8 @@ pub fn cluster_summary(b: &[u8]) -> Option<(String, bool)> {
 
 /// A resource's name: field 1 of a cluster, listener or route
 /// configuration, and a load assignment's `cluster_name`.
-fn resource_name(a: &Any) -> String {
-    fields(&a.value)
+fn resource_name(value: &[u8]) -> String {
+    fields(value)
         .find_map(|(n, f)| match (n, f) {
             (1, Field::Bytes(v)) => Some(String::from_utf8_lossy(v).to_string()),
             _ => None,
@@ -206,8 +210,8 @@ fn resource_name(a: &Any) -> String {
 }
 
 /// The route configurations a listener's HTTP connection managers name.
-pub fn route_names(any: &Any, out: &mut BTreeSet<String>) {
-    let Ok(l) = Listener::decode(any.value.as_slice()) else {
+pub fn route_names(listener: &[u8], out: &mut BTreeSet<String>) {
+    let Ok(l) = Listener::decode(listener) else {
         return;
     };
     let chains = l.filter_chains.iter().chain(l.default_filter_chain.iter());
@@ -240,6 +244,9 @@ fn type_index(type_url: &str) -> Option<usize> {
 struct State {
     eds: BTreeSet<String>,
     rds: BTreeSet<String>,
+    /// `eds` and `rds` as the requests carry them.
+    eds_names: Arc<Vec<String>>,
+    rds_names: Arc<Vec<String>>,
     acked: [bool; 4],
     /// Delta: the clusters held, and which are EDS.
     clusters: HashMap<String, bool>,
@@ -337,8 +344,7 @@ async fn stream(
     events: &mpsc::UnboundedSender<Event>,
     generation: u64,
 ) -> Result<(), String> {
-    let client = AggregatedDiscoveryServiceClient::new(channel)
-        .max_decoding_message_size(settings.max_message);
+    let client = tonic::client::Grpc::new(channel).max_decoding_message_size(settings.max_message);
     if spec.delta {
         delta(spec, client, settings, events, generation).await
     } else {
@@ -350,7 +356,7 @@ async fn stream(
 struct Received<'a> {
     kind: usize,
     version: &'a str,
-    resources: &'a [Any],
+    resources: &'a [RawAny],
     /// The names, for delta responses (state of the world decodes them).
     names: Option<Vec<String>>,
 }
@@ -369,7 +375,7 @@ fn ack_event(
             .map(|(i, a)| {
                 let name = match &r.names {
                     Some(n) => n.get(i).cloned().unwrap_or_default(),
-                    None => resource_name(a),
+                    None => resource_name(&a.value),
                 };
                 (name, content_hash(&a.value))
             })
@@ -390,38 +396,63 @@ fn ack_event(
     })
 }
 
+type Grpc = tonic::client::Grpc<Channel>;
+
+/// Opens a stream on `path` with the light messages.
+async fn open<Req, Resp>(
+    client: &mut Grpc,
+    path: &'static str,
+    requests: impl tokio_stream::Stream<Item = Req> + Send + 'static,
+) -> Result<tonic::Streaming<Resp>, String>
+where
+    Req: prost::Message + Send + Sync + 'static,
+    Resp: prost::Message + Default + Send + Sync + 'static,
+{
+    client
+        .ready()
+        .await
+        .map_err(|e| format!("connecting: {e}"))?;
+    let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
+    Ok(client
+        .streaming(tonic::Request::new(requests), path, codec)
+        .await
+        .map_err(status_text)?
+        .into_inner())
+}
+
 async fn sotw(
     spec: &ProxySpec,
-    mut client: AggregatedDiscoveryServiceClient<Channel>,
+    mut client: Grpc,
     settings: &ClientSettings,
     events: &mpsc::UnboundedSender<Event>,
     generation: u64,
 ) -> Result<(), String> {
-    let (tx, rx) = mpsc::unbounded_channel::<DiscoveryRequest>();
-    let send = |r: DiscoveryRequest| tx.send(r).map_err(|e| e.to_string());
-    send(DiscoveryRequest {
+    let (tx, rx) = mpsc::unbounded_channel::<Request>();
+    let send = |r: Request| tx.send(r).map_err(|e| e.to_string());
+    send(Request {
         node: Some(spec.node()),
         type_url: CLUSTER.into(),
         ..Default::default()
     })?;
-    send(DiscoveryRequest {
+    send(Request {
         type_url: LISTENER.into(),
         ..Default::default()
     })?;
-    let mut inbound = client
-        .stream_aggregated_resources(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
-        .await
-        .map_err(status_text)?
-        .into_inner();
+    let mut inbound: tonic::Streaming<Response> = open(
+        &mut client,
+        SOTW_PATH,
+        tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+    )
+    .await?;
     let mut state = State::default();
     let mut last: HashMap<String, (String, String)> = HashMap::new();
     while let Some(resp) = inbound.message().await.map_err(status_text)? {
-        let DiscoveryResponse {
+        let Response {
             version_info,
             resources,
             type_url,
             nonce,
-            ..
         } = resp;
         let Some(kind) = type_index(&type_url) else {
             continue;
@@ -436,6 +467,7 @@ async fn sotw(
                     .map(|(n, _)| n)
                     .collect();
                 if eds != state.eds {
+                    state.eds_names = Arc::new(eds.iter().cloned().collect());
                     state.eds = eds;
                     follow_up = Some(ENDPOINT);
                 }
@@ -443,9 +475,10 @@ async fn sotw(
             2 => {
                 let mut rds = BTreeSet::new();
                 for r in &resources {
-                    route_names(r, &mut rds);
+                    route_names(&r.value, &mut rds);
                 }
                 if rds != state.rds {
+                    state.rds_names = Arc::new(rds.iter().cloned().collect());
                     state.rds = rds;
                     follow_up = Some(ROUTE);
                 }
@@ -453,14 +486,14 @@ async fn sotw(
             _ => {}
         }
         state.acked[kind] = true;
-        let names = |t: &str, s: &State| -> Vec<String> {
+        let names = |t: &str, s: &State| -> Arc<Vec<String>> {
             match t {
-                ENDPOINT => s.eds.iter().cloned().collect(),
-                ROUTE => s.rds.iter().cloned().collect(),
-                _ => Vec::new(),
+                ENDPOINT => s.eds_names.clone(),
+                ROUTE => s.rds_names.clone(),
+                _ => Arc::default(),
             }
         };
-        send(DiscoveryRequest {
+        send(Request {
             type_url: type_url.clone(),
             version_info: version_info.clone(),
             response_nonce: nonce.clone(),
@@ -471,7 +504,7 @@ async fn sotw(
         if let Some(t) = follow_up {
             let (version, nonce) = last.get(t).cloned().unwrap_or_default();
             state.acked[type_index(t).unwrap_or(0)] = false;
-            send(DiscoveryRequest {
+            send(Request {
                 type_url: t.into(),
                 version_info: version,
                 response_nonce: nonce,
@@ -492,7 +525,7 @@ async fn sotw(
 
 async fn delta(
     spec: &ProxySpec,
-    mut client: AggregatedDiscoveryServiceClient<Channel>,
+    mut client: Grpc,
     settings: &ClientSettings,
     events: &mpsc::UnboundedSender<Event>,
     generation: u64,
@@ -511,25 +544,21 @@ async fn delta(
     })
     .await
     .map_err(|e| e.to_string())?;
-    let mut inbound = client
-        .delta_aggregated_resources(ReceiverStream::new(rx))
-        .await
-        .map_err(status_text)?
-        .into_inner();
+    let mut inbound: tonic::Streaming<DeltaResponse> =
+        open(&mut client, DELTA_PATH, ReceiverStream::new(rx)).await?;
     let mut state = State::default();
     while let Some(resp) = inbound.message().await.map_err(status_text)? {
-        let DeltaDiscoveryResponse {
+        let DeltaResponse {
             system_version_info,
             resources,
             type_url,
             nonce,
             removed_resources,
-            ..
         } = resp;
         let Some(kind) = type_index(&type_url) else {
             continue;
         };
-        let anys: Vec<Any> = resources
+        let anys: Vec<RawAny> = resources
             .iter()
             .filter_map(|r| r.resource.clone())
             .collect();
@@ -562,7 +591,7 @@ async fn delta(
                 for r in &resources {
                     let mut names = BTreeSet::new();
                     if let Some(a) = &r.resource {
-                        route_names(a, &mut names);
+                        route_names(&a.value, &mut names);
                     }
                     state.listeners.insert(r.name.clone(), names);
                 }

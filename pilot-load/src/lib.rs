@@ -8,3 +8,4 @@ pub mod client;
 pub mod mesh;
 pub mod procfs;
 pub mod run;
+pub mod wire;
