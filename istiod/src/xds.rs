@@ -20,6 +20,7 @@ pub mod proxy_dependencies;
 pub mod push_request;
 pub mod rate_limit;
 pub mod rds;
+pub mod requests;
 pub mod scope;
 pub mod security;
 pub mod server;

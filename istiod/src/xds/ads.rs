@@ -1,8 +1,8 @@
 //! The gRPC service `envoy.service.discovery.v3.AggregatedDiscoveryService`,
-//! written by hand rather than generated: requests are decoded by tonic, but
-//! each stream's responses are written by its [`ResponseBody`] straight from
-//! the shared resources ([`super::wire`]), so neither a response nor an
-//! encoder buffer the size of the largest response exists per stream.
+//! written by hand rather than generated: each stream's requests are read by
+//! [`Requests`] and its responses written by its [`ResponseBody`] straight
+//! from the shared resources ([`super::wire`]), so no stream keeps a
+//! response, or a buffer the size of its largest message.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -12,11 +12,10 @@ use std::task::{Context, Poll};
 use proto::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use tonic::Status;
 use tonic::body::Body;
-use tonic::codec::{BufferSettings, Streaming};
 use tonic::server::NamedService;
-use tonic_prost::ProstDecoder;
 
 use super::outbox::{Outbox, ResponseBody, STREAM_QUEUE_BYTES};
+use super::requests::Requests;
 use super::server::DiscoveryServer;
 
 /// The largest request accepted, as Istio's gRPC server sets it.
@@ -51,14 +50,9 @@ fn grpc_response(body: ResponseBody) -> http::Response<Body> {
     response
 }
 
-/// The stream's requests, decoded as tonic decodes them.
-fn requests<M: prost::Message + Default + Send + 'static>(body: Body) -> Streaming<M> {
-    Streaming::new_request(
-        ProstDecoder::<M>::new(BufferSettings::default()),
-        body,
-        None,
-        Some(MAX_REQUEST_BYTES),
-    )
+/// The stream's requests.
+fn requests<M: prost::Message + Default>(body: Body) -> Requests<M> {
+    Requests::new(body, MAX_REQUEST_BYTES)
 }
 
 async fn serve(server: DiscoveryServer, req: http::Request<Body>) -> http::Response<Body> {

@@ -8,8 +8,8 @@
 
 use std::future::Future;
 
+use super::requests::Requests;
 use proto::pb::envoy::config::core::v3::Node;
-use tonic::Streaming;
 
 use super::outbox::{Closed, Outbox};
 use super::server::{DiscoveryServer, Ended, Identities, init_proxy};
@@ -30,7 +30,7 @@ pub(super) struct Stream {
 /// What the protocols (state of the world, delta) do for the driver.
 pub(super) trait Protocol: Send {
     /// The protocol's request message.
-    type Request: Send + 'static;
+    type Request: prost::Message + Default + Send + 'static;
     /// Whether this is delta xDS (for logs and `/debug/adsz`).
     const DELTA: bool;
 
@@ -62,7 +62,7 @@ pub(super) trait Protocol: Send {
 pub(super) async fn run<P: Protocol>(
     server: DiscoveryServer,
     identities: Identities,
-    mut inbound: Streaming<P::Request>,
+    mut inbound: Requests<P::Request>,
     outbox: Outbox,
     open: impl FnOnce(Stream) -> P,
 ) {
@@ -103,7 +103,7 @@ pub(super) async fn run<P: Protocol>(
 async fn serve<P: Protocol>(
     server: &DiscoveryServer,
     conn: &mut P,
-    inbound: &mut Streaming<P::Request>,
+    inbound: &mut Requests<P::Request>,
     first: P::Request,
 ) -> Result<(), Ended> {
     let mut pushes = server.pushes();

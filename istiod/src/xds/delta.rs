@@ -6,14 +6,14 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
+use super::requests::Requests;
 use proto::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
-use tonic::Streaming;
 
 use proto::pb::envoy::config::core::v3::Node;
 
 use super::connection::{self, Protocol, Stream};
 use super::outbox::{Closed, Outbox};
-use super::server::{DiscoveryServer, Identities, nonce};
+use super::server::{DiscoveryServer, Identities, names_digest, nonce};
 use super::wire::Encoded;
 use super::{
     CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, PushPlan, PushRequest, Resource, cluster_host,
@@ -136,6 +136,13 @@ impl Holdings {
     }
 }
 
+/// The shared copy of a subscription (proxies of one scope subscribe the
+/// same names).
+fn intern(server: &DiscoveryServer, names: &Arc<BTreeSet<String>>) -> Arc<BTreeSet<String>> {
+    let digest = names_digest(names.iter().map(String::as_str));
+    server.intern_names(digest, || names.clone())
+}
+
 #[derive(Default)]
 struct DeltaWatch {
     wildcard: bool,
@@ -199,6 +206,7 @@ impl DeltaConn {
                     Arc::make_mut(&mut w.subscribed).insert(name.clone());
                 }
             }
+            w.subscribed = intern(&self.stream.server, &w.subscribed);
             self.watches.insert(t.to_string(), w);
             return DeltaAction::Respond {
                 force: BTreeSet::new(),
@@ -245,6 +253,7 @@ impl DeltaConn {
             // A (re)subscribed name is sent even if the client had it.
             w.sent.remove(n);
         }
+        w.subscribed = intern(&self.stream.server, &w.subscribed);
         DeltaAction::Respond {
             force,
             always: !sub.is_empty(),
@@ -445,7 +454,7 @@ impl Protocol for DeltaConn {
 pub(super) async fn run(
     server: DiscoveryServer,
     identities: Identities,
-    inbound: Streaming<DeltaDiscoveryRequest>,
+    inbound: Requests<DeltaDiscoveryRequest>,
     outbox: Outbox,
 ) {
     connection::run(server, identities, inbound, outbox, |stream| DeltaConn {

@@ -6,10 +6,10 @@
 //! protocols are in [`super::sotw`] and [`super::delta`], the gRPC service in
 //! [`super::ads`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use prometheus::{
@@ -122,6 +122,34 @@ struct Inner {
     throttle: Semaphore,
     send_timeout: Duration,
     counter: AtomicU64,
+    /// Subscribed name sets, shared by the streams that subscribe the same.
+    names: Mutex<NameSets>,
+}
+
+/// A digest of a set of names (see [`names_digest`]).
+pub(super) type NamesDigest = (u64, u64, usize);
+
+/// Interned subscriptions: proxies of one Sidecar scope ask for the same
+/// thousand cluster names; each stream holds a pointer to one shared set.
+#[derive(Default)]
+struct NameSets {
+    sets: std::collections::HashMap<NamesDigest, std::sync::Weak<BTreeSet<String>>>,
+    inserts: usize,
+}
+
+/// An order-independent digest of names: two sums of keyed hashes and
+/// the count. Equal sets have equal digests; two different sets colliding
+/// in all 128 bits and the count are not a practical concern.
+pub(super) fn names_digest<'a>(names: impl IntoIterator<Item = &'a str>) -> NamesDigest {
+    use std::hash::{Hash, Hasher};
+    let one = |salt: u8, n: &str| {
+        let mut h = std::hash::DefaultHasher::new();
+        (salt, n).hash(&mut h);
+        h.finish()
+    };
+    names.into_iter().fold((0, 0, 0), |(a, b, c), n| {
+        (a.wrapping_add(one(0, n)), b.wrapping_add(one(1, n)), c + 1)
+    })
 }
 
 /// The discovery service; clone one per listener (`authn` differs between
@@ -154,6 +182,7 @@ impl DiscoveryServer {
                 throttle: Semaphore::new(push_throttle.max(1)),
                 send_timeout: Duration::ZERO,
                 counter: AtomicU64::new(0),
+                names: Mutex::default(),
             }),
             authn: None,
             limiter: None,
@@ -287,6 +316,29 @@ impl DiscoveryServer {
     /// The latest push (its context generates any proxy's configuration).
     pub fn current(&self) -> Option<PushRequest> {
         self.inner.pushes.borrow().clone()
+    }
+
+    /// The shared set with `digest`, else `build()`'s, shared from now on.
+    pub(super) fn intern_names(
+        &self,
+        digest: NamesDigest,
+        build: impl FnOnce() -> Arc<BTreeSet<String>>,
+    ) -> Arc<BTreeSet<String>> {
+        let mut names = self
+            .inner
+            .names
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(set) = names.sets.get(&digest).and_then(std::sync::Weak::upgrade) {
+            return set;
+        }
+        let set = build();
+        names.sets.insert(digest, Arc::downgrade(&set));
+        names.inserts += 1;
+        if names.inserts % 1024 == 0 {
+            names.sets.retain(|_, s| s.strong_count() > 0);
+        }
+        set
     }
 
     pub(super) fn metrics(&self) -> &XdsMetrics {

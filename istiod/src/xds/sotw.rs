@@ -3,17 +3,16 @@
 //! each response the full set of a wildcard type or the named resources.
 
 use std::collections::{BTreeSet, HashMap};
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
+use super::requests::Requests;
 use proto::pb::envoy::service::discovery::v3::DiscoveryRequest;
-use tonic::Streaming;
 
 use proto::pb::envoy::config::core::v3::Node;
 
 use super::connection::{self, Protocol, Stream};
 use super::outbox::{Closed, Outbox};
-use super::server::{DiscoveryServer, Identities, nonce};
+use super::server::{DiscoveryServer, Identities, NamesDigest, names_digest, nonce};
 use super::wire::Encoded;
 use super::{
     CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, PushPlan, PushRequest, cluster_host, is_wildcard,
@@ -26,24 +25,9 @@ struct Watch {
     names: Arc<BTreeSet<String>>,
     /// [`names_digest`] of `names`: an ACK that repeats them (Envoy sends
     /// every EDS name with every ACK) is told apart without a new set.
-    digest: (u64, u64, usize),
+    digest: NamesDigest,
     nonce_sent: Option<String>,
     always_respond: bool,
-}
-
-/// An order-independent digest of a request's names: two sums of keyed
-/// hashes and the count.
-fn names_digest(names: &[String]) -> (u64, u64, usize) {
-    let one = |salt: u8, n: &str| {
-        let mut h = std::hash::DefaultHasher::new();
-        (salt, n).hash(&mut h);
-        h.finish()
-    };
-    names
-        .iter()
-        .fold((0u64, 0u64, names.len()), |(a, b, c), n| {
-            (a.wrapping_add(one(0, n)), b.wrapping_add(one(1, n)), c)
-        })
 }
 
 struct SotwConn {
@@ -73,9 +57,13 @@ impl SotwConn {
             self.watches.remove(t);
             return None;
         }
-        let digest = names_digest(&req.resource_names);
-        let set =
-            || -> Arc<BTreeSet<String>> { Arc::new(req.resource_names.iter().cloned().collect()) };
+        let digest = names_digest(req.resource_names.iter().map(String::as_str));
+        let server = self.stream.server.clone();
+        let set = || -> Arc<BTreeSet<String>> {
+            server.intern_names(digest, || {
+                Arc::new(req.resource_names.iter().cloned().collect())
+            })
+        };
         if req.response_nonce.is_empty() || !self.watches.contains_key(t) {
             // Initial request, or a reconnect to this istiod: respond in full.
             let names = set();
@@ -231,7 +219,7 @@ impl Protocol for SotwConn {
 pub(super) async fn run(
     server: DiscoveryServer,
     identities: Identities,
-    inbound: Streaming<DiscoveryRequest>,
+    inbound: Requests<DiscoveryRequest>,
     outbox: Outbox,
 ) {
     connection::run(server, identities, inbound, outbox, |stream| SotwConn {
