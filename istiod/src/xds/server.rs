@@ -335,7 +335,7 @@ impl DiscoveryServer {
         let set = build();
         names.sets.insert(digest, Arc::downgrade(&set));
         names.inserts += 1;
-        if names.inserts % 1024 == 0 {
+        if names.inserts.is_multiple_of(1024) {
             names.sets.retain(|_, s| s.strong_count() > 0);
         }
         set
