@@ -27,6 +27,23 @@ pub(super) struct Stream {
     pub outbox: Outbox,
 }
 
+impl Stream {
+    /// A NACK of `type_url`: counted in `pilot_total_xds_rejects` by type and
+    /// kept as the stream's last error for `/debug/syncz`.
+    pub fn nacked(&self, type_url: &str, message: &str) {
+        let short = super::short_name(type_url);
+        self.server
+            .metrics()
+            .rejects
+            .with_label_values(&[&short.to_lowercase()])
+            .inc();
+        tracing::warn!(target: "ads", "ADS:{}: ACK ERROR {} {}", short, self.id, message);
+        let msg = message.to_string();
+        self.server
+            .update_status(&self.id, type_url, |s| s.last_error = Some(msg));
+    }
+}
+
 /// What the protocols (state of the world, delta) do for the driver.
 pub(super) trait Protocol: Send {
     /// The protocol's request message.

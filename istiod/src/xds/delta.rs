@@ -179,15 +179,7 @@ impl DeltaConn {
         let t = req.type_url.as_str();
         let metrics = self.stream.server.metrics();
         if let Some(err) = &req.error_detail {
-            metrics
-                .rejects
-                .with_label_values(&[&short_name(t).to_lowercase()])
-                .inc();
-            tracing::warn!(target: "ads", "ADS:{}: ACK ERROR {} {}", short_name(t), self.stream.id, err.message);
-            let msg = err.message.clone();
-            self.stream
-                .server
-                .update_status(&self.stream.id, t, |s| s.last_error = Some(msg));
+            self.stream.nacked(t, &err.message);
             return DeltaAction::None;
         }
         let sub: BTreeSet<String> = req.resource_names_subscribe.iter().cloned().collect();

@@ -41,15 +41,7 @@ impl SotwConn {
         let t = req.type_url.as_str();
         let metrics = self.stream.server.metrics();
         if let Some(err) = &req.error_detail {
-            metrics
-                .rejects
-                .with_label_values(&[&short_name(t).to_lowercase()])
-                .inc();
-            tracing::warn!(target: "ads", "ADS:{}: ACK ERROR {} {}", short_name(t), self.stream.id, err.message);
-            let msg = err.message.clone();
-            self.stream
-                .server
-                .update_status(&self.stream.id, t, |s| s.last_error = Some(msg));
+            self.stream.nacked(t, &err.message);
             return None;
         }
         if !is_wildcard(t) && req.resource_names.is_empty() {
