@@ -290,6 +290,7 @@ pub async fn build(config: Arc<Config>, run: RunOptions) -> anyhow::Result<Bound
         stop_rx,
         drained.clone(),
     ));
+    tokio::spawn(release_memory_after_work(secrets.clone()));
 
     Ok(Bound {
         sds_socket: config.sds_socket.clone(),
@@ -306,4 +307,27 @@ pub async fn build(config: Arc<Config>, run: RunOptions) -> anyhow::Result<Bound
             admin_port: config.proxy.admin_port(),
         },
     })
+}
+
+/// How long after a certificate is published the agent gives back the memory
+/// that work touched: long enough for Envoy to take it over SDS and for the
+/// xDS proxy's first exchange, which follow start-up.
+const RELEASE_DELAY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// After start-up (the first certificate) and after each rotation, gives
+/// back the pages that work touched and the steady agent does not
+/// ([`crate::footprint`]).
+async fn release_memory_after_work(mut secrets: SecretWatch) {
+    while secrets.changed().await.is_ok() {
+        tokio::time::sleep(RELEASE_DELAY).await;
+        match tokio::task::spawn_blocking(crate::footprint::release).await {
+            Ok(Ok(r)) => tracing::debug!(
+                "released {} KiB of read-only mappings ({} mappings) and trimmed the heap",
+                r.file_kib,
+                r.mappings
+            ),
+            Ok(Err(e)) => tracing::debug!("cannot release memory: {e}"),
+            Err(e) => tracing::debug!("releasing memory failed: {e}"),
+        }
+    }
 }

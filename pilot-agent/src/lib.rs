@@ -8,6 +8,7 @@ pub mod ca_client;
 pub mod config;
 pub mod dns;
 pub mod envoy;
+pub mod footprint;
 pub mod iptables;
 pub mod proxy_config;
 pub mod sds;

@@ -135,6 +135,9 @@ async fn run_request(a: RequestArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// At most this many threads run the agent's blocking work at once.
+const MAX_BLOCKING_THREADS: usize = 4;
+
 fn run_small(fut: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -203,7 +206,16 @@ fn main() -> ExitCode {
                 Ok(json) => tracing::info!("Effective config: {json}"),
                 Err(_) => tracing::info!("Effective config: {config:?}"),
             }
-            let runtime = match tokio::runtime::Runtime::new() {
+            // One thread drives the agent: its work is a few sockets and a
+            // timer (Envoy carries the traffic), as linkerd2-proxy runs on a
+            // current-thread runtime when given one core. Blocking work (file
+            // reads, name resolution) goes to tokio's blocking pool, whose
+            // threads exit when idle.
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .max_blocking_threads(MAX_BLOCKING_THREADS)
+                .build()
+            {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::error!("cannot start the runtime: {e}");

@@ -645,6 +645,17 @@ pub struct Pod {
 impl Pod {
     /// Starts the agent (and so Envoy) in `ns`; a test ADS server hands Envoy the TLS listener.
     pub fn start(ns: netns::Netns, dir: PodDir, env: &[(&str, &str)]) -> Pod {
+        Pod::start_with_agent(ns, dir, env, &bin("pilot-agent"))
+    }
+
+    /// [`Pod::start`] with the pilot-agent binary at `agent` (a benchmark's
+    /// baseline build, say).
+    pub fn start_with_agent(
+        ns: netns::Netns,
+        dir: PodDir,
+        env: &[(&str, &str)],
+        agent: &Path,
+    ) -> Pod {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -653,7 +664,7 @@ impl Pod {
         let listener =
             ns.run(|| std::net::TcpListener::bind(("127.0.0.1", ads::ADS_PORT)).unwrap());
         rt.block_on(async { ads::serve_tcp(listener, ads::sds_tls_listener(TLS_PORT)).unwrap() });
-        let agent = dir.start_agent_in(&ns, env);
+        let agent = dir.spawn_sidecar(ns.command(agent), env, ads::PROXY_CONFIG_FIELDS);
         Pod {
             ns,
             dir,
