@@ -1,7 +1,7 @@
 //! The agent's status server on `:15020`, as Istio's
 //! `pilot/cmd/pilot-agent/status/server.go` serves it, in rooms of one job:
 //!
-//! - [`server`]: the hyper server and its routes: `/healthz/ready`,
+//! - `server`: the hyper server and its routes: `/healthz/ready`,
 //!   `/stats/prometheus` and `/metrics`, `/app-health/...` and
 //!   `/app-lifecycle/...`, `POST /quitquitquit` and `POST /drain` from
 //!   loopback.
