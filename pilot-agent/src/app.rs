@@ -13,6 +13,7 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use crate::config::Config;
 use crate::envoy::{DrainSettings, Ended, Stop};
+use crate::lifecycle::Lifecycle;
 use crate::sds::{SdsServer, bind_uds};
 use crate::secret_manager::{SecretManager, SecretWatch};
 use crate::status::{StatusOptions, StatusState};
@@ -40,8 +41,8 @@ pub struct Bound {
     pub secrets: SecretWatch,
     /// The status server's address.
     pub status_addr: SocketAddr,
-    /// Shared status (readiness, termination).
-    pub status: Arc<StatusState>,
+    /// Readiness conditions, drain and quit requests, termination.
+    pub lifecycle: Arc<Lifecycle>,
     shutdown: watch::Sender<bool>,
     tasks: JoinSet<anyhow::Result<()>>,
     envoy: EnvoyRun,
@@ -60,7 +61,7 @@ impl Bound {
     pub async fn wait_termination(mut self) -> anyhow::Result<()> {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-        let status = self.status.clone();
+        let lifecycle = self.lifecycle.clone();
         let mut drain_handled = false;
         let mut quit_handled = false;
         let ended = loop {
@@ -68,11 +69,11 @@ impl Bound {
                 ended = &mut self.envoy.done => break ended.unwrap_or(Ended::Stopped),
                 _ = term.recv() => self.stop_envoy(Stop::Terminate("received signal: terminated".into())).await,
                 _ = int.recv() => self.stop_envoy(Stop::Terminate("received signal: interrupt".into())).await,
-                _ = status.quit_requested(), if !quit_handled => {
+                _ = lifecycle.quit_requested(), if !quit_handled => {
                     quit_handled = true;
                     self.stop_envoy(Stop::Quit).await;
                 }
-                _ = status.drain_requested(), if !drain_handled => {
+                _ = lifecycle.drain_requested(), if !drain_handled => {
                     drain_handled = true;
                     // The native sidecar's preStop: drain now, keep running, and
                     // stop Envoy at once on the SIGTERM that follows.
@@ -93,7 +94,7 @@ impl Bound {
             }
         };
         if let Ended::Exited(_) = ended {
-            status.terminate("Envoy exited");
+            lifecycle.terminate("Envoy exited");
         }
         if let Some(path) = self.envoy.bootstrap.take() {
             let _ = std::fs::remove_file(&path);
@@ -105,7 +106,7 @@ impl Bound {
 
     async fn stop_envoy(&mut self, stop: Stop) {
         if let Stop::Terminate(cause) = &stop {
-            self.status.terminate(cause.clone());
+            self.lifecycle.terminate(cause.clone());
         }
         let _ = self.envoy.stops.send(stop).await;
     }
@@ -121,19 +122,23 @@ pub async fn build(config: Arc<Config>, run: RunOptions) -> anyhow::Result<Bound
     };
 
     // 1. The status server first, so /healthz/ready answers 503 meanwhile.
+    let lifecycle = Arc::new(Lifecycle::new());
     let status = Arc::new(
-        StatusState::new(StatusOptions {
-            status_port: config.proxy.status_port(),
-            admin_port: config.proxy.admin_port(),
-            envoy_prometheus_port: config.envoy_prometheus_port,
-            instance_ip: config.ips.first().cloned().unwrap_or_default(),
-            ipv6: crate::bootstrap::all_ipv6(&config.ips),
-            kube_app_probers: config.app_probers.clone().unwrap_or_default(),
-            prometheus_annotations: config.prometheus_annotations.clone(),
-            sidecar: config.proxy_type == "sidecar",
-            started_at: Some(std::time::Instant::now()),
-            ..Default::default()
-        })
+        StatusState::new(
+            StatusOptions {
+                status_port: config.proxy.status_port(),
+                admin_port: config.proxy.admin_port(),
+                envoy_prometheus_port: config.envoy_prometheus_port,
+                instance_ip: config.ips.first().cloned().unwrap_or_default(),
+                ipv6: crate::bootstrap::all_ipv6(&config.ips),
+                kube_app_probers: config.app_probers.clone().unwrap_or_default(),
+                prometheus_annotations: config.prometheus_annotations.clone(),
+                sidecar: config.proxy_type == "sidecar",
+                started_at: Some(std::time::Instant::now()),
+                ..Default::default()
+            },
+            lifecycle.clone(),
+        )
         .context("status server configuration")?,
     );
     let status_listener =
@@ -147,15 +152,14 @@ pub async fn build(config: Arc<Config>, run: RunOptions) -> anyhow::Result<Bound
             })?;
     let status_addr = status_listener.local_addr()?;
     {
-        let status = status.clone();
         let rx = shutdown_rx.clone();
         // Istio closes :15020 as soon as the agent terminates, so kubelet's
         // probes through Envoy's :15021 fail from then on.
         let terminated = {
-            let status = status.clone();
+            let lifecycle = lifecycle.clone();
             async move {
                 tokio::select! {
-                    _ = status.terminated() => {}
+                    _ = lifecycle.terminated() => {}
                     _ = shutdown_signal(rx) => {}
                 }
             }
@@ -215,7 +219,7 @@ pub async fn build(config: Arc<Config>, run: RunOptions) -> anyhow::Result<Bound
     let mut nds: Option<crate::xds_proxy::NdsHandler> = None;
     if config.dns_capture {
         let resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
-        let guard = status.readiness_pending(
+        let guard = lifecycle.readiness_pending(
             "istio DNS capture is turned ON and DNS lookup table is not ready yet",
         );
         let dns = crate::dns::DnsProxy::new(
@@ -296,7 +300,7 @@ pub async fn build(config: Arc<Config>, run: RunOptions) -> anyhow::Result<Bound
         sds_socket: config.sds_socket.clone(),
         secrets,
         status_addr,
-        status,
+        lifecycle,
         shutdown,
         tasks,
         envoy: EnvoyRun {

@@ -32,7 +32,7 @@ pub struct DnsProxy {
     names: Arc<RwLock<Arc<Names>>>,
     upstreams: Arc<Vec<SocketAddr>>,
     namespace: String,
-    ready: Arc<std::sync::Mutex<Option<crate::status::ReadinessGuard>>>,
+    ready: Arc<std::sync::Mutex<Option<crate::lifecycle::ReadinessGuard>>>,
 }
 
 /// The `nameserver` lines of a resolv.conf, port 53.
@@ -55,7 +55,7 @@ impl DnsProxy {
     pub fn new(
         namespace: &str,
         upstreams: Vec<SocketAddr>,
-        ready: Option<crate::status::ReadinessGuard>,
+        ready: Option<crate::lifecycle::ReadinessGuard>,
     ) -> Self {
         Self {
             names: Arc::new(RwLock::new(Arc::new(HashMap::new()))),

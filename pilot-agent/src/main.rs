@@ -4,7 +4,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use hyper::body::Bytes;
+use hyper::{Method, StatusCode};
 use pilot_agent::config::{Config, ProxyArgs};
+use pilot_agent::envoy::admin::AdminClient;
 
 #[derive(Parser)]
 #[command(name = "pilot-agent", about = "Istio sidecar agent", version = pilot_agent::VERSION)]
@@ -64,28 +67,40 @@ struct RequestArgs {
     debug_port: u16,
 }
 
-/// Splits `http://host:port/path` into (`host:port`, `/path`).
-fn split_url(url: &str) -> Result<(String, String), String> {
+/// Splits `http://host[:port]/path` into host, port (80 when absent) and
+/// path; `localhost` is dialled as `127.0.0.1`.
+fn split_url(url: &str) -> Result<(String, u16, String), String> {
     let rest = url
         .strip_prefix("http://")
         .ok_or_else(|| format!("--url {url:?}: only http:// URLs are supported"))?;
-    let (host, path) = match rest.find('/') {
+    let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    let host = if host.contains(':') {
-        host.to_string()
+    let authority: hyper::http::uri::Authority = authority
+        .parse()
+        .map_err(|e| format!("--url {url:?}: {e}"))?;
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let host = if host == "localhost" {
+        "127.0.0.1"
     } else {
-        format!("{host}:80")
+        host
     };
-    let host = host.replacen("localhost:", "127.0.0.1:", 1);
-    Ok((host, path.to_string()))
+    Ok((
+        host.to_string(),
+        authority.port_u16().unwrap_or(80),
+        path.to_string(),
+    ))
 }
 
 async fn run_wait(a: WaitArgs) -> Result<(), String> {
-    let (host, path) = split_url(&a.url)?;
+    let (host, port, path) = split_url(&a.url)?;
     let period = std::time::Duration::from_millis(a.period_millis);
-    let per_request = std::time::Duration::from_millis(a.request_timeout_millis);
+    let client = AdminClient::at_host(host, port)
+        .with_timeout(std::time::Duration::from_millis(a.request_timeout_millis));
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(a.timeout_seconds);
     println!(
         "Waiting for Envoy proxy to be ready (timeout: {} seconds)...",
@@ -94,15 +109,18 @@ async fn run_wait(a: WaitArgs) -> Result<(), String> {
     loop {
         // Istio probes after one period, not at once.
         tokio::time::sleep(period).await;
-        let last =
-            match pilot_agent::envoy::http_request(&host, "GET", &path, "", per_request).await {
-                Ok((200, _)) => {
-                    println!("Envoy is ready!");
-                    return Ok(());
-                }
-                Ok((code, body)) => format!("HTTP status code {code}: {}", body.trim()),
-                Err(e) => e.to_string(),
-            };
+        let last = match client.get(&path).await {
+            Ok(resp) if resp.status == StatusCode::OK => {
+                println!("Envoy is ready!");
+                return Ok(());
+            }
+            Ok(resp) => format!(
+                "HTTP status code {}: {}",
+                resp.status.as_u16(),
+                resp.text().trim()
+            ),
+            Err(e) => e.to_string(),
+        };
         if tokio::time::Instant::now() >= deadline {
             return Err(format!(
                 "timeout waiting for Envoy proxy to become ready. Last error: {last}"
@@ -118,16 +136,16 @@ async fn run_request(a: RequestArgs) -> Result<(), String> {
             a.debug_port
         ));
     }
+    let method = Method::from_bytes(a.method.to_uppercase().as_bytes())
+        .map_err(|e| format!("method {:?}: {e}", a.method))?;
     let path = format!("/{}", a.path.trim_start_matches('/'));
-    let (code, body) = pilot_agent::envoy::http_request(
-        &format!("127.0.0.1:{}", a.debug_port),
-        &a.method.to_uppercase(),
-        &path,
-        a.body.as_deref().unwrap_or(""),
-        std::time::Duration::from_secs(60),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
+    let body = Bytes::from(a.body.unwrap_or_default());
+    let resp = AdminClient::new(a.debug_port)
+        .with_timeout(std::time::Duration::from_secs(60))
+        .request(method, &path, body)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (code, body) = (resp.status.as_u16(), resp.text());
     if code > 399 && code != 404 {
         return Err(format!("received unsuccessful status code {code}: {body}"));
     }

@@ -5,8 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::fs;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -177,48 +176,41 @@ impl Drop for Proc {
     }
 }
 
-/// A plain HTTP/1.1 GET; returns (status, body).
+/// How long [`http_get`] waits for a whole answer.
+const HTTP_GET_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An HTTP/1.1 GET on a fresh connection to `addr`, made with the agent's own
+/// admin client (`pilot_agent::envoy::admin`); returns (status, body).
 pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf)?;
-    let status = buf
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((buf.as_str(), ""));
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
-    Ok((status, body))
+    let client = pilot_agent::envoy::admin::AdminClient::at(addr).with_timeout(HTTP_GET_TIMEOUT);
+    block_on_own_thread(|| async move {
+        let resp = client.get(path).await.map_err(std::io::Error::other)?;
+        Ok((resp.status.as_u16(), resp.text()))
+    })
 }
 
-/// Decodes an HTTP/1.1 chunked body.
-pub(crate) fn dechunk(body: &str) -> String {
-    let mut out = String::new();
-    let mut rest = body;
-    while let Some((size, after)) = rest.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if n == 0 || after.len() < n {
-            break;
-        }
-        out.push_str(&after[..n]);
-        rest = after[n..].strip_prefix("\r\n").unwrap_or(&after[n..]);
-    }
-    out
+/// Runs the future `make` builds to completion on a thread of its own, with
+/// a current-thread runtime. Blocking callers may be plain threads, threads
+/// inside a Pod's network namespace (a new thread shares the namespace of
+/// the thread that creates it) or tasks of another runtime, where a nested
+/// `block_on` would panic.
+pub(crate) fn block_on_own_thread<T, F>(make: impl FnOnce() -> F + Send) -> T
+where
+    T: Send,
+    F: std::future::Future<Output = T>,
+{
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a current-thread runtime")
+                    .block_on(make())
+            })
+            .join()
+            .expect("the request thread panicked")
+    })
 }
 
 /// A running istiod with a token issuer its `JWT_RULE` trusts.

@@ -86,44 +86,43 @@ pub fn https_post(
         .with_no_client_auth();
     let name = rustls::pki_types::ServerName::try_from(server_name.to_string())
         .map_err(|e| e.to_string())?;
-    let mut conn =
-        rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
-    let mut sock = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
-        .map_err(|e| format!("connect: {e}"))?;
-    sock.set_read_timeout(Some(Duration::from_secs(10)))
+    let request = hyper::Request::post(path)
+        .header(hyper::header::HOST, server_name)
+        .header(hyper::header::CONTENT_TYPE, content_type)
+        .header(hyper::header::CONNECTION, "close")
+        .body(http_body_util::Full::new(
+            hyper::body::Bytes::copy_from_slice(body),
+        ))
         .map_err(|e| e.to_string())?;
-    let mut tls = rustls::Stream::new(&mut conn, &mut sock);
-    let mut request = format!(
-        "POST {path} HTTP/1.1\r\nHost: {server_name}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
-    request.extend_from_slice(body);
-    tls.write_all(&request)
-        .map_err(|e| format!("TLS handshake or write: {e}"))?;
-    let mut buf = Vec::new();
-    match tls.read_to_end(&mut buf) {
-        Ok(_) => {}
-        // A server may close without close_notify after a complete response.
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !buf.is_empty() => {}
-        Err(e) => return Err(format!("read: {e}")),
-    }
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("not an HTTP response: {text:?}"))?;
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let chunked = head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked");
-    Ok((
-        status,
-        if chunked {
-            crate::dechunk(body)
-        } else {
-            body.to_string()
-        },
-    ))
+    let exchange = async move {
+        let sock =
+            tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr))
+                .await
+                .map_err(|_| "connect: timed out".to_string())?
+                .map_err(|e| format!("connect: {e}"))?;
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, sock)
+            .await
+            .map_err(|e| format!("TLS handshake or write: {e}"))?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                .await
+                .map_err(|e| format!("TLS handshake or write: {e}"))?;
+        tokio::spawn(conn);
+        let resp = sender
+            .send_request(request)
+            .await
+            .map_err(|e| format!("read: {e}"))?;
+        let status = resp.status().as_u16();
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .map_err(|e| format!("read: {e}"))?
+            .to_bytes();
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    };
+    crate::block_on_own_thread(|| async move {
+        tokio::time::timeout(Duration::from_secs(12), exchange)
+            .await
+            .map_err(|_| "read: timed out".to_string())?
+    })
 }

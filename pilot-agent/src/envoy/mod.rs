@@ -1,13 +1,16 @@
 //! The Envoy process: Istio's command line (`pkg/envoy/proxy.go`), launch,
-//! supervision, and the admin calls used to drain it (`pkg/envoy/agent.go`).
+//! supervision, and the admin calls used to drain it (`pkg/envoy/agent.go`),
+//! made with the one admin client in [`admin`].
 
-use std::net::SocketAddr;
+pub mod admin;
+
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
+
+use admin::{AdminClient, AdminError};
 
 /// Why Envoy could not be started or driven.
 #[derive(Debug, thiserror::Error)]
@@ -23,13 +26,23 @@ pub enum EnvoyError {
         /// The error.
         source: std::io::Error,
     },
-    /// An admin call failed.
-    #[error("Envoy admin {path}: {reason}")]
+    /// An admin call got no answer.
+    #[error("Envoy admin {path}: {source}")]
     Admin {
         /// The admin path.
         path: String,
         /// Why.
-        reason: String,
+        source: AdminError,
+    },
+    /// An admin call was refused.
+    #[error("Envoy admin {path}: HTTP {status}: {body}")]
+    AdminStatus {
+        /// The admin path.
+        path: String,
+        /// The HTTP status.
+        status: u16,
+        /// The answer, trimmed.
+        body: String,
     },
     /// `ISTIO_BOOTSTRAP_OVERRIDE` could not be read.
     #[error("ISTIO_BOOTSTRAP_OVERRIDE {path}: {reason}")]
@@ -222,89 +235,6 @@ fn libc_sigkill() -> i32 {
     nix::sys::signal::Signal::SIGKILL as i32
 }
 
-/// A plain HTTP/1.1 request to Envoy's admin API on localhost.
-pub async fn admin_request(
-    port: u16,
-    method: &str,
-    path: &str,
-    timeout: Duration,
-) -> Result<(u16, String), EnvoyError> {
-    http_request(
-        &SocketAddr::from(([127, 0, 0, 1], port)).to_string(),
-        method,
-        path,
-        "",
-        timeout,
-    )
-    .await
-}
-
-/// A plain HTTP/1.1 request to `host_port` (the agent only talks HTTP to
-/// local endpoints: Envoy's admin API, its own status port).
-pub async fn http_request(
-    host_port: &str,
-    method: &str,
-    path: &str,
-    body: &str,
-    timeout: Duration,
-) -> Result<(u16, String), EnvoyError> {
-    let err = |reason: String| EnvoyError::Admin {
-        path: path.to_string(),
-        reason,
-    };
-    let fut = async {
-        let mut s = tokio::net::TcpStream::connect(host_port)
-            .await
-            .map_err(|e| err(e.to_string()))?;
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {host_port}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        );
-        s.write_all(req.as_bytes())
-            .await
-            .map_err(|e| err(e.to_string()))?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf)
-            .await
-            .map_err(|e| err(e.to_string()))?;
-        let text = String::from_utf8_lossy(&buf).into_owned();
-        let status = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .ok_or_else(|| err("malformed HTTP response".into()))?;
-        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-        let body = if head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked")
-        {
-            dechunk(body)
-        } else {
-            body.to_string()
-        };
-        Ok((status, body))
-    };
-    tokio::time::timeout(timeout, fut)
-        .await
-        .map_err(|_| err(format!("no answer within {timeout:?}")))?
-}
-
-fn dechunk(body: &str) -> String {
-    let mut out = String::new();
-    let mut rest = body;
-    while let Some((size, after)) = rest.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if n == 0 || after.len() < n {
-            break;
-        }
-        out.push_str(&after[..n]);
-        rest = after[n..].strip_prefix("\r\n").unwrap_or(&after[n..]);
-    }
-    out
-}
-
 /// Starts draining listeners gracefully (`/drain_listeners`). Sidecars drain
 /// inbound listeners only; `skip_exit` keeps Envoy running afterwards (`/drain`).
 pub async fn drain_listeners(
@@ -320,11 +250,19 @@ pub async fn drain_listeners(
     if skip_exit {
         path.push_str("&skip_exit");
     }
-    let (status, body) = admin_request(port, "POST", &path, Duration::from_secs(5)).await?;
-    if status != 200 {
-        return Err(EnvoyError::Admin {
+    let resp = AdminClient::new(port)
+        .with_timeout(Duration::from_secs(5))
+        .post(&path)
+        .await;
+    let resp = match resp {
+        Ok(resp) => resp,
+        Err(source) => return Err(EnvoyError::Admin { path, source }),
+    };
+    if resp.status != hyper::StatusCode::OK {
+        return Err(EnvoyError::AdminStatus {
             path,
-            reason: format!("HTTP {status}: {}", body.trim()),
+            status: resp.status.as_u16(),
+            body: resp.text().trim().to_string(),
         });
     }
     Ok(())
@@ -362,106 +300,18 @@ pub fn sum_active_connections(stats: &str, excluded_ports: &[u16]) -> i64 {
 
 /// Asks Envoy how many application connections are open.
 pub async fn active_connections(port: u16, excluded_ports: &[u16]) -> Result<i64, EnvoyError> {
-    let (_, body) = admin_request(
-        port,
-        "GET",
-        "/stats?usedonly&filter=downstream_cx_active$",
-        Duration::from_secs(2),
-    )
-    .await?;
-    Ok(sum_active_connections(&body, excluded_ports))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn envoy_args_in_istios_order() {
-        let o = EnvoyOptions {
-            binary: "/usr/local/bin/envoy".into(),
-            config_file: "./etc/istio/proxy/envoy-rev.json".into(),
-            drain_duration: Duration::from_secs(45),
-            file_flush_interval: Duration::from_secs(1),
-            log_level: "warning".into(),
-            component_log_level: "misc:error".into(),
-            skip_deprecated_logs: true,
-            config_yaml: Some(r#"{"key":"value"}"#.into()),
-            concurrency: 8,
-            ..Default::default()
-        };
-        assert_eq!(
-            args(&o).join(" "),
-            "-c ./etc/istio/proxy/envoy-rev.json --drain-time-s 45 --drain-strategy immediate \
-             --local-address-ip-version v4 --file-flush-interval-msec 1000 --disable-hot-restart \
-             --allow-unknown-static-fields -l warning --component-log-level misc:error \
-             --skip-deprecated-logs --config-yaml {\"key\":\"value\"} --concurrency 8"
-        );
-    }
-
-    #[test]
-    fn component_log_split_like_istio() {
-        assert_eq!(split_component_log("info"), (Some("info".into()), vec![]));
-        assert_eq!(
-            split_component_log("info,warn"),
-            (Some("warn".into()), vec![])
-        );
-        assert_eq!(
-            split_component_log("misc:warn,info,upstream:debug"),
-            (
-                Some("info".into()),
-                vec!["misc:warn".to_string(), "upstream:debug".to_string()]
-            )
-        );
-        assert_eq!(
-            split_component_log("a:b:c,info"),
-            (Some("info".into()), vec![])
-        );
-    }
-
-    #[test]
-    fn active_connections_like_istio() {
-        assert_eq!(sum_active_connections("", &[15021, 15090]), -1);
-        let stats = "listener.0.0.0.0_15001.downstream_cx_active: 7\n\
-            listener.0.0.0.0_15006.downstream_cx_active: 12\n\
-            listener.0.0.0.0_15006.worker_0.downstream_cx_active: 12\n\
-            listener.0.0.0.0_15021.downstream_cx_active: 3\n\
-            listener.0.0.0.0_15090.downstream_cx_active: 2\n\
-            listener.admin.downstream_cx_active: 1\n\
-            listener.admin.main_thread.downstream_cx_active: 1\n\
-            listener.envoy_internal_x.downstream_cx_active: 4\n";
-        assert_eq!(sum_active_connections(stats, &[15021, 15090]), 19);
-    }
-
-    #[test]
-    fn bootstrap_override_substitutes_host_ip() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("o.yaml");
-        std::fs::write(&p, "tracing:\n  address: $(HOST_IP):9411\n").unwrap();
-        assert_eq!(
-            read_bootstrap_override(&p, "10.0.0.1").unwrap(),
-            r#"{"tracing":{"address":"10.0.0.1:9411"}}"#
-        );
-        std::fs::write(&p, "a: \"[$(HOST_IP)]:1\"\nb: \"$(HOST_IP)\"\n").unwrap();
-        assert_eq!(
-            read_bootstrap_override(&p, "fd00::1").unwrap(),
-            r#"{"a":"[fd00::1]:1","b":"[fd00::1]"}"#
-        );
-    }
-
-    #[test]
-    fn missing_binary_is_one_clear_line() {
-        let o = EnvoyOptions {
-            binary: "/nonexistent/envoy".into(),
-            ..Default::default()
-        };
-        let e = spawn(&o).unwrap_err().to_string();
-        assert_eq!(e.lines().count(), 1);
-        assert!(
-            e.contains("/nonexistent/envoy") && e.contains("binaryPath"),
-            "{e}"
-        );
-    }
+    let path = "/stats?usedonly&filter=downstream_cx_active$";
+    // The body is summed whatever the status (Istio's `DoHTTPGetWithTimeout`
+    // would count a non-200 answer as an error).
+    let resp = AdminClient::new(port)
+        .with_timeout(Duration::from_secs(2))
+        .get(path)
+        .await
+        .map_err(|source| EnvoyError::Admin {
+            path: path.to_string(),
+            source,
+        })?;
+    Ok(sum_active_connections(&resp.text(), excluded_ports))
 }
 
 /// Why the agent stops Envoy.
@@ -630,4 +480,96 @@ pub fn spawn_zombie_reaper(envoy_pid: Option<u32>) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envoy_args_in_istios_order() {
+        let o = EnvoyOptions {
+            binary: "/usr/local/bin/envoy".into(),
+            config_file: "./etc/istio/proxy/envoy-rev.json".into(),
+            drain_duration: Duration::from_secs(45),
+            file_flush_interval: Duration::from_secs(1),
+            log_level: "warning".into(),
+            component_log_level: "misc:error".into(),
+            skip_deprecated_logs: true,
+            config_yaml: Some(r#"{"key":"value"}"#.into()),
+            concurrency: 8,
+            ..Default::default()
+        };
+        assert_eq!(
+            args(&o).join(" "),
+            "-c ./etc/istio/proxy/envoy-rev.json --drain-time-s 45 --drain-strategy immediate \
+             --local-address-ip-version v4 --file-flush-interval-msec 1000 --disable-hot-restart \
+             --allow-unknown-static-fields -l warning --component-log-level misc:error \
+             --skip-deprecated-logs --config-yaml {\"key\":\"value\"} --concurrency 8"
+        );
+    }
+
+    #[test]
+    fn component_log_split_like_istio() {
+        assert_eq!(split_component_log("info"), (Some("info".into()), vec![]));
+        assert_eq!(
+            split_component_log("info,warn"),
+            (Some("warn".into()), vec![])
+        );
+        assert_eq!(
+            split_component_log("misc:warn,info,upstream:debug"),
+            (
+                Some("info".into()),
+                vec!["misc:warn".to_string(), "upstream:debug".to_string()]
+            )
+        );
+        assert_eq!(
+            split_component_log("a:b:c,info"),
+            (Some("info".into()), vec![])
+        );
+    }
+
+    #[test]
+    fn active_connections_like_istio() {
+        assert_eq!(sum_active_connections("", &[15021, 15090]), -1);
+        let stats = "listener.0.0.0.0_15001.downstream_cx_active: 7\n\
+            listener.0.0.0.0_15006.downstream_cx_active: 12\n\
+            listener.0.0.0.0_15006.worker_0.downstream_cx_active: 12\n\
+            listener.0.0.0.0_15021.downstream_cx_active: 3\n\
+            listener.0.0.0.0_15090.downstream_cx_active: 2\n\
+            listener.admin.downstream_cx_active: 1\n\
+            listener.admin.main_thread.downstream_cx_active: 1\n\
+            listener.envoy_internal_x.downstream_cx_active: 4\n";
+        assert_eq!(sum_active_connections(stats, &[15021, 15090]), 19);
+    }
+
+    #[test]
+    fn bootstrap_override_substitutes_host_ip() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("o.yaml");
+        std::fs::write(&p, "tracing:\n  address: $(HOST_IP):9411\n").unwrap();
+        assert_eq!(
+            read_bootstrap_override(&p, "10.0.0.1").unwrap(),
+            r#"{"tracing":{"address":"10.0.0.1:9411"}}"#
+        );
+        std::fs::write(&p, "a: \"[$(HOST_IP)]:1\"\nb: \"$(HOST_IP)\"\n").unwrap();
+        assert_eq!(
+            read_bootstrap_override(&p, "fd00::1").unwrap(),
+            r#"{"a":"[fd00::1]:1","b":"[fd00::1]"}"#
+        );
+    }
+
+    #[test]
+    fn missing_binary_is_one_clear_line() {
+        let o = EnvoyOptions {
+            binary: "/nonexistent/envoy".into(),
+            ..Default::default()
+        };
+        let e = spawn(&o).unwrap_err().to_string();
+        assert_eq!(e.lines().count(), 1);
+        assert!(
+            e.contains("/nonexistent/envoy") && e.contains("binaryPath"),
+            "{e}"
+        );
+    }
 }

@@ -1,0 +1,411 @@
+//! The agent's status server on `:15020`, as Istio's
+//! `pilot/cmd/pilot-agent/status/server.go` serves it, in rooms of one job:
+//!
+//! - `server`: the hyper server and its routes: `/healthz/ready`,
+//!   `/stats/prometheus` and `/metrics`, `/app-health/...` and
+//!   `/app-lifecycle/...`, `POST /quitquitquit` and `POST /drain` from
+//!   loopback.
+//! - `ready`: Envoy's readiness from its admin stats (`status/ready/probe.go`);
+//!   the kubelet reaches `/healthz/ready` through Envoy's `:15021` listener.
+//! - `prober`: the application's probes, rewritten by the injector into
+//!   `ISTIO_KUBE_APP_PROBERS` and sent from `127.0.0.6` so the iptables rules
+//!   let them through to the application.
+//! - `metrics`: the agent's `istio_agent_*` metrics, Envoy's `:15090` output
+//!   and the application's metrics, concatenated in a negotiated format.
+//! - `upstream`: the requests probes and scrapes make.
+//!
+//! [`StatusState`] is what the server serves from. Readiness conditions of
+//! other parts, drain and quit requests and the termination cause live in
+//! [`Lifecycle`], which the server only routes to.
+
+mod metrics;
+mod prober;
+mod ready;
+mod server;
+#[cfg(test)]
+mod testing;
+mod upstream;
+
+use std::convert::Infallible;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::header::{self, HeaderValue};
+use hyper::{Response, StatusCode};
+use prometheus::Registry;
+
+use crate::envoy::admin::AdminClient;
+use crate::lifecycle::{Lifecycle, NotReady};
+use prober::APP_PROBER_PATTERN;
+
+pub use metrics::AgentMetrics;
+pub use server::{DRAIN_PATH, QUIT_PATH, READY_PATH, serve};
+
+/// Istio's `statusPort` default.
+pub const DEFAULT_STATUS_PORT: u16 = 15020;
+/// Envoy's admin port (`ProxyConfig.proxyAdminPort`).
+pub const DEFAULT_ADMIN_PORT: u16 = 15000;
+/// Envoy's Prometheus listener (`ENVOY_PROMETHEUS_PORT`).
+pub const DEFAULT_ENVOY_PROMETHEUS_PORT: u16 = 15090;
+/// Istio's `PROXY_READINESS_PROBE_TIMEOUT` default: each admin request made
+/// by the readiness probe.
+pub const DEFAULT_READINESS_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The status server's errors.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    /// `ISTIO_KUBE_APP_PROBERS` or `ISTIO_PROMETHEUS_ANNOTATIONS` is invalid;
+    /// every problem found is listed.
+    #[error("invalid status server configuration: {}", join_errors(.0))]
+    Config(Vec<ConfigError>),
+    /// An agent metric could not be registered.
+    #[error("registering agent metric {name}: {source}")]
+    Metric {
+        /// The metric.
+        name: &'static str,
+        /// Why.
+        source: prometheus::Error,
+    },
+    /// The TLS client for HTTPS probes could not be built.
+    #[error("TLS client for HTTPS application probes: {0}")]
+    Tls(#[from] rustls::Error),
+    /// The listener failed in a way retrying cannot fix; the agent should
+    /// terminate (Istio sends itself SIGTERM), since readiness can never pass.
+    #[error("status server stopped accepting connections: {0}")]
+    Accept(io::Error),
+}
+
+/// One invalid value of the status server's configuration, with Istio's
+/// wording so the messages users search for still match.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// `ISTIO_KUBE_APP_PROBERS` is not the JSON map the injector writes.
+    #[error("failed to decode app prober err = {reason}, json string = {json}")]
+    DecodeAppProbers {
+        /// The JSON error.
+        reason: String,
+        /// The value.
+        json: String,
+    },
+    /// A key of `ISTIO_KUBE_APP_PROBERS` is not a probe path.
+    #[error("invalid path {path:?}, must be in form of regex pattern {APP_PROBER_PATTERN}")]
+    InvalidProberPath {
+        /// The key.
+        path: String,
+    },
+    /// A probe has none or several of `httpGet`, `tcpSocket` and `grpc`.
+    #[error("invalid prober type for {path}, must be one of type httpGet, tcpSocket or gRPC")]
+    InvalidProberType {
+        /// The key.
+        path: String,
+    },
+    /// A probe names its port (`"http"`): the injector resolves names to numbers.
+    #[error("invalid prober config for {path}, the port must be int type, not {port:?}")]
+    PortNotInt {
+        /// The key.
+        path: String,
+        /// The port name given.
+        port: String,
+    },
+    /// A probe's port is not a TCP port.
+    #[error("invalid prober config for {path}, the port {port} is not in 1-65535")]
+    PortOutOfRange {
+        /// The key.
+        path: String,
+        /// The port given.
+        port: i64,
+    },
+    /// `ISTIO_PROMETHEUS_ANNOTATIONS` is not valid JSON of the expected shape.
+    #[error("failed to unmarshal ISTIO_PROMETHEUS_ANNOTATIONS: {reason}")]
+    DecodePrometheus {
+        /// The JSON error.
+        reason: String,
+    },
+    /// The legacy `port` is the status port itself, which would scrape itself.
+    #[error(
+        "invalid prometheus scrape configuration: application port is the same as agent port, which may lead to a recursive loop. Ensure pod does not have prometheus.io/port={status_port} label, or that injection is not happening multiple times"
+    )]
+    ScrapePortIsStatusPort {
+        /// The status port.
+        status_port: u16,
+    },
+    /// A target port is not a number in 1..65535.
+    #[error("invalid prometheus scrape configuration: invalid target port {port:?}")]
+    InvalidScrapePort {
+        /// The port given.
+        port: String,
+    },
+    /// A target port is the status port.
+    #[error(
+        "invalid prometheus scrape configuration: target port {port} is the same as agent port, which may lead to a recursive loop"
+    )]
+    ScrapeTargetIsStatusPort {
+        /// The port given.
+        port: String,
+    },
+    /// A target port belongs to the Istio data plane.
+    #[error(
+        "invalid prometheus scrape configuration: target port {port} is reserved for Istio ({reason}) and cannot be scraped"
+    )]
+    ReservedScrapePort {
+        /// The port given.
+        port: String,
+        /// What uses it.
+        reason: &'static str,
+    },
+}
+
+fn join_errors(errors: &[ConfigError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// What the status server is told at start-up; the defaults are Istio's.
+/// [`StatusState::new`] validates it.
+#[derive(Debug, Clone)]
+pub struct StatusOptions {
+    /// The status server's own port (`statusPort`, 15020): a scrape target may
+    /// not name it, and a forwarded probe's `Host` port is rewritten from it.
+    pub status_port: u16,
+    /// Envoy's admin port (`proxyAdminPort`, 15000), read by the readiness probe.
+    pub admin_port: u16,
+    /// Envoy's Prometheus port (`ENVOY_PROMETHEUS_PORT`, 15090), merged into
+    /// `/stats/prometheus`.
+    pub envoy_prometheus_port: u16,
+    /// `INSTANCE_IP`: the Pod IP, where application probes are sent (as the
+    /// kubelet would). Empty means `localhost`.
+    pub instance_ip: String,
+    /// The Pod is IPv6-only: Envoy's admin is reached on `::1`. An IPv6
+    /// `instance_ip` has the same effect.
+    pub ipv6: bool,
+    /// `ISTIO_KUBE_APP_PROBERS`: the injector's JSON map from probe path to the
+    /// container's original probe. Empty means none.
+    pub kube_app_probers: String,
+    /// `ISTIO_PROMETHEUS_ANNOTATIONS`: `{"scrape","path","port","targets"}`,
+    /// the application metrics to merge. `None` when unset.
+    pub prometheus_annotations: Option<String>,
+    /// The proxy is a sidecar: only sidecars merge application metrics, as
+    /// gateways expose `:15020` in their Services.
+    pub sidecar: bool,
+    /// Envoy runs beside the agent (`DISABLE_ENVOY` unset): readiness checks
+    /// it and its metrics are merged.
+    pub envoy: bool,
+    /// `PILOT_AGENT_MERGE_ENVOY_STATS` (true): include Envoy's metrics.
+    pub merge_envoy_stats: bool,
+    /// `METRICS_LOCALHOST_ACCESS_ONLY` (false): serve metrics to loopback only.
+    pub metrics_localhost_only: bool,
+    /// `REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION` (false): send application
+    /// probes to `localhost` instead of `instance_ip`.
+    pub probe_localhost: bool,
+    /// `ISTIO_ENABLE_HTTP2_PROBING` (true): offer HTTP/2 to HTTPS probes.
+    pub http2_probing: bool,
+    /// `PROXY_READINESS_PROBE_TIMEOUT` (3s): each Envoy admin request of the
+    /// readiness probe.
+    pub readiness_timeout: Duration,
+    /// When the agent started, for `istio_agent_startup_duration_seconds`;
+    /// `None` means when the [`StatusState`] was created.
+    pub started_at: Option<std::time::Instant>,
+}
+
+impl Default for StatusOptions {
+    fn default() -> Self {
+        Self {
+            status_port: DEFAULT_STATUS_PORT,
+            admin_port: DEFAULT_ADMIN_PORT,
+            envoy_prometheus_port: DEFAULT_ENVOY_PROMETHEUS_PORT,
+            instance_ip: String::new(),
+            ipv6: false,
+            kube_app_probers: String::new(),
+            prometheus_annotations: None,
+            sidecar: true,
+            envoy: true,
+            merge_envoy_stats: true,
+            metrics_localhost_only: false,
+            probe_localhost: false,
+            http2_probing: true,
+            readiness_timeout: DEFAULT_READINESS_TIMEOUT,
+            started_at: None,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The shared state
+
+/// What the status server serves from, shared with its connections in an `Arc`.
+pub struct StatusState {
+    options: StatusOptions,
+    probers: prober::AppProbers,
+    merger: metrics::MetricsMerger,
+    envoy: ready::EnvoyProbe,
+    lifecycle: Arc<Lifecycle>,
+    registry: Registry,
+    metrics: AgentMetrics,
+    /// For logging "Envoy proxy is ready" on the transition only.
+    last_probe_successful: AtomicBool,
+}
+
+impl StatusState {
+    /// Validates `options` (Istio's `NewServer`) and registers the agent
+    /// metrics in a new registry. Every invalid probe and scrape target is
+    /// reported in one [`StatusError::Config`].
+    pub fn new(options: StatusOptions, lifecycle: Arc<Lifecycle>) -> Result<Self, StatusError> {
+        let mut errors = Vec::new();
+        let probes = prober::parse_app_probers(&options.kube_app_probers, &mut errors);
+        let scrape_targets = metrics::parse_scrape_targets(&options, &mut errors);
+        if !errors.is_empty() {
+            return Err(StatusError::Config(errors));
+        }
+        let probers = prober::AppProbers::new(probes, &options)?;
+        let registry = Registry::new();
+        let metrics = AgentMetrics::register(&registry)?;
+        let admin = AdminClient::at_ip(envoy_localhost(&options), options.admin_port)
+            .with_timeout(options.readiness_timeout);
+        let envoy = ready::EnvoyProbe::new(
+            admin,
+            metrics.startup_duration_seconds.clone(),
+            options.started_at.unwrap_or_else(std::time::Instant::now),
+        );
+        let merger = metrics::MetricsMerger::new(
+            scrape_targets,
+            &options,
+            registry.clone(),
+            metrics.clone(),
+        );
+        Ok(Self {
+            options,
+            probers,
+            merger,
+            envoy,
+            lifecycle,
+            registry,
+            metrics,
+            last_probe_successful: AtomicBool::new(false),
+        })
+    }
+
+    /// The options the server was built from.
+    pub fn options(&self) -> &StatusOptions {
+        &self.options
+    }
+
+    /// The agent's registry, written first on `/stats/prometheus`; other
+    /// parts register their `istio_agent_*` metrics here.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The metrics the status server maintains.
+    pub fn metrics(&self) -> &AgentMetrics {
+        &self.metrics
+    }
+
+    /// The lifecycle the server routes readiness, drain and quit to.
+    pub fn lifecycle(&self) -> &Arc<Lifecycle> {
+        &self.lifecycle
+    }
+
+    /// `/healthz/ready`'s check: Envoy's probe (unless there is no Envoy),
+    /// then the lifecycle's conditions; the first error wins.
+    pub async fn check_ready(&self) -> Result<(), NotReady> {
+        if self.options.envoy {
+            self.envoy.check(&self.lifecycle).await?;
+        }
+        self.lifecycle.check_ready()
+    }
+}
+
+/// Envoy admin's host: `127.0.0.1`, or `::1` for IPv6 Pods. Istio: an IPv6
+/// Pod IP (not link-local, not IPv4-mapped) means an IPv6 loopback, even
+/// without the IPv6 option.
+fn envoy_localhost(options: &StatusOptions) -> IpAddr {
+    let instance_ip = options.instance_ip.parse::<IpAddr>().ok();
+    let ipv6 = options.ipv6
+        || matches!(instance_ip, Some(IpAddr::V6(ip))
+            if ip.to_ipv4_mapped().is_none() && !ip.is_unicast_link_local());
+    if ipv6 {
+        IpAddr::V6(Ipv6Addr::LOCALHOST)
+    } else {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Responses
+
+/// The body of every status response: whole, or streamed (merged metrics).
+type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    let mut resp = Response::new(Full::new(body.into()).boxed_unsync());
+    *resp.status_mut() = status;
+    resp
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    let mut resp = full(status, body);
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+fn empty(status: StatusCode) -> Response<Body> {
+    full(status, Bytes::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn localhost_follows_the_pod_ip_family() {
+        let localhost = |ip: &str, ipv6: bool| {
+            envoy_localhost(&StatusOptions {
+                instance_ip: ip.to_string(),
+                ipv6,
+                ..StatusOptions::default()
+            })
+        };
+        assert_eq!(
+            localhost("10.0.0.1", false),
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        );
+        assert_eq!(localhost("", false), IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert_eq!(localhost("fd00::1", false), IpAddr::V6(Ipv6Addr::LOCALHOST));
+        assert_eq!(localhost("fe80::1", false), IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert_eq!(
+            localhost("::ffff:10.0.0.1", false),
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        );
+        assert_eq!(localhost("10.0.0.1", true), IpAddr::V6(Ipv6Addr::LOCALHOST));
+    }
+
+    #[test]
+    fn every_invalid_value_is_reported() {
+        let err = StatusState::new(
+            StatusOptions {
+                kube_app_probers: r#"{"/bad": {"tcpSocket": {"port": 1}}}"#.to_string(),
+                prometheus_annotations: Some(r#"{"port":"15090"}"#.to_string()),
+                ..StatusOptions::default()
+            },
+            Arc::default(),
+        )
+        .err()
+        .unwrap();
+        let StatusError::Config(errors) = &err else {
+            panic!("{err}");
+        };
+        assert_eq!(errors.len(), 2, "{err}");
+    }
+}
