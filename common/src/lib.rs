@@ -1,5 +1,7 @@
 //! What both binaries share: SPIFFE identity, PKI and TLS helpers, Istio-style
-//! logging, environment parsing, Go durations and backoff.
+//! logging, environment parsing, Go durations and backoff, and the vocabulary
+//! that crosses the wire between them (node metadata, xDS type URLs, proxy
+//! type, interception mode, TLS mode).
 
 pub mod backoff;
 pub mod cli;
@@ -7,7 +9,12 @@ pub mod duration;
 pub mod env;
 pub mod identity;
 pub mod log;
+pub mod model;
+pub mod node_metadata;
 pub mod pki;
 pub mod tls;
+pub mod xds;
 
 pub use identity::Identity;
+pub use model::{AuthenticationPolicy, InterceptionMode, ProxyType, TlsMode};
+pub use node_metadata::NodeMetadata;

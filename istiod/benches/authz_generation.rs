@@ -114,7 +114,7 @@ fn context(policies: usize) -> IstioContext {
 
 fn httpbin() -> Proxy {
     Proxy {
-        proxy_type: "sidecar".into(),
+        proxy_type: common::ProxyType::Sidecar,
         ip: "198.18.0.3".into(),
         ips: vec!["198.18.0.3".into()],
         id: "httpbin-v1.demo".into(),
@@ -125,7 +125,7 @@ fn httpbin() -> Proxy {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
-        interception_mode: "REDIRECT".into(),
+        interception_mode: common::InterceptionMode::Redirect,
         ..Default::default()
     }
 }

@@ -497,7 +497,7 @@ pub fn inject_pod_in_namespace(
         proxy_gid,
         uid_from_user,
     };
-    let tproxy = input.interception_mode() == "TPROXY";
+    let tproxy = input.interception_mode() == common::InterceptionMode::Tproxy.as_str();
     let rendered = template::render_all(&templates, &input);
 
     let status = status_annotation(&rendered, &cfg.revision);

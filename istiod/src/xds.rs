@@ -36,17 +36,9 @@ use proto::pb::google::protobuf::Any;
 pub use proxy::Proxy;
 pub use push_request::{PushPlan, PushRequest, Types, Updates};
 
-/// CDS type URL.
-pub const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
-/// EDS type URL.
-pub const ENDPOINT_TYPE: &str =
-    "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
-/// LDS type URL.
-pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
-/// RDS type URL.
-pub const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
-/// NDS (the DNS name table) type URL.
-pub const NAME_TABLE_TYPE: &str = "type.googleapis.com/istio.networking.nds.v1.NameTable";
+/// The type URLs istiod serves (CDS, EDS, LDS, RDS, NDS), defined once in
+/// `common` with the agent's.
+pub use common::xds::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, ROUTE_TYPE};
 
 /// Server-driven pushes send types in Istio's `PushOrder`.
 pub const PUSH_ORDER: [&str; 5] = [

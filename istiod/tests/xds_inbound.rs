@@ -499,7 +499,7 @@ fn sidecar_ingress_default_endpoint_is_static_and_capture_none_binds() {
 fn no_interception_means_no_virtual_listeners() {
     let ctx = ctx("");
     let mut p = httpbin();
-    p.interception_mode = "NONE".into();
+    p.interception_mode = common::InterceptionMode::None;
     let ls = listeners(&ctx, &p);
     assert!(!ls.contains_key("virtualInbound"));
     assert!(!ls.contains_key("virtualOutbound"));
@@ -513,7 +513,7 @@ fn no_interception_means_no_virtual_listeners() {
 fn tproxy_listeners_are_transparent_and_keep_the_source() {
     let ctx = ctx("");
     let mut p = httpbin();
-    p.interception_mode = "TPROXY".into();
+    p.interception_mode = common::InterceptionMode::Tproxy;
     let ls = listeners(&ctx, &p);
     let vi = &ls["virtualInbound"];
     assert!(vi.transparent.unwrap().value);

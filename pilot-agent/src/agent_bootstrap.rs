@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use common::AuthenticationPolicy;
 use serde_json::{Map, Value};
 
 use crate::bootstrap::{
@@ -80,14 +81,18 @@ pub fn options(config: &Config, log_as_json: bool) -> Result<BootstrapOptions, W
         .rsplit_once(':')
         .map(|(h, _)| h)
         .unwrap_or(&config.discovery_address);
-    let pilot_san = if pc.control_plane_auth_policy.as_deref() == Some("NONE") {
+    let auth_policy = pc
+        .control_plane_auth_policy
+        .as_deref()
+        .and_then(|p| p.parse().ok());
+    let pilot_san = if auth_policy == Some(AuthenticationPolicy::None) {
         Vec::new()
     } else if discovery_host.contains("localhost") {
         vec!["istiod.istio-system.svc".to_string()]
     } else {
         vec![discovery_host.to_string()]
     };
-    let metadata = bootstrap::node_metadata(&MetadataInputs {
+    let metadata = bootstrap::build_node_metadata(&MetadataInputs {
         env: config.metadata_env.clone(),
         proxy_metadata: pc.proxy_metadata.clone(),
         proxy_config,
@@ -155,7 +160,7 @@ pub fn options(config: &Config, log_as_json: bool) -> Result<BootstrapOptions, W
             &pc.proxy_metadata,
             &pc.runtime_values,
         ),
-        metadata,
+        metadata: metadata.to_json_object(),
         proxy_admin_port: pc.admin_port(),
         status_port: pc.status_port(),
         envoy_status_port: config.envoy_status_port,

@@ -11,6 +11,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use common::xds::SECRET_TYPE;
 use futures::Stream;
 use prost::Message;
 use proto::pb::envoy::config::core::v3::{DataSource, data_source};
@@ -34,9 +35,6 @@ use crate::secret_manager::{SecretWatch, WorkloadSecret};
 pub const WORKLOAD_SECRET: &str = "default";
 /// The workload trust bundle.
 pub const ROOT_SECRET: &str = "ROOTCA";
-/// The SDS type URL.
-pub const SECRET_TYPE: &str =
-    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
 
 /// The SDS service.
 #[derive(Clone)]

@@ -12,6 +12,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::NodeMetadata;
 use prost::Message;
 use proto::pb::envoy::config::core::v3::Node;
 use proto::pb::envoy::config::listener::v3::Listener;
@@ -19,7 +20,6 @@ use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3:
     HttpConnectionManager, http_connection_manager,
 };
 use proto::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
-use proto::pb::google::protobuf::{Struct, Value, value};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
@@ -65,29 +65,19 @@ pub struct ProxySpec {
 
 impl ProxySpec {
     fn node(&self) -> Node {
-        let s = |v: &str| Value {
-            kind: Some(value::Kind::StringValue(v.to_string())),
+        // What pilot-agent sends for a sidecar, in the shared typed metadata.
+        let metadata = NodeMetadata {
+            namespace: Some(self.namespace.clone()),
+            instance_ips: Some(vec![self.ip.clone()]),
+            service_account: Some(self.service_account.clone()),
+            istio_version: Some("1.28.0".into()),
+            cluster_id: Some("Kubernetes".into()),
+            labels: Some(self.labels.iter().cloned().collect()),
+            ..Default::default()
         };
-        let labels = Struct {
-            fields: self.labels.iter().map(|(k, v)| (k.clone(), s(v))).collect(),
-        };
-        let mut fields = std::collections::BTreeMap::new();
-        fields.insert("NAMESPACE".to_string(), s(&self.namespace));
-        fields.insert("INSTANCE_IPS".to_string(), s(&self.ip));
-        fields.insert("SERVICE_ACCOUNT".to_string(), s(&self.service_account));
-        fields.insert("ISTIO_VERSION".to_string(), s("1.28.0"));
-        fields.insert("CLUSTER_ID".to_string(), s("Kubernetes"));
-        fields.insert(
-            "LABELS".to_string(),
-            Value {
-                kind: Some(value::Kind::StructValue(labels)),
-            },
-        );
         Node {
             id: self.node_id.clone(),
-            metadata: Some(Struct {
-                fields: fields.into_iter().collect(),
-            }),
+            metadata: Some(metadata.to_struct()),
             ..Default::default()
         }
     }

@@ -7,6 +7,7 @@
 //! The logic reads better as code than as a template engine port; what the built-in
 //! templates share is in [`super::template`].
 
+use common::{InterceptionMode, TlsMode};
 use serde_json::{Map, Value, json};
 
 use super::ann;
@@ -19,15 +20,16 @@ use super::template::{
 /// Renders the template.
 pub(crate) fn render(t: &TemplateInput<'_>) -> Rendered {
     let mut out = Rendered::default();
+    // The mode stays the annotation's text: Istio's template passes it on
+    // verbatim (to the init container's `-m` and the agent's environment).
     let mode = t.interception_mode();
-    let tproxy = mode == "TPROXY";
+    let tproxy = mode == InterceptionMode::Tproxy.as_str();
     let cni = t.values.bool("pilot.cni.enabled");
     let containers = t.app_container_names();
 
     // metadata.labels
-    let tls_mode = label_or(t.labels, "security.istio.io/tlsMode", "istio");
-    out.labels
-        .push(("security.istio.io/tlsMode".into(), tls_mode));
+    let tls_mode = label_or(t.labels, TlsMode::LABEL, TlsMode::Istio.as_str());
+    out.labels.push((TlsMode::LABEL.into(), tls_mode));
     let md = t.proxy_metadata();
     if md
         .iter()
@@ -46,8 +48,9 @@ pub(crate) fn render(t: &TemplateInput<'_>) -> Rendered {
     }
 
     // spec.initContainers
-    let no_init = mode == "NONE" && !t.native_sidecar;
-    if !no_init && mode != "NONE" {
+    let no_capture = mode == InterceptionMode::None.as_str();
+    let no_init = no_capture && !t.native_sidecar;
+    if !no_init && !no_capture {
         out.init_containers
             .push(init_container(t, &mode, tproxy, cni, &md));
     }

@@ -324,7 +324,7 @@ impl TemplateInput<'_> {
             .proxy_config
             .get("interceptionMode")
             .and_then(Value::as_str)
-            .unwrap_or("REDIRECT")
+            .unwrap_or(common::InterceptionMode::Redirect.as_str())
             .to_string();
         self.annotation(ann::INTERCEPTION_MODE, default)
     }
@@ -719,7 +719,7 @@ pub(crate) fn proxy_env(
             t.proxy_config
                 .get("interceptionMode")
                 .and_then(Value::as_str)
-                .unwrap_or("REDIRECT")
+                .unwrap_or(common::InterceptionMode::Redirect.as_str())
                 .to_string()
         });
     if flavour != Flavour::GrpcAgent {

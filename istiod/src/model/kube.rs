@@ -11,8 +11,6 @@ use serde::{Deserialize, Serialize};
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// The Service annotation that restricts its visibility (Istio's `exportTo`).
 pub const EXPORT_TO_ANNOTATION: &str = "networking.istio.io/exportTo";
-/// The Pod label that says its endpoints speak Istio mTLS (set by injection).
-pub const TLS_MODE_LABEL: &str = "security.istio.io/tlsMode";
 /// The Pod label that sets its locality outright (`region.zone.subzone`:
 /// label values cannot hold `/`); it wins over the Node's labels.
 pub const LOCALITY_LABEL: &str = "istio-locality";

@@ -11,9 +11,7 @@ use std::sync::Arc;
 use common::identity::Identity;
 
 use super::istio::{self, Labels, Location};
-use super::kube::{
-    self, EXPORT_TO_ANNOTATION, IntOrString, SERVICE_NAME_LABEL, ServiceType, TLS_MODE_LABEL,
-};
+use super::kube::{self, EXPORT_TO_ANNOTATION, IntOrString, SERVICE_NAME_LABEL, ServiceType};
 use super::meta::{Kind, ObjectKey};
 use super::store::{Snapshot, Typed};
 
@@ -282,14 +280,10 @@ pub fn host_matches(pattern: &str, hostname: &str) -> bool {
     }
 }
 
-/// Istio's `security.istio.io/tlsMode` of an endpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum EndpointTlsMode {
-    /// The endpoint's sidecar accepts Istio mTLS (label `istio`).
-    Istio,
-    /// Plain text.
-    Disabled,
-}
+/// Istio's `security.istio.io/tlsMode` of an endpoint: the label value the
+/// injector writes on Pods, typed once in `common` (named for the endpoint
+/// here, apart from a DestinationRule's TLS mode).
+pub use common::TlsMode as EndpointTlsMode;
 
 /// One endpoint of one service port (Istio's `IstioEndpoint`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -592,11 +586,7 @@ fn labels_match(selector: &Labels, labels: &Labels) -> bool {
 }
 
 fn tls_mode(labels: &Labels) -> EndpointTlsMode {
-    if labels.get(TLS_MODE_LABEL).map(String::as_str) == Some("istio") {
-        EndpointTlsMode::Istio
-    } else {
-        EndpointTlsMode::Disabled
-    }
+    EndpointTlsMode::from_labels(labels)
 }
 
 fn identity(options: &RegistryOptions, namespace: &str, service_account: &str) -> Option<Identity> {

@@ -260,7 +260,7 @@ fn outbound(
             c.transport_socket_matches = vec![
                 cluster::TransportSocketMatch {
                     name: "tlsMode-istio".into(),
-                    r#match: Some(struct_of(&[("tlsMode", "istio")])),
+                    r#match: Some(struct_of(&[("tlsMode", common::TlsMode::Istio.as_str())])),
                     transport_socket: Some(transport_socket(
                         "envoy.transport_sockets.tls",
                         &istio_mutual(&sans, &sni, port.protocol),

@@ -386,7 +386,7 @@ impl IstioContext {
     /// first service wins a shared port), none for a proxy without
     /// interception and without Sidecar ingress (Istio's rule).
     pub fn inbound_ports(&self, proxy: &Proxy) -> Vec<InboundPort> {
-        let none_mode = proxy.interception_mode == "NONE";
+        let none_mode = proxy.interception_mode == common::InterceptionMode::None;
         let mut ports: Vec<InboundPort> = Vec::new();
         let mut push = |p: InboundPort| {
             if p.protocol != Protocol::Udp && !ports.iter().any(|q| q.port == p.port) {

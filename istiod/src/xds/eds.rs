@@ -141,7 +141,7 @@ fn load_assignment(
         if ep.tls_mode == EndpointTlsMode::Istio {
             metadata.filter_metadata.insert(
                 "envoy.transport_socket_match".into(),
-                struct_of(&[("tlsMode", "istio")]),
+                struct_of(&[("tlsMode", common::TlsMode::Istio.as_str())]),
             );
         }
         by_locality

@@ -14,6 +14,7 @@
 mod inbound;
 mod outbound;
 
+use common::InterceptionMode;
 use proto::pb::envoy::config::listener::v3::{
     Filter, Listener, ListenerFilter, ListenerFilterChainMatchPredicate, filter, listener_filter,
     listener_filter_chain_match_predicate,
@@ -66,12 +67,12 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Arc<Resource>> {
 
 /// Whether iptables captures in TPROXY mode (transparent listeners).
 fn tproxy(proxy: &Proxy) -> bool {
-    proxy.interception_mode == "TPROXY"
+    proxy.interception_mode == InterceptionMode::Tproxy
 }
 
 /// Whether the proxy's traffic is not captured at all.
 fn no_interception(proxy: &Proxy) -> bool {
-    proxy.interception_mode == "NONE"
+    proxy.interception_mode == InterceptionMode::None
 }
 
 fn network_filter<M: prost::Message + prost::Name>(name: &str, m: &M) -> Filter {

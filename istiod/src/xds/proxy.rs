@@ -3,14 +3,14 @@
 
 use std::collections::BTreeMap;
 
+use common::{InterceptionMode, NodeMetadata, ProxyType};
 use proto::pb::envoy::config::core::v3::Node;
-use proto::pb::google::protobuf::{Struct, Value, value::Kind};
 
 /// A proxy connected over xDS.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Proxy {
-    /// `sidecar`, `router`, ...
-    pub proxy_type: String,
+    /// `sidecar`, `router`, ...: the node id's first field.
+    pub proxy_type: ProxyType,
     /// The first IP (`INSTANCE_IPS` wins over the node id's).
     pub ip: String,
     /// All IPs.
@@ -31,25 +31,13 @@ pub struct Proxy {
     pub istio_version: String,
     /// Metadata `CLUSTER_ID`.
     pub cluster_id: String,
-    /// Metadata `INTERCEPTION_MODE` (`REDIRECT` by default).
-    pub interception_mode: String,
+    /// Metadata `INTERCEPTION_MODE` (`REDIRECT` when absent or unknown, as
+    /// Istio's `GetInterceptionMode`).
+    pub interception_mode: InterceptionMode,
     /// Metadata `DNS_CAPTURE`.
     pub dns_capture: bool,
     /// Metadata `DNS_AUTO_ALLOCATE`.
     pub dns_auto_allocate: bool,
-}
-
-fn string(v: &Value) -> Option<String> {
-    match &v.kind {
-        Some(Kind::StringValue(s)) => Some(s.clone()),
-        Some(Kind::NumberValue(n)) => Some(n.to_string()),
-        Some(Kind::BoolValue(b)) => Some(b.to_string()),
-        _ => None,
-    }
-}
-
-fn get(meta: &Option<Struct>, key: &str) -> Option<String> {
-    meta.as_ref()?.fields.get(key).and_then(string)
 }
 
 impl Proxy {
@@ -65,59 +53,51 @@ impl Proxy {
                 node.id
             ));
         };
-        if !matches!(*proxy_type, "sidecar" | "router" | "waypoint" | "ztunnel") {
+        let Ok(proxy_type) = proxy_type.parse::<ProxyType>() else {
             return Err(format!(
                 "invalid node type {proxy_type:?} in node id {:?}",
                 node.id
             ));
-        }
-        let meta = &node.metadata;
-        let ips: Vec<String> = get(meta, "INSTANCE_IPS")
-            .map(|s| {
-                s.split(',')
-                    .map(|x| x.trim().to_string())
-                    .filter(|x| !x.is_empty())
-                    .collect()
-            })
+        };
+        // Read leniently: a value that does not fit its field is left out
+        // (the field's default below), not a reason to refuse the node.
+        let meta = node
+            .metadata
+            .as_ref()
+            .map(NodeMetadata::from_struct)
             .unwrap_or_default();
+        let ips: Vec<String> = meta
+            .instance_ips
+            .iter()
+            .flatten()
+            .map(|x| x.trim().to_string())
+            .filter(|x| !x.is_empty())
+            .collect();
         let ips = if ips.is_empty() {
             vec![ip.to_string()]
         } else {
             ips
         };
-        let namespace = get(meta, "NAMESPACE")
+        let namespace = meta
+            .namespace
             .filter(|n| !n.is_empty())
             .or_else(|| domain.split('.').next().map(String::from))
             .unwrap_or_default();
-        let labels = meta
-            .as_ref()
-            .and_then(|m| m.fields.get("LABELS"))
-            .and_then(|v| match &v.kind {
-                Some(Kind::StructValue(s)) => Some(
-                    s.fields
-                        .iter()
-                        .filter_map(|(k, v)| string(v).map(|v| (k.clone(), v)))
-                        .collect(),
-                ),
-                _ => None,
-            })
-            .unwrap_or_default();
-        let flag = |k: &str| get(meta, k).is_some_and(|v| v == "true");
         Ok(Self {
-            proxy_type: proxy_type.to_string(),
+            proxy_type,
             ip: ips[0].clone(),
             ips,
             id: id.to_string(),
             node_id: node.id.clone(),
             namespace,
             domain: domain.to_string(),
-            service_account: get(meta, "SERVICE_ACCOUNT").filter(|s| !s.is_empty()),
-            labels,
-            istio_version: get(meta, "ISTIO_VERSION").unwrap_or_default(),
-            cluster_id: get(meta, "CLUSTER_ID").unwrap_or_default(),
-            interception_mode: get(meta, "INTERCEPTION_MODE").unwrap_or_else(|| "REDIRECT".into()),
-            dns_capture: flag("DNS_CAPTURE"),
-            dns_auto_allocate: flag("DNS_AUTO_ALLOCATE"),
+            service_account: meta.service_account.filter(|s| !s.is_empty()),
+            labels: meta.labels.unwrap_or_default(),
+            istio_version: meta.istio_version.unwrap_or_default(),
+            cluster_id: meta.cluster_id.unwrap_or_default(),
+            interception_mode: meta.interception_mode.unwrap_or_default(),
+            dns_capture: meta.dns_capture.unwrap_or_default(),
+            dns_auto_allocate: meta.dns_auto_allocate.unwrap_or_default(),
         })
     }
 
@@ -150,6 +130,7 @@ impl Proxy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proto::pb::google::protobuf::{Struct, Value, value::Kind};
 
     fn node(id: &str, meta: &[(&str, &str)]) -> Node {
         Node {
@@ -189,6 +170,59 @@ mod tests {
             Proxy::from_node(&node("", &[]))
                 .unwrap_err()
                 .contains("missing node information")
+        );
+    }
+
+    #[test]
+    fn metadata_read_typed_and_leniently() {
+        let id = "router~10.0.0.1~gw.ns~ns.svc.cluster.local";
+        let p = Proxy::from_node(&node(
+            id,
+            &[
+                ("INTERCEPTION_MODE", "TPROXY"),
+                ("DNS_CAPTURE", "true"),
+                ("DNS_AUTO_ALLOCATE", "yes"),
+                ("ISTIO_VERSION", "1.28"),
+                ("CLUSTER_ID", "Kubernetes"),
+                ("INSTANCE_IPS", " 10.0.0.1 ,,fd00::1"),
+                ("ENVOY_STATUS_PORT", "not a port"),
+            ],
+        ))
+        .unwrap();
+        assert_eq!(p.proxy_type, ProxyType::Router);
+        assert_eq!(p.interception_mode, InterceptionMode::Tproxy);
+        assert!(p.dns_capture);
+        assert!(!p.dns_auto_allocate, "only true/false are booleans");
+        assert_eq!(
+            (p.istio_version.as_str(), p.cluster_id.as_str()),
+            ("1.28", "Kubernetes")
+        );
+        assert_eq!(p.ips, ["10.0.0.1", "fd00::1"]);
+        // Unknown or missing modes are REDIRECT, as in Istio.
+        for mode in [&[("INTERCEPTION_MODE", "SOMETHING")][..], &[]] {
+            let p = Proxy::from_node(&node(id, mode)).unwrap();
+            assert_eq!(p.interception_mode, InterceptionMode::Redirect);
+        }
+        // What the agent writes, read back through the protobuf Struct.
+        let meta = NodeMetadata {
+            namespace: Some("ns".into()),
+            labels: Some(BTreeMap::from([("app".into(), "gw".into())])),
+            dns_capture: Some(true),
+            envoy_status_port: Some(15021),
+            ..Default::default()
+        };
+        let p = Proxy::from_node(&Node {
+            id: id.into(),
+            metadata: Some(meta.to_struct()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(p.labels["app"], "gw");
+        assert!(p.dns_capture);
+        assert!(
+            Proxy::from_node(&node("gateway~1.1.1.1~a.ns~ns.svc", &[]))
+                .unwrap_err()
+                .contains("invalid node type")
         );
     }
 

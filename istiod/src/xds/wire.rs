@@ -227,7 +227,7 @@ mod tests {
                 Arc::new(Resource::new(
                     format!("outbound|80||svc-{i}.ns.svc.cluster.local"),
                     Any {
-                        type_url: "type.googleapis.com/envoy.config.cluster.v3.Cluster".into(),
+                        type_url: crate::xds::CLUSTER_TYPE.into(),
                         value: vec![i as u8; size],
                     },
                 ))

@@ -128,7 +128,7 @@ pub fn ctx(extra: &str) -> IstioContext {
 /// A sidecar in `demo` with these IPs and labels.
 pub fn proxy(ips: &[&str], labels: &[(&str, &str)]) -> Proxy {
     Proxy {
-        proxy_type: "sidecar".into(),
+        proxy_type: common::ProxyType::Sidecar,
         ip: ips[0].into(),
         ips: ips.iter().map(|s| s.to_string()).collect(),
         id: "pod.demo".into(),
@@ -139,7 +139,7 @@ pub fn proxy(ips: &[&str], labels: &[(&str, &str)]) -> Proxy {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
-        interception_mode: "REDIRECT".into(),
+        interception_mode: common::InterceptionMode::Redirect,
         ..Default::default()
     }
 }

@@ -28,7 +28,7 @@ fn cluster(extra: &str, name: &str) -> Cluster {
     );
     let ctx = IstioContext::new("t/1".into(), &store.snapshot(), &RegistryOptions::default());
     let proxy = Proxy {
-        proxy_type: "sidecar".into(),
+        proxy_type: common::ProxyType::Sidecar,
         ip: "198.18.0.2".into(),
         ips: vec!["198.18.0.2".into()],
         namespace: "demo".into(),

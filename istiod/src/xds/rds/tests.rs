@@ -39,11 +39,11 @@ spec:
 
 fn sleep() -> Proxy {
     Proxy {
-        proxy_type: "sidecar".into(),
+        proxy_type: common::ProxyType::Sidecar,
         ip: "198.18.0.2".into(),
         ips: vec!["198.18.0.2".into()],
         namespace: "demo".into(),
-        interception_mode: "REDIRECT".into(),
+        interception_mode: common::InterceptionMode::Redirect,
         ..Default::default()
     }
 }
