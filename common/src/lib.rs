@@ -8,6 +8,8 @@ pub mod env;
 pub mod identity;
 pub mod log;
 pub mod pki;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tls;
 
 pub use identity::Identity;
