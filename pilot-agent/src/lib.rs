@@ -13,6 +13,8 @@ pub mod proxy_config;
 pub mod sds;
 pub mod secret_manager;
 pub mod status;
+#[cfg(test)]
+mod test_support;
 pub mod xds_proxy;
 
 /// The agent's version.
