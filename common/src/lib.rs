@@ -12,6 +12,8 @@ pub mod log;
 pub mod model;
 pub mod node_metadata;
 pub mod pki;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tls;
 pub mod xds;
 

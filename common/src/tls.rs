@@ -84,7 +84,8 @@ pub fn grpc_client_config(
 }
 
 /// Produces the TLS client config for each new connection, so a root or client
-/// certificate that changed on disk is picked up on reconnect.
+/// certificate that changed on disk is picked up on reconnect. It may block
+/// (it reads files): [`grpc_channel`] calls it on the blocking pool.
 pub type ClientConfigSource = Arc<dyn Fn() -> Result<Arc<ClientConfig>, TlsError> + Send + Sync>;
 
 /// A lazily connecting gRPC channel to `addr` (`host:port`). With `tls`, the
@@ -113,7 +114,11 @@ pub fn grpc_channel(
         let server_name = server_name.clone();
         let target = target.clone();
         async move {
-            let config = source().map_err(io::Error::other)?;
+            // The source reads root and key files: off the async workers.
+            let config = tokio::task::spawn_blocking(move || source())
+                .await
+                .map_err(io::Error::other)?
+                .map_err(io::Error::other)?;
             let tcp =
                 tokio::time::timeout(connect_timeout, tokio::net::TcpStream::connect(&target))
                     .await

@@ -1,15 +1,18 @@
 //! Fetching JSON Web Key Sets: the one HTTP(S) fetch both the CA's
-//! `JWT_RULE` authenticator and RequestAuthentication's resolver use, and
-//! the resolver itself ([`resolver`], Istio's `JwksResolver` with
+//! `JWT_RULE` authenticator and RequestAuthentication's resolver use, the
+//! CA's on-demand key cache ([`cache`]), and the resolver itself
+//! ([`resolver`], Istio's `JwksResolver` with
 //! `PILOT_JWT_ENABLE_REMOTE_JWKS=false`: istiod fetches `jwksUri` and the
-//! generators inline the keys).
+//! generators inline the keys). Neither holds a lock across a fetch.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+pub mod cache;
 pub mod resolver;
 
+pub use cache::KeySetCache;
 pub use resolver::JwksResolver;
 
 /// Why a JWKS (or an OpenID discovery document) could not be fetched.

@@ -61,6 +61,11 @@ pub struct CaClient {
 impl CaClient {
     /// A client for the CA named in `config`. Connects lazily.
     pub fn new(config: &Config) -> Result<Self, CaClientError> {
+        Self::with_channel(config, Self::channel(config)?)
+    }
+
+    /// The TLS channel (plaintext for `:15010`) to the CA in `config`.
+    fn channel(config: &Config) -> Result<Channel, CaClientError> {
         let tls = match &config.ca_root_path {
             None => None,
             Some(root) => {
@@ -82,8 +87,13 @@ impl CaClient {
                 Some((source, name))
             }
         };
-        let channel = common::tls::grpc_channel(&config.ca_addr, tls, Duration::from_secs(5))
-            .map_err(|e| CaClientError::Setup(e.to_string()))?;
+        common::tls::grpc_channel(&config.ca_addr, tls, Duration::from_secs(5))
+            .map_err(|e| CaClientError::Setup(e.to_string()))
+    }
+
+    /// A client calling over `channel` with `config`'s token, headers and
+    /// certificate settings (tests pass an in-memory channel).
+    pub fn with_channel(config: &Config, channel: Channel) -> Result<Self, CaClientError> {
         let mut headers = Vec::new();
         let mut push = |k: &str, v: &str| -> Result<(), CaClientError> {
             let key = MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
@@ -109,8 +119,10 @@ impl CaClient {
         })
     }
 
-    fn token(&self) -> Option<String> {
-        match std::fs::read_to_string(&self.token_path) {
+    /// The projected token, read again for every CSR (kubelet rotates it)
+    /// off the async workers.
+    async fn token(&self) -> Option<String> {
+        match tokio::fs::read_to_string(&self.token_path).await {
             Ok(t) if !t.trim().is_empty() => Some(t.trim().to_string()),
             Ok(_) => None,
             Err(e) => {
@@ -142,7 +154,7 @@ impl CaClient {
         for (k, v) in &self.headers {
             request.metadata_mut().insert(k.clone(), v.clone());
         }
-        if let Some(token) = self.token()
+        if let Some(token) = self.token().await
             && let Ok(v) = AsciiMetadataValue::try_from(format!("Bearer {token}"))
         {
             request.metadata_mut().insert("authorization", v);
@@ -162,3 +174,6 @@ impl CaClient {
         Ok(response.cert_chain)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -16,6 +16,8 @@ pub mod proxy_config;
 pub mod sds;
 pub mod secret_manager;
 pub mod status;
+#[cfg(test)]
+mod test_support;
 pub mod xds_proxy;
 
 /// The agent's version.

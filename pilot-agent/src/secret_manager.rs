@@ -137,17 +137,25 @@ async fn fetch_from_ca(client: &CaClient, config: &Config) -> Result<WorkloadSec
     secret_from_pems(cert_chain_pem, key_pem, root_pem)
 }
 
-fn read(path: &Path) -> Result<String, SecretError> {
-    std::fs::read_to_string(path).map_err(|source| SecretError::Io {
-        path: path.display().to_string(),
-        source,
-    })
+/// Reads a certificate or key file without blocking the async workers (the
+/// files are polled every half second).
+async fn read(path: &Path) -> Result<String, SecretError> {
+    tokio::fs::read_to_string(path)
+        .await
+        .map_err(|source| SecretError::Io {
+            path: path.display().to_string(),
+            source,
+        })
 }
 
-fn load_files(cert_chain: &Path, key: &Path, root: &Path) -> Result<WorkloadSecret, SecretError> {
-    let key_pem = read(key)?;
+async fn load_files(
+    cert_chain: &Path,
+    key: &Path,
+    root: &Path,
+) -> Result<WorkloadSecret, SecretError> {
+    let key_pem = read(key).await?;
     pki::key_from_pem(&key.display().to_string(), &key_pem)?;
-    secret_from_pems(read(cert_chain)?, key_pem, read(root)?)
+    secret_from_pems(read(cert_chain).await?, key_pem, read(root).await?)
 }
 
 /// Writes the secret to `OUTPUT_CERTS` atomically, only when changed.
@@ -215,15 +223,26 @@ impl SecretManager {
     }
 }
 
-fn publish(
+async fn publish(
     tx: &watch::Sender<Option<Arc<WorkloadSecret>>>,
     secret: WorkloadSecret,
     config: &Config,
 ) {
-    if let Some(dir) = &config.output_certs
-        && let Err(e) = write_output(dir, &secret, config.output_mode)
-    {
-        tracing::warn!(target: "cache", "cannot write certificates to {}: {e}", dir.display());
+    let secret = Arc::new(secret);
+    if let Some(dir) = &config.output_certs {
+        // File writes and fsyncs: on the blocking pool.
+        let (dir, written, mode) = (dir.clone(), secret.clone(), config.output_mode);
+        let result = tokio::task::spawn_blocking(move || {
+            write_output(&dir, &written, mode).map_err(|e| (dir, e))
+        })
+        .await;
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err((dir, e))) => {
+                tracing::warn!(target: "cache", "cannot write certificates to {}: {e}", dir.display())
+            }
+            Err(e) => tracing::warn!(target: "cache", "writing certificates: {e}"),
+        }
     }
     let root_changed = tx
         .borrow()
@@ -232,7 +251,7 @@ fn publish(
     if root_changed {
         tracing::info!(target: "cache", "root certificate updated");
     }
-    tx.send_replace(Some(Arc::new(secret)));
+    tx.send_replace(Some(secret));
 }
 
 async fn run_ca(
@@ -260,7 +279,7 @@ async fn run_ca(
                     common::duration::format(secret.expires.duration_since(SystemTime::now()).unwrap_or_default()),
                     common::duration::format(delay),
                 );
-                publish(&tx, secret, &config);
+                publish(&tx, secret, &config).await;
                 if tx.is_closed() {
                     return;
                 }
@@ -310,7 +329,7 @@ async fn run_files(
             return;
         }
         // The key alone changing does not push, as in Istio (only the cert and root are watched).
-        let current = match (read(&cert_chain), read(&root)) {
+        let current = match (read(&cert_chain).await, read(&root).await) {
             (Ok(c), Ok(r)) => (c, r),
             (Err(e), _) | (_, Err(e)) => {
                 if last.is_none() {
@@ -323,12 +342,12 @@ async fn run_files(
         if last.as_ref() == Some(&current) {
             continue;
         }
-        match load_files(&cert_chain, &key, &root) {
+        match load_files(&cert_chain, &key, &root).await {
             Ok(secret) => {
                 tracing::info!(target: "cache", "loaded workload certificate from {} serial={}", cert_chain.display(), secret.serial);
                 last = Some(current);
                 backoff.reset();
-                publish(&tx, secret, &config);
+                publish(&tx, secret, &config).await;
             }
             Err(e) => {
                 tracing::warn!(target: "cache", "{e}; keeping the previous certificate");
@@ -380,6 +399,149 @@ mod tests {
         for _ in 0..1000 {
             let d = rotation_delay(c, e, 0.5, 0.01, at(0)).as_secs_f64();
             assert!((1800.0 - 36.0..=1800.0 + 36.0).contains(&d), "{d}");
+        }
+    }
+
+    mod rotation {
+        //! The CA loop against the fake CA over an in-memory channel, with
+        //! tokio's clock paused: hours of certificate life in milliseconds.
+
+        use std::time::Duration;
+
+        use common::testing::Transport;
+        use common::testing::ca::FakeCa;
+        use tokio::time::{Instant, sleep_until};
+
+        use super::*;
+
+        const HOUR: Duration = Duration::from_secs(3600);
+
+        struct Rotating {
+            ca: FakeCa,
+            rx: SecretWatch,
+            /// When the first certificate was published.
+            start: Instant,
+            task: tokio::task::JoinHandle<()>,
+            dir: tempfile::TempDir,
+        }
+
+        /// Runs the CA loop for one-hour certificates rotating at `ratio`
+        /// (± `jitter`) and waits for the first one.
+        async fn rotating(ratio: f64, jitter: f64) -> Rotating {
+            let ca = FakeCa::start(Transport::Plaintext).await.unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let token = dir.path().join("istio-token");
+            std::fs::write(&token, "token").unwrap();
+            let out = dir.path().join("out");
+            let config = crate::test_support::config(|c| {
+                c.secret_ttl = HOUR;
+                c.grace_period_ratio = ratio;
+                c.grace_period_ratio_jitter = jitter;
+                c.key_type = KeyType::EcdsaP256;
+                c.token_path = token;
+                c.output_certs = Some(out);
+            });
+            let client = CaClient::with_channel(&config, ca.in_memory_channel()).unwrap();
+            let (tx, mut rx) = watch::channel(None);
+            let task = tokio::spawn(run_ca(client, config, tx));
+            rx.wait_for(Option::is_some).await.unwrap();
+            Rotating {
+                ca,
+                rx,
+                start: Instant::now(),
+                task,
+                dir,
+            }
+        }
+
+        impl Rotating {
+            /// The CSRs the CA has seen at `at` after the first certificate.
+            async fn calls_at(&self, at: Duration) -> usize {
+                sleep_until(self.start + at).await;
+                self.ca.calls()
+            }
+
+            fn serial(&self) -> String {
+                self.rx.borrow().as_ref().unwrap().serial.clone()
+            }
+        }
+
+        impl Drop for Rotating {
+            fn drop(&mut self) {
+                self.task.abort();
+            }
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn the_certificate_is_renewed_when_the_grace_period_ratio_of_its_life_remains() {
+            let r = rotating(0.5, 0.0).await;
+            assert_eq!(r.ca.calls(), 1);
+            let first = r.serial();
+            // Half of an hour: renewed at 30 minutes, then every 30 minutes.
+            let s = Duration::from_secs;
+            assert_eq!(r.calls_at(s(1790)).await, 1);
+            assert_eq!(r.serial(), first);
+            assert_eq!(r.calls_at(s(1810)).await, 2);
+            let second = r.serial();
+            assert_ne!(second, first, "the renewed certificate is published");
+            assert_eq!(r.calls_at(s(3590)).await, 2);
+            assert_eq!(r.calls_at(s(3610)).await, 3);
+            assert_ne!(r.serial(), second);
+            // OUTPUT_CERTS follows each renewal.
+            let written = std::fs::read_to_string(r.dir.path().join("out/cert-chain.pem")).unwrap();
+            assert_eq!(written, r.rx.borrow().as_ref().unwrap().cert_chain_pem);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_lower_ratio_renews_later() {
+            // Renew when a quarter of the life remains: at 45 minutes.
+            let r = rotating(0.25, 0.0).await;
+            let s = Duration::from_secs;
+            assert_eq!(r.calls_at(s(2690)).await, 1);
+            assert_eq!(r.calls_at(s(2710)).await, 2);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn jitter_moves_the_renewal_within_its_bounds() {
+            // Istio's default jitter, 0.01 of the ratio: 30 minutes ± 36 s.
+            let r = rotating(0.5, 0.01).await;
+            let s = Duration::from_secs;
+            assert_eq!(r.calls_at(s(1800 - 37)).await, 1);
+            assert_eq!(r.calls_at(s(1800 + 37)).await, 2);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_failed_renewal_keeps_the_certificate_and_retries_with_backoff() {
+            let r = rotating(0.5, 0.0).await;
+            let first = r.serial();
+            r.ca.fail_next(2, tonic::Code::Unavailable, "istiod is restarting");
+            let s = Duration::from_secs;
+            assert_eq!(r.calls_at(s(1799)).await, 1);
+            // The renewal (due between 1799.5 s and 1800 s: the expiry is
+            // whole seconds) fails twice, retried after Istio's backoff
+            // (0.5 s, then 0.75 s, each ± 50 %): the third attempt comes
+            // between 0.625 s and 1.875 s after the first.
+            let calls = r.calls_at(Duration::from_millis(1_800_100)).await;
+            assert!((2..=3).contains(&calls), "{calls} CSRs");
+            assert_eq!(r.serial(), first, "the current certificate is kept");
+            assert_eq!(r.calls_at(s(1802)).await, 4);
+            assert_ne!(r.serial(), first);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_new_root_from_the_ca_is_published_at_the_next_renewal() {
+            let r = rotating(0.5, 0.0).await;
+            let old_root = r.ca.root_pem();
+            assert_eq!(r.rx.borrow().as_ref().unwrap().root_pem, old_root);
+            let new_root = r.ca.rotate_root().unwrap();
+            // Nothing changes before the renewal...
+            assert_eq!(r.calls_at(Duration::from_secs(1790)).await, 1);
+            assert_eq!(r.rx.borrow().as_ref().unwrap().root_pem, old_root);
+            // ...and the renewed secret carries the new root as its bundle.
+            assert_eq!(r.calls_at(Duration::from_secs(1810)).await, 2);
+            assert_eq!(r.rx.borrow().as_ref().unwrap().root_pem, new_root);
+            let written = std::fs::read_to_string(r.dir.path().join("out/root-cert.pem")).unwrap();
+            assert_eq!(written, new_root);
         }
     }
 

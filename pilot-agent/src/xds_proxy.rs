@@ -6,13 +6,16 @@
 //! unbounded queue, so a slow upstream never loses or reorders them. istiod's
 //! DNS name table (NDS) is taken by the agent; only Envoy's types go to Envoy.
 //! When a stream fails, the error goes to Envoy, which reconnects with its own
-//! backoff while keeping its configuration.
+//! backoff while keeping its configuration; when Envoy leaves, the upstream
+//! stream and its connection close at once, not at istiod's next push.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
+use proto::pb::envoy::config::core::v3::Node;
 use proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
@@ -21,8 +24,9 @@ use proto::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
 use proto::pb::google::protobuf::Any;
+use proto::pb::google::rpc::Status as RpcStatus;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tonic::metadata::{AsciiMetadataValue, MetadataKey};
 use tonic::transport::Channel;
@@ -117,7 +121,17 @@ impl XdsProxy {
         Ok((client, with_cert))
     }
 
-    fn decorate<T>(&self, req: &mut Request<T>, with_cert: bool) {
+    /// Istio's outgoing metadata: `ClusterID`, `XDS_HEADER_*`, and the token
+    /// (re-read for every stream, off the async workers) until the workload
+    /// certificate authenticates instead.
+    async fn decorate<T>(&self, req: &mut Request<T>, with_cert: bool) {
+        let token = if with_cert {
+            None
+        } else {
+            tokio::fs::read_to_string(&self.config.token_path)
+                .await
+                .ok()
+        };
         let md = req.metadata_mut();
         let mut put = |k: &str, v: &str| {
             if let (Ok(k), Ok(v)) = (
@@ -133,8 +147,7 @@ impl XdsProxy {
         for (k, v) in &self.config.xds_headers {
             put(k, v);
         }
-        if !with_cert
-            && let Ok(token) = std::fs::read_to_string(&self.config.token_path)
+        if let Some(token) = token
             && !token.trim().is_empty()
         {
             put("authorization", &format!("Bearer {}", token.trim()));
@@ -151,6 +164,274 @@ impl XdsProxy {
 
 type Out<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
+/// What differs between state-of-the-world and delta streams; the proxying
+/// itself ([`XdsProxy::proxy`]) is the same for both, as Istio's
+/// `xds_proxy.go` and `xds_proxy_delta.go` mirror each other.
+trait Flavor: Send + 'static {
+    /// Envoy's request.
+    type Req: Send + 'static;
+    /// istiod's response.
+    type Resp: Send + 'static;
+    /// "delta " or "", for logs.
+    const LABEL: &'static str;
+
+    fn req_type_url(req: &Self::Req) -> &str;
+    fn req_node(req: &Self::Req) -> Option<Node>;
+    /// The agent's own NDS subscription.
+    fn nds_request(node: Option<Node>) -> Self::Req;
+    fn resp_type_url(resp: &Self::Resp) -> &str;
+    /// The name tables an NDS response carries.
+    fn tables(resp: &Self::Resp) -> Vec<Any>;
+    /// The agent's ACK (no error) or NACK of an NDS response.
+    fn ack(resp: &Self::Resp, error: Option<RpcStatus>) -> Self::Req;
+    /// Opens the upstream stream.
+    fn open(
+        client: AggregatedDiscoveryServiceClient<Channel>,
+        requests: Request<UnboundedReceiverStream<Self::Req>>,
+    ) -> impl Future<Output = Result<Response<Streaming<Self::Resp>>, Status>> + Send;
+}
+
+/// `StreamAggregatedResources`.
+struct Sotw;
+
+impl Flavor for Sotw {
+    type Req = DiscoveryRequest;
+    type Resp = DiscoveryResponse;
+    const LABEL: &'static str = "";
+
+    fn req_type_url(req: &DiscoveryRequest) -> &str {
+        &req.type_url
+    }
+
+    fn req_node(req: &DiscoveryRequest) -> Option<Node> {
+        req.node.clone()
+    }
+
+    fn nds_request(node: Option<Node>) -> DiscoveryRequest {
+        DiscoveryRequest {
+            type_url: NAME_TABLE_TYPE.into(),
+            node,
+            ..Default::default()
+        }
+    }
+
+    fn resp_type_url(resp: &DiscoveryResponse) -> &str {
+        &resp.type_url
+    }
+
+    fn tables(resp: &DiscoveryResponse) -> Vec<Any> {
+        resp.resources.clone()
+    }
+
+    fn ack(resp: &DiscoveryResponse, error: Option<RpcStatus>) -> DiscoveryRequest {
+        // As Istio: a NACK carries no version.
+        let version_info = match error {
+            None => resp.version_info.clone(),
+            Some(_) => String::new(),
+        };
+        DiscoveryRequest {
+            type_url: resp.type_url.clone(),
+            version_info,
+            response_nonce: resp.nonce.clone(),
+            error_detail: error,
+            ..Default::default()
+        }
+    }
+
+    async fn open(
+        mut client: AggregatedDiscoveryServiceClient<Channel>,
+        requests: Request<UnboundedReceiverStream<DiscoveryRequest>>,
+    ) -> Result<Response<Streaming<DiscoveryResponse>>, Status> {
+        client.stream_aggregated_resources(requests).await
+    }
+}
+
+/// `DeltaAggregatedResources`.
+struct Delta;
+
+impl Flavor for Delta {
+    type Req = DeltaDiscoveryRequest;
+    type Resp = DeltaDiscoveryResponse;
+    const LABEL: &'static str = "delta ";
+
+    fn req_type_url(req: &DeltaDiscoveryRequest) -> &str {
+        &req.type_url
+    }
+
+    fn req_node(req: &DeltaDiscoveryRequest) -> Option<Node> {
+        req.node.clone()
+    }
+
+    fn nds_request(node: Option<Node>) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            type_url: NAME_TABLE_TYPE.into(),
+            node,
+            ..Default::default()
+        }
+    }
+
+    fn resp_type_url(resp: &DeltaDiscoveryResponse) -> &str {
+        &resp.type_url
+    }
+
+    fn tables(resp: &DeltaDiscoveryResponse) -> Vec<Any> {
+        resp.resources
+            .iter()
+            .filter_map(|r| r.resource.clone())
+            .collect()
+    }
+
+    fn ack(resp: &DeltaDiscoveryResponse, error: Option<RpcStatus>) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            type_url: resp.type_url.clone(),
+            response_nonce: resp.nonce.clone(),
+            error_detail: error,
+            ..Default::default()
+        }
+    }
+
+    async fn open(
+        mut client: AggregatedDiscoveryServiceClient<Channel>,
+        requests: Request<UnboundedReceiverStream<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Streaming<DeltaDiscoveryResponse>>, Status> {
+        client.delta_aggregated_resources(requests).await
+    }
+}
+
+impl XdsProxy {
+    /// Proxies one Envoy stream over a fresh upstream stream. Either side
+    /// ending ends both, as Istio's `handleUpstream` returns on the first of
+    /// the upstream and downstream errors: an upstream end is passed to
+    /// Envoy (which reconnects with its own backoff), and Envoy leaving
+    /// closes the upstream stream and its connection at once.
+    async fn proxy<F: Flavor>(
+        &self,
+        request: Request<Streaming<F::Req>>,
+    ) -> Result<Response<Out<F::Resp>>, Status> {
+        let (client, with_cert) = self.upstream()?;
+        let inbound = request.into_inner();
+        let (up_tx, up_rx) = mpsc::unbounded_channel::<F::Req>();
+        // Dropped by the reader when Envoy's requests end, and by the
+        // responder when the proxied stream ends: each side waits on the other.
+        let (envoy_gone, envoy_gone_rx) = oneshot::channel::<()>();
+        let (proxy_done, proxy_done_rx) = oneshot::channel::<()>();
+        tokio::spawn(read_envoy::<F>(
+            inbound,
+            up_tx.clone(),
+            self.nds.is_some(),
+            envoy_gone,
+            proxy_done_rx,
+        ));
+        let mut upstream = Request::new(UnboundedReceiverStream::new(up_rx));
+        self.decorate(&mut upstream, with_cert).await;
+        let responses = F::open(client, upstream)
+            .await
+            .inspect_err(|s| {
+                tracing::warn!(target: "xdsproxy", "upstream {}xDS stream to {} failed: {}", F::LABEL, self.config.discovery_address, s.message());
+            })?
+            .into_inner();
+        tracing::info!(target: "xdsproxy", "connected to {}upstream XDS server: {}", F::LABEL, self.config.discovery_address);
+        let (tx, rx) = mpsc::channel(1);
+        tokio::spawn(self.clone().forward_responses::<F>(
+            responses,
+            up_tx,
+            tx,
+            envoy_gone_rx,
+            proxy_done,
+        ));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    /// istiod's responses to Envoy, in order, NDS to the agent's handler,
+    /// until either side ends. Returning drops the upstream stream, its
+    /// request queue and (with them) its connection.
+    async fn forward_responses<F: Flavor>(
+        self,
+        mut responses: Streaming<F::Resp>,
+        up_tx: mpsc::UnboundedSender<F::Req>,
+        tx: mpsc::Sender<Result<F::Resp, Status>>,
+        mut envoy_gone: oneshot::Receiver<()>,
+        _done: oneshot::Sender<()>,
+    ) {
+        loop {
+            let next = tokio::select! {
+                _ = &mut envoy_gone => {
+                    tracing::debug!(target: "xdsproxy", "Envoy closed its {}xDS stream; closing the upstream stream", F::LABEL);
+                    return;
+                }
+                () = tx.closed() => {
+                    tracing::debug!(target: "xdsproxy", "Envoy's {}xDS stream is gone; closing the upstream stream", F::LABEL);
+                    return;
+                }
+                next = responses.message() => next,
+            };
+            match next {
+                Ok(Some(resp)) if F::resp_type_url(&resp) == NAME_TABLE_TYPE => {
+                    let tables = F::tables(&resp);
+                    if tables.is_empty() {
+                        continue;
+                    }
+                    let error = self.handle_nds(&tables).err().map(|e| RpcStatus {
+                        code: 13,
+                        message: e,
+                        details: vec![],
+                    });
+                    let _ = up_tx.send(F::ack(&resp, error));
+                }
+                Ok(Some(resp)) if forwardable(F::resp_type_url(&resp)) => {
+                    if tx.send(Ok(resp)).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(Some(resp)) => {
+                    tracing::debug!(target: "xdsproxy", "dropping response of type {}", F::resp_type_url(&resp))
+                }
+                Ok(None) => return,
+                Err(status) => {
+                    tracing::info!(target: "xdsproxy", "upstream terminated: {}", status.message());
+                    let _ = tx.send(Err(status)).await;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Envoy's requests, in order, onto the unbounded upstream queue whatever
+/// the upstream's speed (istio#39209); the first LDS request brings the
+/// agent's NDS subscription after it. Ends when Envoy's requests end (then
+/// dropping `_envoy_gone` tells the responder) or the proxied stream ends.
+async fn read_envoy<F: Flavor>(
+    mut inbound: Streaming<F::Req>,
+    up_tx: mpsc::UnboundedSender<F::Req>,
+    dns: bool,
+    _envoy_gone: oneshot::Sender<()>,
+    mut proxy_done: oneshot::Receiver<()>,
+) {
+    let mut lds_seen = false;
+    loop {
+        let req = tokio::select! {
+            _ = &mut proxy_done => return,
+            msg = inbound.message() => match msg {
+                Ok(Some(req)) => req,
+                // EOF or an error: Istio ends the proxied stream either way.
+                Ok(None) | Err(_) => return,
+            },
+        };
+        let first_lds = F::req_type_url(&req) == LISTENER_TYPE && !lds_seen;
+        let node = F::req_node(&req);
+        if up_tx.send(req).is_err() {
+            return;
+        }
+        if first_lds {
+            lds_seen = true;
+            if dns {
+                let _ = up_tx.send(F::nds_request(node));
+            }
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl AggregatedDiscoveryService for XdsProxy {
     type StreamAggregatedResourcesStream = Out<DiscoveryResponse>;
@@ -160,175 +441,16 @@ impl AggregatedDiscoveryService for XdsProxy {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        let (mut client, with_cert) = self.upstream()?;
-        let mut inbound = request.into_inner();
-        let (up_tx, up_rx) = mpsc::unbounded_channel::<DiscoveryRequest>();
-        let dns = self.nds.is_some();
-        let reader_tx = up_tx.clone();
-        // Envoy's requests, in order, whatever the upstream's speed.
-        tokio::spawn(async move {
-            let mut lds_seen = false;
-            while let Ok(Some(req)) = inbound.message().await {
-                let first_lds = req.type_url == LISTENER_TYPE && !lds_seen;
-                let node = req.node.clone();
-                if reader_tx.send(req).is_err() {
-                    break;
-                }
-                if first_lds {
-                    lds_seen = true;
-                    if dns {
-                        let _ = reader_tx.send(DiscoveryRequest {
-                            type_url: NAME_TABLE_TYPE.into(),
-                            node,
-                            ..Default::default()
-                        });
-                    }
-                }
-            }
-        });
-        let mut upstream = Request::new(UnboundedReceiverStream::new(up_rx));
-        self.decorate(&mut upstream, with_cert);
-        let mut responses = client
-            .stream_aggregated_resources(upstream)
-            .await
-            .inspect_err(|s| {
-                tracing::warn!(target: "xdsproxy", "upstream xDS stream to {} failed: {}", self.config.discovery_address, s.message());
-            })?
-            .into_inner();
-        tracing::info!(target: "xdsproxy", "connected to upstream XDS server: {}", self.config.discovery_address);
-        let (tx, rx) = mpsc::channel(1);
-        let this = self.clone();
-        tokio::spawn(async move {
-            loop {
-                match responses.message().await {
-                    Ok(Some(resp)) if resp.type_url == NAME_TABLE_TYPE => {
-                        if resp.resources.is_empty() {
-                            continue;
-                        }
-                        let ack = match this.handle_nds(&resp.resources) {
-                            Ok(()) => DiscoveryRequest {
-                                type_url: resp.type_url.clone(),
-                                version_info: resp.version_info.clone(),
-                                response_nonce: resp.nonce.clone(),
-                                ..Default::default()
-                            },
-                            Err(e) => DiscoveryRequest {
-                                type_url: resp.type_url.clone(),
-                                response_nonce: resp.nonce.clone(),
-                                error_detail: Some(proto::pb::google::rpc::Status {
-                                    code: 13,
-                                    message: e,
-                                    details: vec![],
-                                }),
-                                ..Default::default()
-                            },
-                        };
-                        let _ = up_tx.send(ack);
-                    }
-                    Ok(Some(resp)) if forwardable(&resp.type_url) => {
-                        if tx.send(Ok(resp)).await.is_err() {
-                            break;
-                        }
-                    }
-                    Ok(Some(resp)) => {
-                        tracing::debug!(target: "xdsproxy", "dropping response of type {}", resp.type_url)
-                    }
-                    Ok(None) => break,
-                    Err(status) => {
-                        tracing::info!(target: "xdsproxy", "upstream terminated: {}", status.message());
-                        let _ = tx.send(Err(status)).await;
-                        break;
-                    }
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        self.proxy::<Sotw>(request).await
     }
 
     async fn delta_aggregated_resources(
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        let (mut client, with_cert) = self.upstream()?;
-        let mut inbound = request.into_inner();
-        let (up_tx, up_rx) = mpsc::unbounded_channel::<DeltaDiscoveryRequest>();
-        let dns = self.nds.is_some();
-        let reader_tx = up_tx.clone();
-        tokio::spawn(async move {
-            let mut lds_seen = false;
-            while let Ok(Some(req)) = inbound.message().await {
-                let first_lds = req.type_url == LISTENER_TYPE && !lds_seen;
-                let node = req.node.clone();
-                if reader_tx.send(req).is_err() {
-                    break;
-                }
-                if first_lds {
-                    lds_seen = true;
-                    if dns {
-                        let _ = reader_tx.send(DeltaDiscoveryRequest {
-                            type_url: NAME_TABLE_TYPE.into(),
-                            node,
-                            ..Default::default()
-                        });
-                    }
-                }
-            }
-        });
-        let mut upstream = Request::new(UnboundedReceiverStream::new(up_rx));
-        self.decorate(&mut upstream, with_cert);
-        let mut responses = client
-            .delta_aggregated_resources(upstream)
-            .await
-            .inspect_err(|s| {
-                tracing::warn!(target: "xdsproxy", "upstream delta xDS stream to {} failed: {}", self.config.discovery_address, s.message());
-            })?
-            .into_inner();
-        tracing::info!(target: "xdsproxy", "connected to delta upstream XDS server: {}", self.config.discovery_address);
-        let (tx, rx) = mpsc::channel(1);
-        let this = self.clone();
-        tokio::spawn(async move {
-            loop {
-                match responses.message().await {
-                    Ok(Some(resp)) if resp.type_url == NAME_TABLE_TYPE => {
-                        let tables: Vec<Any> = resp
-                            .resources
-                            .iter()
-                            .filter_map(|r| r.resource.clone())
-                            .collect();
-                        if tables.is_empty() {
-                            continue;
-                        }
-                        let error_detail = this.handle_nds(&tables).err().map(|e| {
-                            proto::pb::google::rpc::Status {
-                                code: 13,
-                                message: e,
-                                details: vec![],
-                            }
-                        });
-                        let _ = up_tx.send(DeltaDiscoveryRequest {
-                            type_url: resp.type_url.clone(),
-                            response_nonce: resp.nonce.clone(),
-                            error_detail,
-                            ..Default::default()
-                        });
-                    }
-                    Ok(Some(resp)) if forwardable(&resp.type_url) => {
-                        if tx.send(Ok(resp)).await.is_err() {
-                            break;
-                        }
-                    }
-                    Ok(Some(resp)) => {
-                        tracing::debug!(target: "xdsproxy", "dropping response of type {}", resp.type_url)
-                    }
-                    Ok(None) => break,
-                    Err(status) => {
-                        tracing::info!(target: "xdsproxy", "upstream terminated: {}", status.message());
-                        let _ = tx.send(Err(status)).await;
-                        break;
-                    }
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        self.proxy::<Delta>(request).await
     }
 }
+
+#[cfg(test)]
+mod tests;

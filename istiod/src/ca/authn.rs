@@ -4,16 +4,15 @@
 //! ([`super::kube_jwt`]). The caller's identity is what the CA signs for.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Identity, pki};
-use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use rustls_pki_types::CertificateDer;
-use tokio::sync::Mutex;
 use tonic::metadata::MetadataMap;
 
 use super::kube_jwt::KubeJwtAuthenticator;
+use crate::jwks::KeySetCache;
 
 /// Istio's default audience for workload tokens (`TOKEN_AUDIENCES`).
 pub const DEFAULT_AUDIENCE: &str = "istio-ca";
@@ -81,17 +80,13 @@ struct Claims {
     sub: String,
 }
 
-struct KeyCache {
-    keys: Option<JwkSet>,
-    fetched: Option<Instant>,
-}
-
 /// Verifies bearer tokens against one `JWT_RULE`.
 pub struct JwtAuthenticator {
     rule: JwtRule,
     audiences: Vec<String>,
     trust_domain: String,
-    cache: Mutex<KeyCache>,
+    /// The rule's keys; no lock is held while they are fetched.
+    keys: KeySetCache,
 }
 
 impl std::fmt::Debug for JwtAuthenticator {
@@ -111,55 +106,23 @@ impl JwtAuthenticator {
             rule.audiences.clone()
         };
         Self {
-            rule,
             audiences,
+            keys: KeySetCache::new(
+                &rule.jwks_uri,
+                JWKS_REFRESH,
+                JWKS_MIN_REFETCH,
+                JWKS_FETCH_TIMEOUT,
+            ),
+            rule,
             trust_domain: trust_domain.to_string(),
-            cache: Mutex::new(KeyCache {
-                keys: None,
-                fetched: None,
-            }),
         }
-    }
-
-    async fn fetch(&self) -> Result<JwkSet, String> {
-        let uri = &self.rule.jwks_uri;
-        let body = crate::jwks::fetch(uri, JWKS_FETCH_TIMEOUT, true)
-            .await
-            .map_err(|e| format!("fetching JWKS {e}"))?;
-        serde_json::from_str(&body)
-            .map_err(|e| format!("JWKS {uri} is not a JSON Web Key Set: {e}"))
-    }
-
-    /// The keys, fetched when stale or when `kid` is unknown (rate limited).
-    async fn keys(&self, kid: Option<&str>) -> Result<JwkSet, String> {
-        let mut cache = self.cache.lock().await;
-        let age = cache.fetched.map(|t| t.elapsed());
-        let stale = age.is_none_or(|a| a > JWKS_REFRESH);
-        let unknown_kid = match (&cache.keys, kid) {
-            (Some(set), Some(kid)) => set.find(kid).is_none(),
-            _ => false,
-        };
-        if stale || (unknown_kid && age.is_none_or(|a| a > JWKS_MIN_REFETCH)) {
-            match self.fetch().await {
-                Ok(set) => {
-                    cache.keys = Some(set);
-                    cache.fetched = Some(Instant::now());
-                }
-                Err(e) if cache.keys.is_none() => return Err(e),
-                Err(e) => tracing::warn!(target: "authn", "keeping the previous JWKS: {e}"),
-            }
-        }
-        cache
-            .keys
-            .clone()
-            .ok_or_else(|| "no JWKS loaded".to_string())
     }
 
     /// Verifies `token` and returns the caller's identity.
     pub async fn authenticate(&self, token: &str) -> Result<Identity, String> {
         let header =
             jsonwebtoken::decode_header(token).map_err(|e| format!("malformed JWT: {e}"))?;
-        let set = self.keys(header.kid.as_deref()).await?;
+        let set = self.keys.keys(header.kid.as_deref()).await?;
         let candidates: Vec<_> = match &header.kid {
             Some(kid) => set.find(kid).into_iter().collect(),
             None => set.keys.iter().collect(),

@@ -92,6 +92,10 @@ struct Entry {
     keys: Option<String>,
     last_used: Instant,
     last_refreshed: Instant,
+    /// When the fetch whose keys are stored started: an older fetch that
+    /// ends later (a first fetch and a round overlapping) must not put its
+    /// keys back over newer ones.
+    fetch_started: Option<Instant>,
     timeout: Duration,
 }
 
@@ -142,6 +146,7 @@ impl JwksResolver {
                 keys: None,
                 last_used: now,
                 last_refreshed: now,
+                fetch_started: None,
                 timeout,
             },
         );
@@ -229,10 +234,13 @@ impl JwksResolver {
     }
 
     /// One round: every entry (or only those never fetched), fetched
-    /// concurrently with no lock held.
+    /// concurrently with no lock held. What is needed is copied out under
+    /// the lock; the results are stored under it again, compared with what
+    /// the entry holds then (another fetch may have stored keys meanwhile,
+    /// or the entry may be gone).
     async fn refresh(&self, missing_only: bool, retries: usize) -> Outcome {
         let now = Instant::now();
-        let jobs: Vec<(Key, Duration, Option<String>)> = {
+        let jobs: Vec<(Key, Duration)> = {
             let mut entries = self.lock();
             entries.retain(|k, e| {
                 let keep = now.duration_since(e.last_used) < EVICTION
@@ -245,7 +253,7 @@ impl JwksResolver {
             entries
                 .iter()
                 .filter(|(_, e)| !missing_only || e.keys.is_none())
-                .map(|(k, e)| (k.clone(), e.timeout, e.keys.clone()))
+                .map(|(k, e)| (k.clone(), e.timeout))
                 .collect()
         };
         if jobs.is_empty() {
@@ -253,23 +261,30 @@ impl JwksResolver {
         }
         let results = futures::future::join_all(
             jobs.iter()
-                .map(|(key, timeout, _)| fetch_keys(key, *timeout, retries)),
+                .map(|(key, timeout)| fetch_keys(key, *timeout, retries)),
         )
         .await;
         let mut outcome = Outcome::default();
         let mut entries = self.lock();
-        for ((key, _, old), result) in jobs.into_iter().zip(results) {
+        for ((key, _), result) in jobs.into_iter().zip(results) {
             match result {
                 Ok(body) => {
-                    let changed = old.as_deref().is_none_or(|old| jwks_differ(old, &body));
+                    // Evicted while fetching: nobody asks for it any more.
+                    let Some(e) = entries.get_mut(&key) else {
+                        continue;
+                    };
+                    if e.fetch_started.is_some_and(|t| t > now) {
+                        // A fetch that started after this one already stored its keys.
+                        continue;
+                    }
+                    let changed = e.keys.as_deref().is_none_or(|old| jwks_differ(old, &body));
                     if changed {
                         tracing::info!(target: "authn", "Updated cached JWT public key from {}", key.describe());
                         outcome.changed = true;
                     }
-                    if let Some(e) = entries.get_mut(&key) {
-                        e.keys = Some(body);
-                        e.last_refreshed = Instant::now();
-                    }
+                    e.keys = Some(body);
+                    e.fetch_started = Some(now);
+                    e.last_refreshed = Instant::now();
                 }
                 Err(e) => {
                     outcome.failed = true;
@@ -532,6 +547,100 @@ mod tests {
         };
         let body = fetch_keys(&key, DEFAULT_TIMEOUT, 0).await.unwrap();
         assert!(body.contains(r#""kid":"a""#));
+    }
+
+    /// A JWKS server whose first answer (key "old") takes `first_delay`
+    /// and whose later answers (key "new") come at once.
+    async fn slow_first_server(first_delay: Duration) -> (String, Arc<AtomicUsize>) {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let h = hits.clone();
+        let app = Router::new().route(
+            "/jwks",
+            get(move || {
+                let h = h.clone();
+                async move {
+                    if h.fetch_add(1, Ordering::SeqCst) == 0 {
+                        tokio::time::sleep(first_delay).await;
+                        r#"{"keys":[{"kty":"RSA","kid":"old","n":"AQAB","e":"AQAB"}]}"#
+                    } else {
+                        r#"{"keys":[{"kty":"RSA","kid":"new","n":"AQAB","e":"AQAB"}]}"#
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (format!("http://{addr}/jwks"), hits)
+    }
+
+    async fn wait_hits(hits: &AtomicUsize, n: usize) {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while hits.load(Ordering::SeqCst) < n {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the JWKS server was asked in time");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn readers_are_not_blocked_while_a_fetch_is_in_flight() {
+        let (slow, hits) = slow_first_server(Duration::from_secs(2)).await;
+        let resolver = Arc::new(JwksResolver::new());
+        assert!(resolver.keys("slow", &slow, DEFAULT_TIMEOUT).is_none());
+        let round = tokio::spawn({
+            let resolver = resolver.clone();
+            async move { resolver.refresh(true, 0).await }
+        });
+        wait_hits(&hits, 1).await;
+        // The generators read the cache from synchronous code: with the
+        // lock held across the fetch these calls would block for its length.
+        let reader = tokio::task::spawn_blocking({
+            let resolver = resolver.clone();
+            let slow = slow.clone();
+            move || {
+                (
+                    resolver.local_jwks("slow", &slow, DEFAULT_TIMEOUT),
+                    resolver.keys("other", "http://127.0.0.1:1/jwks", DEFAULT_TIMEOUT),
+                )
+            }
+        });
+        let (slow_keys, other) = tokio::time::timeout(Duration::from_millis(500), reader)
+            .await
+            .expect("a reader is not held up by the fetch")
+            .unwrap();
+        assert_eq!(slow_keys, FAKE_JWKS);
+        assert!(other.is_none());
+        assert!(!round.is_finished(), "the fetch was still under way");
+        assert!(round.await.unwrap().changed);
+        let keys = resolver.keys("slow", &slow, DEFAULT_TIMEOUT).unwrap();
+        assert!(keys.contains(r#""kid":"old""#), "{keys}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_older_fetch_ending_later_does_not_put_back_older_keys() {
+        let (uri, hits) = slow_first_server(Duration::from_secs(1)).await;
+        let resolver = Arc::new(JwksResolver::new());
+        assert!(resolver.keys("iss", &uri, DEFAULT_TIMEOUT).is_none());
+        // A first fetch (slow, answering "old")...
+        let first = tokio::spawn({
+            let resolver = resolver.clone();
+            async move { resolver.refresh(true, 0).await }
+        });
+        wait_hits(&hits, 1).await;
+        // ...overtaken by a refresh round (fast, answering "new").
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(resolver.refresh(false, 0).await.changed);
+        let keys = resolver.keys("iss", &uri, DEFAULT_TIMEOUT).unwrap();
+        assert!(keys.contains(r#""kid":"new""#), "{keys}");
+        assert_eq!(
+            first.await.unwrap(),
+            Outcome::default(),
+            "the late, older answer is dropped: no change, no push"
+        );
+        let keys = resolver.keys("iss", &uri, DEFAULT_TIMEOUT).unwrap();
+        assert!(keys.contains(r#""kid":"new""#), "{keys}");
     }
 
     #[test]
