@@ -165,7 +165,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     let mut tasks = JoinSet::new();
 
     let kube = match &config.kube {
-        Some(connection) => Some(crate::source::kube::client(connection).await?),
+        Some(connection) => Some(crate::kube::client(connection).await?),
         None => None,
     };
     let bundle = load_ca(&config, kube.as_ref()).await?;

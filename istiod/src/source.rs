@@ -17,49 +17,12 @@ use tokio::sync::{mpsc, watch};
 
 use self::kube::{KubeSource, kubemesh};
 use crate::config::Config;
+use crate::kube::Synced;
 use crate::mesh::Mesh;
 use crate::model::service::RegistryOptions;
 use crate::model::store::ConfigStore;
 use crate::push::Trigger;
 use crate::xds::cache::XdsCache;
-
-/// Istio's `HasSynced`: whether a source has completed its first full load.
-#[derive(Debug, Clone)]
-pub struct Synced {
-    tx: watch::Sender<bool>,
-}
-
-impl Default for Synced {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Synced {
-    /// Not synced yet.
-    pub fn new() -> Self {
-        Self {
-            tx: watch::channel(false).0,
-        }
-    }
-
-    /// Marks the first full load as done.
-    pub fn mark(&self) {
-        self.tx.send_if_modified(|s| !std::mem::replace(s, true));
-    }
-
-    /// Whether the first full load is done.
-    pub fn has_synced(&self) -> bool {
-        *self.tx.borrow()
-    }
-
-    /// Waits until the first full load is done.
-    pub async fn wait(&self) {
-        let mut rx = self.tx.subscribe();
-        // The sender lives in `self`, so this cannot fail while we wait.
-        let _ = rx.wait_for(|s| *s).await;
-    }
-}
 
 /// What the push pipeline reads from the sources.
 pub struct Sources {
