@@ -446,6 +446,23 @@ impl Config {
             xds_send_timeout,
         })
     }
+
+    /// What the config sources read: the mesh config istiod starts with
+    /// and where else config comes from.
+    pub fn source_settings(&self) -> crate::source::Settings {
+        crate::source::Settings {
+            config_dir: self.config_dir.clone(),
+            namespace: self.namespace.clone(),
+            trust_domain: self.trust_domain.clone(),
+            mesh: Mesh {
+                trust_domain: Some(self.trust_domain.clone()),
+                config: self.mesh.clone(),
+                discovery_selectors: self.discovery_selectors.clone(),
+                injection: self.mesh_injection.clone(),
+            },
+            mesh_file_found: self.mesh_file_found,
+        }
+    }
 }
 
 #[cfg(test)]
