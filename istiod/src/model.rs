@@ -20,6 +20,7 @@ pub mod istio;
 pub mod kube;
 pub mod meta;
 pub mod parse;
+pub mod route;
 pub mod security;
 pub mod service;
 pub mod store;
