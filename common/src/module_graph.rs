@@ -53,6 +53,26 @@ impl fmt::Display for Hop {
     }
 }
 
+/// Modules that reach each other (a strongly connected component).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cycle {
+    /// The modules, by name.
+    pub modules: Vec<String>,
+    /// The shortest cycle from the first module back to it.
+    pub example: Vec<Hop>,
+    /// Every reference between the modules: one of them must go.
+    pub hops: Vec<Hop>,
+}
+
+impl fmt::Display for Cycle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{} reach each other, e.g.:", self.modules.join(", "))?;
+        f.write_str(&show_hops(&self.example))?;
+        writeln!(f, "every reference among them:")?;
+        f.write_str(&show_hops(&self.hops))
+    }
+}
+
 /// Why a graph could not be read, or a check failed.
 #[derive(Debug, thiserror::Error)]
 pub enum GraphError {
@@ -75,13 +95,12 @@ pub enum GraphError {
         /// The modules there are, comma-separated.
         known: String,
     },
-    /// Top-level modules reference each other in a cycle: each entry is one
-    /// cycle, a list of hops that ends where it starts.
+    /// Top-level modules reference each other in cycles.
     #[error(
-        "top-level modules reference each other in a cycle; move what closes it (the hop that points up) below both ends:\n{}",
+        "top-level modules reference each other in a cycle; move what closes it (the reference that points up) below both ends:\n{}",
         show_cycles(.0)
     )]
-    Cycles(Vec<Vec<Hop>>),
+    Cycles(Vec<Cycle>),
     /// Modules that must not reference a module do.
     #[error(
         "modules below {target} must not reference it, but:\n{}",
@@ -99,11 +118,8 @@ fn show_hops(hops: &[Hop]) -> String {
     hops.iter().map(|h| format!("  {h}\n")).collect()
 }
 
-fn show_cycles(cycles: &[Vec<Hop>]) -> String {
-    cycles
-        .iter()
-        .map(|c| format!("cycle:\n{}", show_hops(c)))
-        .collect()
+fn show_cycles(cycles: &[Cycle]) -> String {
+    cycles.iter().map(ToString::to_string).collect()
 }
 
 /// The top-level modules of a crate and which of them each references.
@@ -194,14 +210,23 @@ impl ModuleGraph {
             .unwrap_or_default()
     }
 
-    /// One cycle through each group of modules that reach each other
-    /// (each strongly connected component of more than one module), shortest
-    /// from its first module by name.
-    pub fn cycles(&self) -> Vec<Vec<Hop>> {
+    /// Each group of modules that reach each other (each strongly
+    /// connected component of more than one module).
+    pub fn cycles(&self) -> Vec<Cycle> {
         self.components()
             .into_iter()
             .filter(|c| c.len() > 1)
-            .filter_map(|c| self.cycle_within(&c))
+            .map(|modules| {
+                let hops = modules
+                    .iter()
+                    .flat_map(|a| modules.iter().filter_map(|b| self.hop(a, b)))
+                    .collect();
+                Cycle {
+                    example: self.cycle_within(&modules).unwrap_or_default(),
+                    hops,
+                    modules,
+                }
+            })
             .collect()
     }
 
@@ -873,7 +898,9 @@ mod tests {
         ]);
         let cycles = g.cycles();
         assert_eq!(cycles.len(), 1);
-        let hops: Vec<String> = cycles[0].iter().map(ToString::to_string).collect();
+        assert_eq!(cycles[0].modules, ["a", "b", "c"]);
+        assert_eq!(cycles[0].hops.len(), 3);
+        let hops: Vec<String> = cycles[0].example.iter().map(ToString::to_string).collect();
         assert_eq!(
             hops,
             [
