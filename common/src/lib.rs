@@ -10,6 +10,8 @@ pub mod env;
 pub mod identity;
 pub mod log;
 pub mod model;
+#[cfg(feature = "testing")]
+pub mod module_graph;
 pub mod node_metadata;
 pub mod pki;
 #[cfg(feature = "testing")]

@@ -11,7 +11,7 @@ use axum::routing::get;
 use proto::istio_ca::istio_certificate_service_server::IstioCertificateServiceServer;
 use rustls::pki_types::PrivateKeyDer;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::ca::authn::{Authenticators, JwtAuthenticator};
@@ -20,7 +20,11 @@ use crate::ca::material::{self, SelfSignedOptions};
 use crate::ca::server::CaServer;
 use crate::ca::{CaBundle, Signer};
 use crate::config::Config;
+use crate::jwks::JwksResolver;
+use crate::mesh::Mesh;
 use crate::metrics::{self, CaMetrics};
+use crate::model::{ConfigBatch, RegistryOptions};
+use crate::push::{Inputs, Trigger};
 
 /// The running istiod.
 pub struct Bound {
@@ -156,6 +160,50 @@ async fn shutdown_signal(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|v| *v).await;
 }
 
+/// Wires the sources to the push pipeline: the store's change batches, a
+/// full push when the mesh config the generators apply changes, and one when
+/// RequestAuthentication's `jwksUri` keys change. Returns the JWKS resolver
+/// the push contexts read those keys from.
+fn push_inputs(
+    batches: broadcast::Receiver<ConfigBatch>,
+    mesh: &watch::Receiver<Arc<Mesh>>,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<(Inputs, Arc<JwksResolver>)> {
+    let (tx, triggers) = mpsc::channel(16);
+    // A changed mesh config changes what every proxy gets: a full push.
+    {
+        let mut mesh = mesh.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let mut applied = mesh.borrow_and_update().config.clone();
+            while mesh.changed().await.is_ok() {
+                let current = mesh.borrow_and_update().config.clone();
+                if current == applied {
+                    continue;
+                }
+                applied = current;
+                if tx.send(Trigger::Mesh).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    // RequestAuthentication's `jwksUri` keys, fetched in the background; a
+    // change of keys is a full push (Istio's `JwksResolver.PushFunc`).
+    let jwks = Arc::new(JwksResolver::new());
+    {
+        let refresh = crate::jwks::resolver::refresh_interval(&common::env::ProcessEnv)?;
+        let on_change = move || {
+            if let Err(e) = tx.try_send(Trigger::Jwks) {
+                tracing::warn!(target: "authn", "cannot queue the push for changed JWT public keys: {e}");
+            }
+        };
+        tokio::spawn(jwks.clone().run(refresh, on_change, shutdown));
+    }
+    Ok((Inputs { batches, triggers }, jwks))
+}
+
 /// Builds and starts istiod.
 pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     common::tls::install_crypto_provider();
@@ -165,7 +213,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     let mut tasks = JoinSet::new();
 
     let kube = match &config.kube {
-        Some(connection) => Some(crate::source::kube::client(connection).await?),
+        Some(connection) => Some(crate::kube::client(connection).await?),
         None => None,
     };
     let bundle = load_ca(&config, kube.as_ref()).await?;
@@ -243,13 +291,23 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         cache_metrics,
     ));
     let sources = crate::source::start(
-        &config,
+        config.source_settings(),
         kube.clone(),
         shutdown_rx.clone(),
         crate::metrics::rejected_configs(&registry),
-        cache.clone(),
     )
     .await?;
+    let (inputs, jwks) = push_inputs(sources.batches, &sources.mesh, shutdown_rx.clone())?;
+    let builder = crate::push::Builder::new(
+        sources.store,
+        RegistryOptions {
+            domain: config.domain.clone(),
+            trust_domain: config.trust_domain.clone(),
+        },
+        sources.mesh.clone(),
+        jwks,
+        cache,
+    );
     let configz = sources.configz.clone();
     let mesh = sources.mesh.clone();
     // The root every namespace gets, as `istio-ca-root-cert` (fixed while
@@ -265,8 +323,8 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         ));
     }
     tokio::spawn(crate::push::run(
-        sources.inputs,
-        sources.builder,
+        inputs,
+        builder,
         sources.synced,
         ready_tx,
         push_tx,

@@ -8,8 +8,9 @@ use std::time::Duration;
 use common::env::{Env, Reader};
 
 use crate::ca::authn::{DEFAULT_AUDIENCE, JwtRule};
-use crate::mesh::Mesh;
-use crate::model::istio::OutboundMode;
+use crate::ca::kube_jwt::JwtPolicy;
+use crate::kube::KubeConnection;
+use crate::mesh::{Mesh, MeshConfig};
 use crate::model::kube::LabelSelector;
 
 /// `JWT_RULE`: a JSON `{"issuer","jwks_uri","audiences"}` trusted for CA and xDS callers.
@@ -243,51 +244,6 @@ pub fn parse_listen_addr(flag: &str, s: &str) -> Result<Option<SocketAddr>, Stri
         .map_err(|_| format!("--{flag}={s:?} is not a listen address (use :PORT or IP:PORT)"))
 }
 
-/// The parts of Istio's `MeshConfig` that the xDS generators apply;
-/// `trustDomain` is [`Config::trust_domain`]. Read from the `--meshConfig`
-/// file at start-up, or live from the `istio` ConfigMap (see [`crate::mesh`]).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct MeshConfig {
-    /// `outboundTrafficPolicy.mode`: where traffic to destinations outside
-    /// the registry goes (`ALLOW_ANY`, the default, or `REGISTRY_ONLY`). A
-    /// Sidecar's `outboundTrafficPolicy` overrides it for its workloads.
-    pub outbound_traffic_policy: OutboundMode,
-    /// `extensionProviders`: what CUSTOM AuthorizationPolicies name.
-    pub extension_providers: Vec<crate::mesh::ExtensionProvider>,
-}
-
-/// How istiod reaches the Kubernetes API.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KubeConnection {
-    /// `--kubeconfig`: a kubeconfig file (its current context).
-    Kubeconfig(PathBuf),
-    /// In a Pod: `KUBERNETES_SERVICE_HOST`/`_PORT` and the service account's
-    /// token and CA under `/var/run/secrets/kubernetes.io/serviceaccount`.
-    InCluster,
-}
-
-/// `JWT_POLICY`: which Kubernetes tokens workloads present.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum JwtPolicy {
-    /// `third-party-jwt`: projected tokens whose audience is `TOKEN_AUDIENCES`.
-    #[default]
-    ThirdParty,
-    /// `first-party-jwt`: legacy service account tokens, reviewed without audiences.
-    FirstParty,
-}
-
-impl JwtPolicy {
-    fn parse(s: &str) -> Result<Self, String> {
-        match s {
-            "third-party-jwt" => Ok(Self::ThirdParty),
-            "first-party-jwt" => Ok(Self::FirstParty),
-            other => Err(format!(
-                "{ENV_JWT_POLICY}={other:?} is not a policy (use third-party-jwt or first-party-jwt)"
-            )),
-        }
-    }
-}
-
 /// Reads the mesh config file; a missing file is Istio's defaults and
 /// `found` false.
 fn read_mesh_config(path: &std::path::Path, r: &mut Reader<'_>) -> (Mesh, bool) {
@@ -340,8 +296,8 @@ impl Config {
         };
         let jwt_policy = match r.opt_string(ENV_JWT_POLICY) {
             None => JwtPolicy::default(),
-            Some(p) => JwtPolicy::parse(&p).unwrap_or_else(|e| {
-                r.error(e);
+            Some(p) => p.parse().unwrap_or_else(|e| {
+                r.error(format!("{ENV_JWT_POLICY}={e}"));
                 JwtPolicy::default()
             }),
         };
@@ -490,11 +446,29 @@ impl Config {
             xds_send_timeout,
         })
     }
+
+    /// What the config sources read: the mesh config istiod starts with
+    /// and where else config comes from.
+    pub fn source_settings(&self) -> crate::source::Settings {
+        crate::source::Settings {
+            config_dir: self.config_dir.clone(),
+            namespace: self.namespace.clone(),
+            trust_domain: self.trust_domain.clone(),
+            mesh: Mesh {
+                trust_domain: Some(self.trust_domain.clone()),
+                config: self.mesh.clone(),
+                discovery_selectors: self.discovery_selectors.clone(),
+                injection: self.mesh_injection.clone(),
+            },
+            mesh_file_found: self.mesh_file_found,
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::istio::OutboundMode;
     use clap::Parser;
     use common::env::MapEnv;
 

@@ -9,6 +9,7 @@ pub mod debug;
 pub mod grpc;
 pub mod inject;
 pub mod jwks;
+pub mod kube;
 pub mod mesh;
 pub mod metrics;
 pub mod model;

@@ -9,7 +9,6 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::MeshConfig;
 use crate::model::istio::OutboundMode;
 use crate::model::kube::LabelSelector;
 
@@ -18,6 +17,19 @@ pub use providers::{
     BodyInCheck, ExtAuthzGrpc, ExtAuthzHttp, ExtensionProvider, ExtensionProviderKind,
     extension_providers,
 };
+
+/// The parts of Istio's `MeshConfig` that the xDS generators apply;
+/// `trustDomain` is [`Mesh::trust_domain`]. Read from the `--meshConfig`
+/// file at start-up, or live from the `istio` ConfigMap.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MeshConfig {
+    /// `outboundTrafficPolicy.mode`: where traffic to destinations outside
+    /// the registry goes (`ALLOW_ANY`, the default, or `REGISTRY_ONLY`). A
+    /// Sidecar's `outboundTrafficPolicy` overrides it for its workloads.
+    pub outbound_traffic_policy: OutboundMode,
+    /// `extensionProviders`: what CUSTOM AuthorizationPolicies name.
+    pub extension_providers: Vec<ExtensionProvider>,
+}
 
 /// The ConfigMap Istio keeps the mesh config in (in istiod's namespace).
 pub const MESH_CONFIGMAP: &str = "istio";
@@ -138,11 +150,11 @@ impl Mesh {
         // is not applied must not be accepted.
         if let Some(root) = file.root_namespace.as_deref()
             && !root.is_empty()
-            && root != crate::xds::context::ROOT_NAMESPACE
+            && root != crate::model::ROOT_NAMESPACE
         {
             errors.push(format!(
                 "rootNamespace {root:?} is not supported: this istiod's root namespace is {:?} (remove rootNamespace or set it to that)",
-                crate::xds::context::ROOT_NAMESPACE
+                crate::model::ROOT_NAMESPACE
             ));
         }
         if !errors.is_empty() {

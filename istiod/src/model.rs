@@ -9,11 +9,18 @@
 //!                                            ConfigBatch events   ServiceRegistry::build
 //! ```
 
+/// Istio's mesh root namespace: a Sidecar, PeerAuthentication,
+/// AuthorizationPolicy or RequestAuthentication here applies mesh-wide.
+/// This istiod's root namespace is fixed: the mesh config's `rootNamespace`
+/// may only name it.
+pub const ROOT_NAMESPACE: &str = "istio-system";
+
 pub mod error;
 pub mod istio;
 pub mod kube;
 pub mod meta;
 pub mod parse;
+pub mod route;
 pub mod security;
 pub mod service;
 pub mod store;

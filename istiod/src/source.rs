@@ -10,63 +10,41 @@ pub mod kube;
 
 pub use file::{DEBOUNCE, DEBOUNCE_MAX, FileSource, SourceError};
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{broadcast, watch};
 
 use self::kube::{KubeSource, kubemesh};
-use crate::config::Config;
+use crate::kube::Synced;
 use crate::mesh::Mesh;
-use crate::model::service::RegistryOptions;
-use crate::model::store::ConfigStore;
-use crate::push::Trigger;
-use crate::xds::cache::XdsCache;
+use crate::model::store::{ConfigBatch, ConfigStore};
 
-/// Istio's `HasSynced`: whether a source has completed its first full load.
+/// What the sources read from istiod's configuration.
 #[derive(Debug, Clone)]
-pub struct Synced {
-    tx: watch::Sender<bool>,
+pub struct Settings {
+    /// `--configDir`, if set.
+    pub config_dir: Option<PathBuf>,
+    /// istiod's namespace, where the `istio` ConfigMap is.
+    pub namespace: String,
+    /// The SPIFFE trust domain in force (the mesh config file's, or the default).
+    pub trust_domain: String,
+    /// The mesh config istiod starts with: the `--meshConfig` file's, or
+    /// Istio's defaults without one.
+    pub mesh: Mesh,
+    /// Whether the `--meshConfig` file exists; when it does not, istiod on
+    /// Kubernetes watches the `istio` ConfigMap instead, as Istio does.
+    pub mesh_file_found: bool,
 }
 
-impl Default for Synced {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Synced {
-    /// Not synced yet.
-    pub fn new() -> Self {
-        Self {
-            tx: watch::channel(false).0,
-        }
-    }
-
-    /// Marks the first full load as done.
-    pub fn mark(&self) {
-        self.tx.send_if_modified(|s| !std::mem::replace(s, true));
-    }
-
-    /// Whether the first full load is done.
-    pub fn has_synced(&self) -> bool {
-        *self.tx.borrow()
-    }
-
-    /// Waits until the first full load is done.
-    pub async fn wait(&self) {
-        let mut rx = self.tx.subscribe();
-        // The sender lives in `self`, so this cannot fail while we wait.
-        let _ = rx.wait_for(|s| *s).await;
-    }
-}
-
-/// What the push pipeline reads from the sources.
+/// What the sources publish: the store they write and what the rest of
+/// istiod reads from them.
 pub struct Sources {
-    /// Builds push contexts from the store the sources write.
-    pub builder: crate::push::Builder,
-    /// The store's change batches, and the mesh config and JWKS triggers.
-    pub inputs: crate::push::Inputs,
+    /// The store the sources write.
+    pub store: ConfigStore,
+    /// The store's change batches, subscribed once every source has started.
+    pub batches: broadcast::Receiver<ConfigBatch>,
     /// True once every source has loaded.
     pub synced: watch::Receiver<bool>,
     /// The current configuration and rejected objects as JSON (`/debug/configz`).
@@ -83,25 +61,14 @@ pub struct Sources {
 /// mesh). On Kubernetes without a `--meshConfig` file, the mesh config is
 /// the `istio` ConfigMap's, applied live.
 pub async fn start(
-    config: &Config,
+    config: Settings,
     kube: Option<::kube::Client>,
     shutdown: watch::Receiver<bool>,
     rejected: prometheus::IntCounterVec,
-    cache: Arc<XdsCache>,
 ) -> anyhow::Result<Sources> {
     let store = ConfigStore::new();
-    let options = RegistryOptions {
-        domain: config.domain.clone(),
-        trust_domain: config.trust_domain.clone(),
-    };
-    let (tx, triggers) = mpsc::channel(16);
     let (synced_tx, synced) = watch::channel(false);
-    let (mesh_tx, mesh) = watch::channel(Arc::new(Mesh {
-        trust_domain: Some(config.trust_domain.clone()),
-        config: config.mesh.clone(),
-        discovery_selectors: config.discovery_selectors.clone(),
-        injection: config.mesh_injection.clone(),
-    }));
+    let (mesh_tx, mesh) = watch::channel(Arc::new(config.mesh));
 
     // The file slice is created first: a file's object wins over the API's.
     let source = config
@@ -162,39 +129,6 @@ pub async fn start(
         }
     };
 
-    // A changed mesh config changes what every proxy gets: a full push.
-    {
-        let mut mesh = mesh.clone();
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let mut applied = mesh.borrow_and_update().config.clone();
-            while mesh.changed().await.is_ok() {
-                let current = mesh.borrow_and_update().config.clone();
-                if current == applied {
-                    continue;
-                }
-                applied = current;
-                if tx.send(Trigger::Mesh).await.is_err() {
-                    return;
-                }
-            }
-        });
-    }
-
-    // RequestAuthentication's `jwksUri` keys, fetched in the background; a
-    // change of keys is a full push (Istio's `JwksResolver.PushFunc`).
-    let jwks = Arc::new(crate::jwks::JwksResolver::new());
-    {
-        let refresh = crate::jwks::resolver::refresh_interval(&common::env::ProcessEnv)?;
-        let tx = tx.clone();
-        let on_change = move || {
-            if let Err(e) = tx.try_send(Trigger::Jwks) {
-                tracing::warn!(target: "authn", "cannot queue the push for changed JWT public keys: {e}");
-            }
-        };
-        tokio::spawn(jwks.clone().run(refresh, on_change, shutdown.clone()));
-    }
-
     let batches = store.subscribe();
     let configz_store = store.clone();
     let configz: Arc<dyn Fn() -> Value + Send + Sync> = Arc::new(move || {
@@ -221,10 +155,9 @@ pub async fn start(
             "unimplemented": unimplemented,
         })
     });
-    let builder = crate::push::Builder::new(store, options, mesh.clone(), jwks, cache);
     Ok(Sources {
-        builder,
-        inputs: crate::push::Inputs { batches, triggers },
+        store,
+        batches,
         synced,
         configz,
         mesh,

@@ -519,7 +519,7 @@ fn the_container_args_parse_with_istiods_own_parser() {
     assert_eq!(config.cluster_id, "Kubernetes");
     assert_eq!(
         config.kube,
-        Some(istiod::config::KubeConnection::InCluster),
+        Some(istiod::kube::KubeConnection::InCluster),
         "in a Pod istiod uses its service account"
     );
     // Every address istiod listens on is a declared container port.
@@ -1126,6 +1126,9 @@ fn the_paths_istiod_uses_are_on_the_right_volumes() {
             .iter()
             .any(|a| a == istiod::ca::authn::DEFAULT_AUDIENCE)
     );
-    assert_eq!(config.jwt_policy, istiod::config::JwtPolicy::ThirdParty);
+    assert_eq!(
+        config.jwt_policy,
+        istiod::ca::kube_jwt::JwtPolicy::ThirdParty
+    );
     assert_eq!(config.trust_domain, "cluster.local");
 }

@@ -25,7 +25,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use istiod::config::MeshConfig;
+use istiod::mesh::MeshConfig;
 use istiod::model::{ConfigStore, RegistryOptions};
 use istiod::source::FileSource;
 use istiod::xds::context::IstioContext;

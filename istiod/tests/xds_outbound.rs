@@ -9,7 +9,7 @@
 
 mod shapes;
 
-use istiod::config::MeshConfig;
+use istiod::mesh::MeshConfig;
 use istiod::model::istio::OutboundMode;
 use proto::pb::envoy::config::cluster::v3::cluster;
 use proto::pb::envoy::config::listener::v3::Listener;

@@ -14,13 +14,38 @@ use common::Identity;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, TokenReviewStatus};
 use kube::api::{Api, PostParams};
 
-use crate::config::JwtPolicy;
-
 /// How long a review may take before the caller is refused.
 pub const REVIEW_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The group every service account token's user is in.
 const SERVICE_ACCOUNTS_GROUP: &str = "system:serviceaccounts";
+
+/// `JWT_POLICY`: which Kubernetes tokens workloads present.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum JwtPolicy {
+    /// `third-party-jwt`: projected tokens whose audience is `TOKEN_AUDIENCES`.
+    #[default]
+    ThirdParty,
+    /// `first-party-jwt`: legacy service account tokens, reviewed without audiences.
+    FirstParty,
+}
+
+/// A `JWT_POLICY` value that is not one of Istio's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a policy (use third-party-jwt or first-party-jwt)")]
+pub struct UnknownJwtPolicy(pub String);
+
+impl std::str::FromStr for JwtPolicy {
+    type Err = UnknownJwtPolicy;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "third-party-jwt" => Ok(Self::ThirdParty),
+            "first-party-jwt" => Ok(Self::FirstParty),
+            other => Err(UnknownJwtPolicy(other.to_string())),
+        }
+    }
+}
 
 /// Reviews bearer tokens with the Kubernetes API.
 #[derive(Clone)]

@@ -20,9 +20,8 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::watcher;
 use tokio::sync::{mpsc, watch};
 
+use crate::kube::{Synced, run_watcher};
 use crate::mesh::Mesh;
-use crate::source::Synced;
-use crate::source::kube::run_watcher;
 
 /// The ConfigMap's name (Istio's `PILOT_CA_CERT_CONFIGMAP` default).
 pub const CA_ROOT_CONFIGMAP: &str = "istio-ca-root-cert";

@@ -7,6 +7,8 @@
 //! typo is an error naming the field rather than a rule that silently does
 //! nothing.
 
+pub mod attributes;
+
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};

@@ -20,12 +20,13 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
+use crate::model::ROOT_NAMESPACE;
 use crate::model::istio::{DestinationRule, VirtualService};
 use crate::model::kube::Pod;
 use crate::model::service::{Service, ServiceResolution};
 use crate::model::{Kind, ObjectKey, Snapshot};
 use crate::xds::cache::Dependency;
-use crate::xds::context::{IstioContext, Named, ROOT_NAMESPACE, resolve_host};
+use crate::xds::context::{IstioContext, Named, resolve_host};
 use crate::xds::push_request::{Audience, Change, ServiceRef, Types, Updates};
 
 /// The triggers merged by debouncing, for one push.

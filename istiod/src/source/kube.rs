@@ -15,24 +15,19 @@
 //! The source has synced (Istio's `HasSynced`) once every kind has completed
 //! its first list; istiod serves nothing before that.
 
-pub mod client;
 pub mod informer;
 pub mod kubemesh;
 
-use std::fmt::Debug;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
-use kube::runtime::{WatchStreamExt, watcher};
-use serde::de::DeserializeOwned;
+use kube::runtime::watcher;
 use tokio::sync::{mpsc, watch};
 
-pub use client::{ClientError, client};
 use informer::{Informers, Item};
 
-use super::Synced;
+use crate::kube::{Synced, run_watcher};
 use crate::mesh::Mesh;
 use crate::model::{ConfigStore, Decoded, Kind, ObjectKey, decode, parse::DecodeError};
 
@@ -298,54 +293,6 @@ async fn served_version(
             }
         }
         return Ok(None);
-    }
-}
-
-/// Runs kube-runtime's watcher on `api` until `shutdown`, sending what `map`
-/// makes of each event to `tx`. Errors are logged and retried with the
-/// watcher's backoff. A watch the API refuses with `410 Gone` (its resource
-/// version is compacted away) restarts the watcher, which relists.
-pub async fn run_watcher<K, T>(
-    what: String,
-    api: Api<K>,
-    config: watcher::Config,
-    tx: &mpsc::Sender<T>,
-    mut map: impl FnMut(watcher::Event<K>) -> Option<T>,
-    mut shutdown: watch::Receiver<bool>,
-) where
-    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
-{
-    loop {
-        let mut stream = watcher(api.clone(), config.clone())
-            .default_backoff()
-            .boxed();
-        loop {
-            let next = tokio::select! {
-                next = stream.next() => next,
-                _ = shutdown.wait_for(|s| *s) => return,
-            };
-            match next {
-                None => break,
-                Some(Ok(event)) => {
-                    if let Some(out) = map(event)
-                        && tx.send(out).await.is_err()
-                    {
-                        return;
-                    }
-                }
-                Some(Err(e)) => {
-                    let gone = matches!(
-                        &e,
-                        watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 410
-                    );
-                    tracing::warn!(target: "kube", "{what}: {e}");
-                    if gone {
-                        tracing::info!(target: "kube", "{what}: resource version expired; relisting");
-                        break;
-                    }
-                }
-            }
-        }
     }
 }
 

@@ -550,7 +550,7 @@ async fn watch_configmap(
     let config = kube::runtime::watcher::Config::default().fields(&format!("metadata.name={name}"));
     let origin = format!("ConfigMap {namespace}/{name}");
     let mut listed: Option<InjectorTexts> = None;
-    crate::source::kube::run_watcher(
+    crate::kube::run_watcher(
         origin.clone(),
         api,
         config,

@@ -119,7 +119,7 @@ async fn run<K>(
             }
         })
     };
-    crate::source::kube::run_watcher(
+    crate::kube::run_watcher(
         format!("{kind}s labelled {REVISION_LABEL}={revision}"),
         api,
         config,

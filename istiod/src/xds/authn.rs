@@ -28,10 +28,11 @@ use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3:
 use proto::pb::google::protobuf::Empty;
 
 use super::Proxy;
-use super::context::{IstioContext, Named, ROOT_NAMESPACE, policy_selects};
+use super::context::{IstioContext, Named, policy_selects};
 use super::util::any;
 use crate::jwks::JwksResolver;
 use crate::jwks::resolver::DEFAULT_TIMEOUT;
+use crate::model::ROOT_NAMESPACE;
 use crate::model::security::{JwtRule, RequestAuthentication};
 
 /// The filter's name, which is also its dynamic metadata namespace.

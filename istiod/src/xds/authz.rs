@@ -30,7 +30,8 @@ use proto::pb::envoy::extensions::filters::network::rbac::v3 as net_rbac;
 use proto::pb::google::protobuf::Any;
 
 use super::Proxy;
-use super::context::{IstioContext, Named, ROOT_NAMESPACE, policy_selects};
+use super::context::{IstioContext, Named, policy_selects};
+use crate::model::ROOT_NAMESPACE;
 use crate::model::security::{AuthorizationAction, AuthorizationPolicy};
 
 mod ext_authz;

@@ -6,7 +6,8 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::config::MeshConfig;
+use crate::mesh::MeshConfig;
+use crate::model::ROOT_NAMESPACE;
 use crate::model::istio::{
     CaptureMode, DestinationRule, IstioEgressListener, Labels, MtlsMode, OutboundMode,
     PeerAuthentication, PolicySelector, Sidecar, VirtualService, WorkloadSelector,
@@ -18,9 +19,6 @@ use crate::model::store::Snapshot;
 use super::Proxy;
 use super::cache::XdsCache;
 use super::scope::SidecarScope;
-
-/// Istio's mesh root namespace.
-pub const ROOT_NAMESPACE: &str = "istio-system";
 
 /// A named, namespaced config object.
 #[derive(Debug, Clone)]

@@ -25,16 +25,17 @@ use proto::pb::envoy::config::route::v3::{
 };
 use proto::pb::google::protobuf::BoolValue;
 
-pub use ops::{CORS_FILTER, grpc_code};
+pub use ops::CORS_FILTER;
 
 use self::translate::{Clusters, default_retries, route_match, source_matches, timed, vs_route};
 use super::cache::{Dependency, KeyBuilder};
 use super::cds::outbound_name;
 use super::context::{IstioContext, Named, OutboundPolicy, resolve_host};
 use super::scope::SidecarScope;
-use super::util::{MAX_DIRECT_RESPONSE_BODY_BYTES, u32v};
+use super::util::u32v;
 use super::{Proxy, Resource};
 use crate::model::istio::{HttpMatchRequest, VirtualService};
+use crate::model::route::MAX_DIRECT_RESPONSE_BODY_BYTES;
 use crate::model::service::{Service, ServiceResolution, ServiceSource};
 use crate::model::{Kind, ObjectKey};
 

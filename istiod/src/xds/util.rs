@@ -33,8 +33,6 @@ pub const PASSTHROUGH_FILTER_CHAIN: &str = "PassthroughFilterChain";
 pub const INBOUND_PASSTHROUGH_BIND_V4: &str = "127.0.0.6";
 /// The IPv6 form of [`INBOUND_PASSTHROUGH_BIND_V4`].
 pub const INBOUND_PASSTHROUGH_BIND_V6: &str = "::6";
-/// Istio's ceiling on direct responses (1 MiB).
-pub const MAX_DIRECT_RESPONSE_BODY_BYTES: u32 = 1024 * 1024;
 
 /// The IP families of a proxy's workload (Istio's `IPMode`, from the node's
 /// `INSTANCE_IPS`): it picks wildcards, localhost and the passthrough source.

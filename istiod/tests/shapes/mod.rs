@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use istiod::config::MeshConfig;
+use istiod::mesh::MeshConfig;
 use istiod::model::{ConfigStore, RegistryOptions, Update, parse_file};
 use istiod::xds::context::IstioContext;
 use istiod::xds::{CLUSTER_TYPE, LISTENER_TYPE, Proxy, PushContext, ROUTE_TYPE};

@@ -2,12 +2,12 @@
 //! `ValidateAuthorizationPolicy`, and the policy scope both request-level
 //! security kinds share.
 
+use super::super::security::attributes::{is_path_template, known_when_key, parse_cidr};
 use super::super::security::{
     AuthorizationAction, AuthorizationPolicy, Condition, Operation, PolicyTargetReference, Rule,
     Source,
 };
 use super::{Errors, check_policy_selector};
-use crate::xds::authz::model::{is_path_template, known_when_key};
 
 /// Shared by both kinds: `selector` and `targetRef(s)` are exclusive, and a
 /// target reference attaches a policy to a gateway or waypoint, which this
@@ -117,7 +117,7 @@ fn wildcards(field: &str, values: &[String], e: &mut Errors) {
 
 fn ips(field: &str, values: &[String], e: &mut Errors) {
     for (i, v) in values.iter().enumerate() {
-        if crate::xds::authz::model::parse_cidr(v).is_none() {
+        if parse_cidr(v).is_none() {
             e.add(
                 format!("{field}[{i}]"),
                 format!("{v:?} is not an IP address or CIDR (e.g. 10.0.0.1 or 10.0.0.0/16)"),

@@ -3,9 +3,8 @@
 //! this istiod accepts in Istio's schema but does not apply (each names the
 //! field and says what to use instead).
 
-use crate::xds::rds::grpc_code;
-
 use super::super::istio::{Destination, Headers, HttpRoute, StringMatch, VirtualService};
+use super::super::route::{MAX_DIRECT_RESPONSE_BODY_BYTES, grpc_code};
 use super::{
     Errors, check_export_to, check_host, check_min_duration, check_percent, check_port,
     is_dns1123_label,
@@ -460,12 +459,12 @@ fn redirect_and_direct_response(field: &str, r: &HttpRoute, e: &mut Errors) {
                 }
                 (None, None) => 0,
             };
-            if len > crate::xds::util::MAX_DIRECT_RESPONSE_BODY_BYTES as usize {
+            if len > MAX_DIRECT_RESPONSE_BODY_BYTES as usize {
                 e.add(
                     format!("{df}.body"),
                     format!(
                         "is {len} bytes, over the {} bytes Envoy sends in a direct response (shorten it)",
-                        crate::xds::util::MAX_DIRECT_RESPONSE_BODY_BYTES
+                        MAX_DIRECT_RESPONSE_BODY_BYTES
                     ),
                 );
             }

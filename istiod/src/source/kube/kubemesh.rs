@@ -13,9 +13,8 @@ use kube::api::Api;
 use kube::runtime::watcher;
 use tokio::sync::{mpsc, watch};
 
-use super::run_watcher;
+use crate::kube::{Synced, run_watcher};
 use crate::mesh::{MESH_CONFIGMAP, MESH_CONFIGMAP_KEY, Mesh};
-use crate::source::Synced;
 
 /// What one version of the ConfigMap means.
 #[derive(Debug, Clone, PartialEq)]

@@ -2,8 +2,6 @@
 //! value is exact, or has one `*` as a prefix (suffix match), as a suffix
 //! (prefix match), or is `*` alone (presence: any non-empty value).
 
-use std::net::IpAddr;
-
 use proto::pb::envoy::config::core::v3::CidrRange;
 use proto::pb::envoy::config::route::v3::{HeaderMatcher, header_matcher};
 use proto::pb::envoy::r#type::matcher::v3::{
@@ -11,6 +9,7 @@ use proto::pb::envoy::r#type::matcher::v3::{
     list_matcher, metadata_matcher, string_matcher::MatchPattern, value_matcher,
 };
 
+use crate::model::security::attributes::parse_cidr;
 use crate::xds::util::u32v;
 
 /// The `jwt_authn` filter's metadata namespace, where the request
@@ -100,14 +99,8 @@ pub fn host(name: &str, v: &str) -> HeaderMatcher {
 
 /// An IP (a host route) or CIDR as Envoy's `CidrRange`.
 pub fn cidr(v: &str) -> Option<CidrRange> {
-    let (addr, len) = match v.split_once('/') {
-        Some((a, l)) => (a, Some(l.parse::<u32>().ok()?)),
-        None => (v, None),
-    };
-    let ip: IpAddr = addr.parse().ok()?;
-    let max = if ip.is_ipv4() { 32 } else { 128 };
-    let len = len.unwrap_or(max);
-    (len <= max).then(|| CidrRange {
+    let (ip, len) = parse_cidr(v)?;
+    Some(CidrRange {
         address_prefix: ip.to_string(),
         prefix_len: Some(u32v(len)),
     })

@@ -35,6 +35,7 @@ use proto::pb::envoy::r#type::matcher::v3::{MetadataMatcher, PathMatcher, path_m
 
 use super::matcher as m;
 use crate::model::security::Rule;
+use crate::model::security::attributes::{Attr, envoy_filter_key, is_path_template, when_attr};
 use crate::xds::util::any;
 
 /// Why an attribute could not be generated.
@@ -54,130 +55,6 @@ pub enum GenError {
     /// A `when` key that is not one of Istio's.
     #[error("unknown attribute {0:?}")]
     Unknown(String),
-}
-
-/// What an attribute becomes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Attr {
-    // Permissions.
-    DestIp,
-    DestPort,
-    Sni,
-    EnvoyFilter(String),
-    Host,
-    Path,
-    Method,
-    // Principals.
-    SrcIp,
-    RemoteIp,
-    SrcNamespace,
-    SrcServiceAccount,
-    SrcPrincipal,
-    RequestPrincipal,
-    Audiences,
-    Presenter,
-    RequestHeader(String),
-    Claims(Vec<String>),
-}
-
-impl Attr {
-    fn http_only(&self) -> bool {
-        matches!(
-            self,
-            Attr::Host
-                | Attr::Path
-                | Attr::Method
-                | Attr::RequestPrincipal
-                | Attr::Audiences
-                | Attr::Presenter
-                | Attr::RequestHeader(_)
-                | Attr::Claims(_)
-        )
-    }
-
-    fn is_permission(&self) -> bool {
-        matches!(
-            self,
-            Attr::DestIp
-                | Attr::DestPort
-                | Attr::Sni
-                | Attr::EnvoyFilter(_)
-                | Attr::Host
-                | Attr::Path
-                | Attr::Method
-        )
-    }
-}
-
-/// The name in brackets after `prefix` (`request.headers[x]` -> `x`).
-fn bracketed(key: &str, prefix: &str) -> Option<String> {
-    let name = key
-        .strip_prefix(prefix)?
-        .strip_prefix('[')?
-        .strip_suffix(']')?;
-    (!name.is_empty() && !name.contains(['[', ']'])).then(|| name.to_string())
-}
-
-/// Nested bracketed names (`request.auth.claims[a][b]` -> `[a, b]`).
-fn nested(key: &str, prefix: &str) -> Option<Vec<String>> {
-    let rest = key
-        .strip_prefix(prefix)?
-        .strip_prefix('[')?
-        .strip_suffix(']')?;
-    let parts: Vec<String> = rest.split("][").map(str::to_string).collect();
-    parts
-        .iter()
-        .all(|p| !p.is_empty() && !p.contains(['[', ']']))
-        .then_some(parts)
-}
-
-/// Istio's `when` keys.
-fn when_attr(key: &str) -> Result<Attr, GenError> {
-    let attr = match key {
-        "destination.ip" => Attr::DestIp,
-        "destination.port" => Attr::DestPort,
-        "connection.sni" => Attr::Sni,
-        "source.ip" => Attr::SrcIp,
-        "remote.ip" => Attr::RemoteIp,
-        "source.namespace" => Attr::SrcNamespace,
-        "source.serviceAccount" => Attr::SrcServiceAccount,
-        "source.principal" => Attr::SrcPrincipal,
-        "request.auth.principal" => Attr::RequestPrincipal,
-        "request.auth.audiences" => Attr::Audiences,
-        "request.auth.presenter" => Attr::Presenter,
-        k if k.starts_with("experimental.envoy.filters.") => Attr::EnvoyFilter(k.to_string()),
-        k => {
-            if let Some(h) = bracketed(k, "request.headers") {
-                Attr::RequestHeader(h)
-            } else if let Some(c) = nested(k, "request.auth.claims") {
-                Attr::Claims(c)
-            } else {
-                return Err(GenError::Unknown(k.to_string()));
-            }
-        }
-    };
-    Ok(attr)
-}
-
-/// Whether `key` is one of Istio's `when` keys (for validation).
-pub fn known_when_key(key: &str) -> bool {
-    when_attr(key).is_ok_and(|a| match a {
-        Attr::EnvoyFilter(k) => envoy_filter_key(&k).is_some(),
-        _ => true,
-    })
-}
-
-/// `experimental.envoy.filters.a.b[c]` -> (`envoy.filters.a.b`, `c`).
-fn envoy_filter_key(key: &str) -> Option<(String, String)> {
-    let rest = key.strip_prefix("experimental.")?.strip_suffix(']')?;
-    let (filter, path) = rest.split_once('[')?;
-    (!path.is_empty() && filter.len() > "envoy.filters.".len())
-        .then(|| (filter.to_string(), path.to_string()))
-}
-
-/// Whether `v` uses Istio's `{*}`/`{**}` path templates.
-pub fn is_path_template(v: &str) -> bool {
-    v.contains("{*}") || v.contains("{**}")
 }
 
 fn invalid(key: &str, value: &str) -> GenError {
@@ -473,7 +350,7 @@ pub fn rule_policy(rule: &Rule, ns: &str, mode: Mode) -> Result<Policy, GenError
     let mut base_perm = Vec::new();
     let mut base_princ = Vec::new();
     for c in &rule.when {
-        let attr = when_attr(&c.key)?;
+        let attr = when_attr(&c.key).ok_or_else(|| GenError::Unknown(c.key.clone()))?;
         let target = if attr.is_permission() {
             &mut base_perm
         } else {
@@ -557,9 +434,4 @@ pub fn rule_policy(rule: &Rule, ns: &str, mode: Mode) -> Result<Policy, GenError
         principals,
         ..Default::default()
     })
-}
-
-/// An IP or CIDR as the builder reads it (for validation).
-pub fn parse_cidr(v: &str) -> Option<proto::pb::envoy::config::core::v3::CidrRange> {
-    m::cidr(v)
 }

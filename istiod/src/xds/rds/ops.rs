@@ -204,28 +204,3 @@ pub fn mirror_fraction(p: Option<&Percent>) -> Option<RuntimeFractionalPercent> 
         ..Default::default()
     })
 }
-
-/// The code of a gRPC status by Istio's name (`fault.abort.grpcStatus`),
-/// e.g. `UNAVAILABLE` is 14.
-pub fn grpc_code(name: &str) -> Option<u32> {
-    const CODES: &[&str] = &[
-        "OK",
-        "CANCELLED",
-        "UNKNOWN",
-        "INVALID_ARGUMENT",
-        "DEADLINE_EXCEEDED",
-        "NOT_FOUND",
-        "ALREADY_EXISTS",
-        "PERMISSION_DENIED",
-        "RESOURCE_EXHAUSTED",
-        "FAILED_PRECONDITION",
-        "ABORTED",
-        "OUT_OF_RANGE",
-        "UNIMPLEMENTED",
-        "INTERNAL",
-        "UNAVAILABLE",
-        "DATA_LOSS",
-        "UNAUTHENTICATED",
-    ];
-    CODES.iter().position(|c| *c == name).map(|i| i as u32)
-}

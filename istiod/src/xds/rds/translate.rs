@@ -20,10 +20,11 @@ use proto::pb::envoy::r#type::matcher::v3::{
 };
 use proto::pb::google::protobuf::BoolValue;
 
-use super::ops::{self, HeaderLists, grpc_code, percent};
+use super::ops::{self, HeaderLists, percent};
 use crate::model::istio::{
     Destination, HttpFaultInjection, HttpMatchRequest, HttpRoute, StringMatch,
 };
+use crate::model::route::grpc_code;
 use crate::model::service::Service;
 use crate::xds::cds::outbound_name;
 use crate::xds::context::{IstioContext, resolve_host};

@@ -4,7 +4,17 @@
 //! configuration of istiod's Pod (`KUBERNETES_SERVICE_HOST`, the service
 //! account's token and CA), as Istio's `kube.BuildClientConfig` does.
 
-use crate::config::KubeConnection;
+use std::path::PathBuf;
+
+/// How istiod reaches the Kubernetes API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubeConnection {
+    /// `--kubeconfig`: a kubeconfig file (its current context).
+    Kubeconfig(PathBuf),
+    /// In a Pod: `KUBERNETES_SERVICE_HOST`/`_PORT` and the service account's
+    /// token and CA under `/var/run/secrets/kubernetes.io/serviceaccount`.
+    InCluster,
+}
 
 /// Why no client could be built.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,46 @@
+//! istiod's top-level modules depend on each other one way: data flows from
+//! the sources to the store, the push context, the generators and the
+//! streams, and `config` (the flags and environment) and `app` (the wiring)
+//! sit on top of every part. A module that reaches back up closes a cycle
+//! and fails here, naming the line that does it.
+
+use std::path::Path;
+
+use common::module_graph::ModuleGraph;
+
+fn graph() -> ModuleGraph {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let graph = ModuleGraph::read(&src).unwrap_or_else(|e| panic!("{e}"));
+    for part in ["app", "config", "model", "source", "push", "xds", "ca"] {
+        assert!(
+            graph.modules().any(|m| m == part),
+            "no module {part} in {}",
+            src.display()
+        );
+    }
+    graph
+}
+
+#[test]
+fn top_level_modules_have_no_cycle() {
+    if let Err(e) = graph().check_acyclic() {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn nothing_below_config_and_app_depends_on_them() {
+    let graph = graph();
+    let below: Vec<&str> = graph
+        .modules()
+        .filter(|m| !matches!(*m, "app" | "config"))
+        .collect();
+    for top in ["config", "app"] {
+        if let Err(e) = graph.check_not_referenced_by(top, &below) {
+            panic!("{e}");
+        }
+    }
+    if let Err(e) = graph.check_not_referenced_by("app", &["config"]) {
+        panic!("{e}");
+    }
+}
