@@ -1,0 +1,53 @@
+//! pilot-agent's top-level modules depend on each other one way: the config
+//! feeds identity and the bootstrap, those feed Envoy and the servers, and
+//! `app` wires them. The status server sits on top of the parts it reports
+//! on: no part below it (the lifecycle, DNS, SDS, the xDS proxy, the secret
+//! manager, Envoy's supervisor, the bootstrap) depends on it, so each can be
+//! used and tested without HTTP. A reference that breaks this fails here,
+//! naming the line.
+
+use std::path::Path;
+
+use common::module_graph::ModuleGraph;
+
+fn graph() -> ModuleGraph {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let graph = ModuleGraph::read(&src).unwrap_or_else(|e| panic!("{e}"));
+    for part in ["app", "config", "status", "lifecycle", "xds_proxy", "sds"] {
+        assert!(
+            graph.modules().any(|m| m == part),
+            "no module {part} in {}",
+            src.display()
+        );
+    }
+    graph
+}
+
+#[test]
+fn top_level_modules_have_no_cycle() {
+    if let Err(e) = graph().check_acyclic() {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn only_app_depends_on_the_status_server() {
+    let graph = graph();
+    let below: Vec<&str> = graph
+        .modules()
+        .filter(|m| !matches!(*m, "app" | "status" | "main"))
+        .collect();
+    assert!(below.contains(&"lifecycle") && below.contains(&"dns"));
+    for top in ["status", "app"] {
+        if let Err(e) = graph.check_not_referenced_by(top, &below) {
+            panic!("{e}");
+        }
+    }
+}
+
+#[test]
+fn the_lifecycle_depends_on_no_other_part() {
+    let graph = graph();
+    let refs = graph.references("lifecycle");
+    assert!(refs.is_empty(), "lifecycle references {refs:?}");
+}
