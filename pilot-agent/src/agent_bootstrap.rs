@@ -71,21 +71,18 @@ fn remote_service(
 
 /// The renderer's inputs for this agent.
 pub fn options(config: &Config, log_as_json: bool) -> Result<BootstrapOptions, WriteError> {
-    let pc = &config.proxy;
+    let pc = &config.envoy.proxy_config;
+    let (pod, envoy, ports) = (&config.pod, &config.envoy, &config.envoy.ports);
+    let discovery_address = &config.xds_proxy.discovery_address;
     let proxy_config = match serde_json::to_value(pc) {
         Ok(Value::Object(m)) => m,
         _ => Map::new(),
     };
-    let discovery_host = config
-        .discovery_address
+    let discovery_host = discovery_address
         .rsplit_once(':')
         .map(|(h, _)| h)
-        .unwrap_or(&config.discovery_address);
-    let auth_policy = pc
-        .control_plane_auth_policy
-        .as_deref()
-        .and_then(|p| p.parse().ok());
-    let pilot_san = if auth_policy == Some(AuthenticationPolicy::None) {
+        .unwrap_or(discovery_address);
+    let pilot_san = if pc.control_plane_auth_policy == Some(AuthenticationPolicy::None) {
         Vec::new()
     } else if discovery_host.contains("localhost") {
         vec!["istiod.istio-system.svc".to_string()]
@@ -93,31 +90,31 @@ pub fn options(config: &Config, log_as_json: bool) -> Result<BootstrapOptions, W
         vec![discovery_host.to_string()]
     };
     let metadata = bootstrap::build_node_metadata(&MetadataInputs {
-        env: config.metadata_env.clone(),
+        env: pod.metadata_env.clone(),
         proxy_metadata: pc.proxy_metadata.clone(),
         proxy_config,
         istio_version: crate::VERSION.to_string(),
-        instance_ips: config.ips.clone(),
-        sts_port: config.sts_port,
-        envoy_status_port: config.envoy_status_port,
-        envoy_prometheus_port: config.envoy_prometheus_port,
-        envoy_secure_metrics_port: config.envoy_secure_metrics_port,
-        envoy_secure_merged_metrics_port: config.envoy_secure_merged_metrics_port,
-        exit_on_zero_active_connections: config.exit_on_zero_active_connections,
+        instance_ips: pod.ips.clone(),
+        sts_port: envoy.sts_port,
+        envoy_status_port: ports.status,
+        envoy_prometheus_port: ports.prometheus,
+        envoy_secure_metrics_port: ports.secure_metrics,
+        envoy_secure_merged_metrics_port: ports.secure_merged_metrics,
+        exit_on_zero_active_connections: envoy.drain.exit_on_zero_active_connections,
         metadata_discovery: false,
-        envoy_skip_deprecated_logs: config.envoy.skip_deprecated_logs,
-        workload_identity_socket_file: config.sds_socket_file.clone(),
-        pod_labels: (!config.labels.is_empty()).then(|| config.labels.clone()),
-        annotations: config.annotations.clone(),
+        envoy_skip_deprecated_logs: envoy.options.skip_deprecated_logs,
+        workload_identity_socket_file: config.identity.sds_socket_file.clone(),
+        pod_labels: (!pod.labels.is_empty()).then(|| pod.labels.clone()),
+        annotations: pod.annotations.clone(),
         pilot_san,
-        outlier_log_path: config.outlier_log_path.clone(),
+        outlier_log_path: envoy.outlier_log_path.clone(),
         credential_socket_exists: false,
     });
     let service_cluster = pc
         .service_cluster
         .clone()
         .filter(|s| s != "istio-proxy")
-        .unwrap_or_else(|| config.service_cluster_flag.clone());
+        .unwrap_or_else(|| envoy.service_cluster_flag.clone());
     let cluster_name = match pc.tracing_service_name.as_deref() {
         Some("CANONICAL_NAME_ONLY") => {
             ClusterName::TracingServiceName(TracingServiceName::CanonicalNameOnly)
@@ -138,7 +135,7 @@ pub fn options(config: &Config, log_as_json: bool) -> Result<BootstrapOptions, W
         .map(|a| {
             HostPort::parse(
                 "tracing.zipkin.address",
-                &a.replace("$(HOST_IP)", &config.host_ip),
+                &a.replace("$(HOST_IP)", &pod.host_ip),
             )
         })
         .transpose()
@@ -152,7 +149,7 @@ pub fn options(config: &Config, log_as_json: bool) -> Result<BootstrapOptions, W
         .map_err(|e| WriteError::Input(e.to_string()))?;
     let matcher = pc.proxy_stats_matcher.clone().unwrap_or_default();
     Ok(BootstrapOptions {
-        node_id: config.node_id.clone(),
+        node_id: pod.node_id.clone(),
         cluster,
         locality,
         global_downstream_max_connections: bootstrap::global_downstream_max_connections(
@@ -163,15 +160,15 @@ pub fn options(config: &Config, log_as_json: bool) -> Result<BootstrapOptions, W
         metadata: metadata.to_json_object(),
         proxy_admin_port: pc.admin_port(),
         status_port: pc.status_port(),
-        envoy_status_port: config.envoy_status_port,
-        envoy_prometheus_port: config.envoy_prometheus_port,
-        envoy_secure_metrics_port: config.envoy_secure_metrics_port,
-        envoy_secure_merged_metrics_port: config.envoy_secure_merged_metrics_port,
+        envoy_status_port: ports.status,
+        envoy_prometheus_port: ports.prometheus,
+        envoy_secure_metrics_port: ports.secure_metrics,
+        envoy_secure_merged_metrics_port: ports.secure_merged_metrics,
         config_path: PathBuf::from(pc.config_path()),
-        workload_identity_socket_file: config.sds_socket_file.clone(),
-        xds_api_type: XdsApiType::from_delta(config.delta_xds),
-        all_ipv6: bootstrap::all_ipv6(&config.ips),
-        outlier_log_path: config.outlier_log_path.clone(),
+        workload_identity_socket_file: config.identity.sds_socket_file.clone(),
+        xds_api_type: XdsApiType::from_delta(config.xds_proxy.delta),
+        all_ipv6: pod.all_ipv6(),
+        outlier_log_path: envoy.outlier_log_path.clone(),
         statsd_address,
         zipkin_address,
         envoy_metrics_service: pc
@@ -192,7 +189,7 @@ pub fn options(config: &Config, log_as_json: bool) -> Result<BootstrapOptions, W
             regexps: matcher.inclusion_regexps,
         },
         extra_stat_tags: pc.extra_stat_tags.clone(),
-        exit_on_zero_active_connections: config.exit_on_zero_active_connections,
+        exit_on_zero_active_connections: envoy.drain.exit_on_zero_active_connections,
         runtime_values: pc.runtime_values.clone(),
         stats_compression: true,
         log_as_json,
@@ -203,7 +200,8 @@ pub fn options(config: &Config, log_as_json: bool) -> Result<BootstrapOptions, W
 /// `customConfigFile` is used as it is, as in Istio.
 pub fn write(config: &Config, log_as_json: bool) -> Result<PathBuf, WriteError> {
     if let Some(custom) = config
-        .proxy
+        .envoy
+        .proxy_config
         .custom_config_file
         .as_deref()
         .filter(|c| !c.is_empty())
@@ -212,7 +210,7 @@ pub fn write(config: &Config, log_as_json: bool) -> Result<PathBuf, WriteError> 
     }
     let opts = options(config, log_as_json)?;
     let json = bootstrap::render(&opts);
-    let dir = PathBuf::from(config.proxy.config_path());
+    let dir = PathBuf::from(config.envoy.proxy_config.config_path());
     let io = |path: &std::path::Path| {
         let path = path.display().to_string();
         move |source| WriteError::Io { path, source }

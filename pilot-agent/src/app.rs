@@ -1,18 +1,20 @@
-//! The composition root of `pilot-agent proxy`: builds each part from the
-//! `Config` in Istio's start-up order (status server, SDS and certificates,
-//! bootstrap, Envoy), then supervises until Envoy exits or the Pod stops.
+//! The composition root of `pilot-agent proxy`: starts each part from its
+//! part of the `Config` in Istio's start-up order (status server, SDS and
+//! certificates, DNS proxy, xDS proxy, bootstrap and Envoy), one function
+//! each, then supervises until Envoy exits or the Pod stops.
 
+use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
+use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::config::Config;
-use crate::envoy::{DrainSettings, Ended, Stop};
+use crate::envoy::{Ended, Stop};
 use crate::lifecycle::Lifecycle;
 use crate::sds::{SdsServer, bind_uds};
 use crate::secret_manager::{SecretManager, SecretWatch};
@@ -29,8 +31,8 @@ struct EnvoyRun {
     stops: mpsc::Sender<Stop>,
     done: JoinHandle<Ended>,
     bootstrap: Option<PathBuf>,
-    drained: Arc<AtomicBool>,
-    admin_port: u16,
+    /// Envoy's admin address, for `POST /drain`.
+    admin: SocketAddr,
 }
 
 /// The running agent.
@@ -43,18 +45,11 @@ pub struct Bound {
     pub status_addr: SocketAddr,
     /// Readiness conditions, drain and quit requests, termination.
     pub lifecycle: Arc<Lifecycle>,
-    shutdown: watch::Sender<bool>,
-    tasks: JoinSet<anyhow::Result<()>>,
+    servers: Servers,
     envoy: EnvoyRun,
 }
 
 impl Bound {
-    /// Stops the agent's own servers.
-    async fn stop_servers(mut self) {
-        let _ = self.shutdown.send(true);
-        while self.tasks.join_next().await.is_some() {}
-    }
-
     /// Runs until Envoy exits or the Pod is stopped (SIGTERM/SIGINT, or
     /// `/quitquitquit`), draining Envoy as Istio does. Exits cleanly in every
     /// case Istio's agent exits 0.
@@ -76,13 +71,13 @@ impl Bound {
                 _ = lifecycle.drain_requested(), if !drain_handled => {
                     drain_handled = true;
                     // The native sidecar's preStop: drain now, keep running, and
-                    // stop Envoy at once on the SIGTERM that follows.
-                    self.envoy.drained.store(true, Ordering::SeqCst);
-                    if let Err(e) = crate::envoy::drain_listeners(self.envoy.admin_port, true, true).await {
+                    // stop Envoy at once on the SIGTERM that follows (the
+                    // supervisor reads the request from the lifecycle).
+                    if let Err(e) = crate::envoy::drain_listeners(self.envoy.admin, true, true).await {
                         tracing::warn!(target: "envoy", "drain requested, but draining failed: {e}");
                     }
                 }
-                Some(res) = self.tasks.join_next() => {
+                Some(res) = self.servers.tasks.join_next() => {
                     let err = match res {
                         Ok(Ok(())) => anyhow::anyhow!("a server stopped unexpectedly"),
                         Ok(Err(e)) => e,
@@ -99,7 +94,7 @@ impl Bound {
         if let Some(path) = self.envoy.bootstrap.take() {
             let _ = std::fs::remove_file(&path);
         }
-        self.stop_servers().await;
+        self.servers.stop().await;
         tracing::info!("agent has successfully terminated");
         Ok(())
     }
@@ -112,28 +107,79 @@ impl Bound {
     }
 }
 
-/// Starts the agent's parts and Envoy.
+/// The agent's own servers (status, SDS, xDS proxy): their tasks, and the
+/// signal that stops them all.
+struct Servers {
+    shutdown: watch::Sender<bool>,
+    tasks: JoinSet<anyhow::Result<()>>,
+}
+
+impl Servers {
+    fn new() -> Self {
+        Self {
+            shutdown: watch::channel(false).0,
+            tasks: JoinSet::new(),
+        }
+    }
+
+    /// Completes when the servers are told to stop.
+    fn stopping(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.shutdown.subscribe();
+        async move {
+            let _ = rx.wait_for(|v| *v).await;
+        }
+    }
+
+    fn spawn(&mut self, server: impl Future<Output = anyhow::Result<()>> + Send + 'static) {
+        self.tasks.spawn(server);
+    }
+
+    /// Tells every server to stop and waits for them.
+    async fn stop(mut self) {
+        self.shutdown.send_replace(true);
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Starts the agent's parts and Envoy, in Istio's order: the status server
+/// (so `/healthz/ready` answers 503 meanwhile), SDS and the workload
+/// certificate, the DNS proxy, the xDS proxy, then the bootstrap and Envoy.
 pub async fn build(config: Arc<Config>, run: RunOptions) -> anyhow::Result<Bound> {
     common::tls::install_crypto_provider();
-    let (shutdown, shutdown_rx) = watch::channel(false);
-    let mut tasks = JoinSet::new();
-    let shutdown_signal = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|v| *v).await;
-    };
-
-    // 1. The status server first, so /healthz/ready answers 503 meanwhile.
+    let mut servers = Servers::new();
     let lifecycle = Arc::new(Lifecycle::new());
+    let status_addr = start_status(&config, &lifecycle, &mut servers).await?;
+    let secrets = start_sds(&config, &mut servers).await?;
+    let nds = start_dns(&config, &lifecycle).await?;
+    start_xds_proxy(&config, secrets.clone(), nds, &mut servers)?;
+    let envoy = start_envoy(&config, &run, &lifecycle)?;
+    tokio::spawn(release_memory_after_work(secrets.clone()));
+    Ok(Bound {
+        sds_socket: config.identity.sds_socket.clone(),
+        secrets,
+        status_addr,
+        lifecycle,
+        servers,
+        envoy,
+    })
+}
+
+/// Step 1: the status server on `statusPort`; returns its address.
+async fn start_status(
+    config: &Config,
+    lifecycle: &Arc<Lifecycle>,
+    servers: &mut Servers,
+) -> anyhow::Result<SocketAddr> {
     let status = Arc::new(
         StatusState::new(
             StatusOptions {
-                status_port: config.proxy.status_port(),
-                admin_port: config.proxy.admin_port(),
-                envoy_prometheus_port: config.envoy_prometheus_port,
-                instance_ip: config.ips.first().cloned().unwrap_or_default(),
-                ipv6: crate::bootstrap::all_ipv6(&config.ips),
-                kube_app_probers: config.app_probers.clone().unwrap_or_default(),
-                prometheus_annotations: config.prometheus_annotations.clone(),
-                sidecar: config.proxy_type == "sidecar",
+                status_port: config.status.port,
+                admin_port: config.envoy.proxy_config.admin_port(),
+                envoy_prometheus_port: config.envoy.ports.prometheus,
+                instance_ip: config.pod.ips.first().cloned().unwrap_or_default(),
+                ipv6: config.pod.all_ipv6(),
+                app_probers: config.status.app_probers.clone(),
+                scrape_targets: config.status.scrape_targets.clone(),
                 started_at: Some(std::time::Instant::now()),
                 ..Default::default()
             },
@@ -141,175 +187,163 @@ pub async fn build(config: Arc<Config>, run: RunOptions) -> anyhow::Result<Bound
         )
         .context("status server configuration")?,
     );
-    let status_listener =
-        tokio::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], config.proxy.status_port())))
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot listen on the status port {}",
-                    config.proxy.status_port()
-                )
-            })?;
-    let status_addr = status_listener.local_addr()?;
-    {
-        let rx = shutdown_rx.clone();
-        // Istio closes :15020 as soon as the agent terminates, so kubelet's
-        // probes through Envoy's :15021 fail from then on.
-        let terminated = {
-            let lifecycle = lifecycle.clone();
-            async move {
-                tokio::select! {
-                    _ = lifecycle.terminated() => {}
-                    _ = shutdown_signal(rx) => {}
-                }
-            }
-        };
-        tasks.spawn(async move {
-            crate::status::serve(status_listener, status, terminated)
-                .await
-                .context("status server")
-        });
-    }
-
-    // 2. SDS: an external SDS server on the well-known socket is not supported;
-    // a dead socket is stale and removed.
-    if config.sds_socket.exists() {
-        let live = tokio::time::timeout(
-            std::time::Duration::from_secs(1),
-            tokio::net::UnixStream::connect(&config.sds_socket),
-        )
+    let port = config.status.port;
+    let listener = tokio::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port)))
         .await
-        .is_ok_and(|r| r.is_ok());
-        if live {
+        .with_context(|| format!("cannot listen on the status port {port}"))?;
+    let addr = listener.local_addr()?;
+    // Istio closes :15020 as soon as the agent terminates, so kubelet's
+    // probes through Envoy's :15021 fail from then on.
+    let terminated = {
+        let (lifecycle, stopping) = (lifecycle.clone(), servers.stopping());
+        async move {
+            tokio::select! {
+                _ = lifecycle.terminated() => {}
+                _ = stopping => {}
+            }
+        }
+    };
+    servers.spawn(async move {
+        crate::status::serve(listener, status, terminated)
+            .await
+            .context("status server")
+    });
+    Ok(addr)
+}
+
+/// Step 2: the secret manager and the SDS server Envoy takes certificates from;
+/// returns the published workload secret.
+async fn start_sds(config: &Arc<Config>, servers: &mut Servers) -> anyhow::Result<SecretWatch> {
+    let socket = &config.identity.sds_socket;
+    // An external SDS server on the well-known socket is not supported; a
+    // dead socket is stale and removed.
+    if socket.exists() {
+        if sds_socket_is_live(socket).await {
             anyhow::bail!(
                 "an SDS server is already listening on {}; serving workload certificates from an external SDS server is not supported by this agent",
-                config.sds_socket.display()
+                socket.display()
             );
         }
-        tracing::info!(target: "sds", "removing stale SDS socket {}", config.sds_socket.display());
-    } else if !config.sds_socket_default_name {
+        tracing::info!(target: "sds", "removing stale SDS socket {}", socket.display());
+    } else if !config.identity.sds_socket_is_default() {
         anyhow::bail!(
             "WORKLOAD_IDENTITY_SOCKET_FILE names {} but no SDS server listens there",
-            config.sds_socket.display()
+            socket.display()
         );
     }
     let manager = SecretManager::start(config.clone()).context("starting the secret manager")?;
     let secrets = manager.watch();
-    let listener = bind_uds(&config.sds_socket).with_context(|| {
-        format!(
-            "cannot listen on the SDS socket {}",
-            config.sds_socket.display()
-        )
-    })?;
+    let listener = bind_uds(socket)
+        .with_context(|| format!("cannot listen on the SDS socket {}", socket.display()))?;
     let sds = SdsServer::new(secrets.clone()).into_service();
-    let rx = shutdown_rx.clone();
-    tasks.spawn(async move {
+    let stopping = servers.stopping();
+    servers.spawn(async move {
         tonic::transport::Server::builder()
             .add_service(sds)
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::UnixListenerStream::new(listener),
-                shutdown_signal(rx),
-            )
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stopping)
             .await
             .context("SDS server")
     });
-    tracing::info!(target: "sds", "SDS server for workload certificates started, listening on {:?}", config.sds_socket);
+    tracing::info!(target: "sds", "SDS server for workload certificates started, listening on {:?}", socket);
+    Ok(secrets)
+}
 
-    // The DNS proxy, fed by the name table the xDS proxy takes from istiod.
-    let mut nds: Option<crate::xds_proxy::NdsHandler> = None;
-    if config.dns_capture {
-        let resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
-        let guard = lifecycle.readiness_pending(
-            "istio DNS capture is turned ON and DNS lookup table is not ready yet",
-        );
-        let dns = crate::dns::DnsProxy::new(
-            &config.pod_namespace,
-            crate::dns::upstreams_from(&resolv),
-            Some(guard),
-        );
-        let udp = tokio::net::UdpSocket::bind(config.dns_proxy_addr)
-            .await
-            .with_context(|| format!("cannot listen for DNS (UDP) on {}", config.dns_proxy_addr))?;
-        let tcp = tokio::net::TcpListener::bind(config.dns_proxy_addr)
-            .await
-            .with_context(|| format!("cannot listen for DNS (TCP) on {}", config.dns_proxy_addr))?;
-        tokio::spawn(dns.clone().serve_udp(udp));
-        tokio::spawn(dns.clone().serve_tcp(tcp));
-        tracing::info!(target: "dns", "DNS proxy listening on {} (UDP and TCP)", config.dns_proxy_addr);
-        nds = Some(Arc::new(move |any| dns.update(any)));
+/// Whether something accepts connections on the SDS socket within a second.
+async fn sds_socket_is_live(socket: &Path) -> bool {
+    tokio::time::timeout(
+        std::time::Duration::from_secs(1),
+        tokio::net::UnixStream::connect(socket),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok())
+}
+
+/// Step 3: the DNS proxy (`ISTIO_META_DNS_CAPTURE`), fed by the name table the
+/// xDS proxy takes from istiod; returns the xDS proxy's handler for it.
+async fn start_dns(
+    config: &Config,
+    lifecycle: &Lifecycle,
+) -> anyhow::Result<Option<crate::xds_proxy::NdsHandler>> {
+    if !config.dns.capture {
+        return Ok(None);
     }
+    let addr = config.dns.addr;
+    let resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    let guard = lifecycle
+        .readiness_pending("istio DNS capture is turned ON and DNS lookup table is not ready yet");
+    let dns = crate::dns::DnsProxy::new(
+        &config.pod.namespace,
+        crate::dns::upstreams_from(&resolv),
+        Some(guard),
+    );
+    let udp = tokio::net::UdpSocket::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen for DNS (UDP) on {addr}"))?;
+    let tcp = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen for DNS (TCP) on {addr}"))?;
+    tokio::spawn(dns.clone().serve_udp(udp));
+    tokio::spawn(dns.clone().serve_tcp(tcp));
+    tracing::info!(target: "dns", "DNS proxy listening on {addr} (UDP and TCP)");
+    Ok(Some(Arc::new(move |any| dns.update(any))))
+}
 
-    // 3. The xDS proxy Envoy connects to.
-    let xds_listener = bind_uds(&config.xds_socket).with_context(|| {
-        format!(
-            "cannot listen on the xDS proxy socket {}",
-            config.xds_socket.display()
-        )
-    })?;
-    let xds = crate::xds_proxy::XdsProxy::new(config.clone(), secrets.clone(), nds).into_service();
-    let rx = shutdown_rx.clone();
-    tasks.spawn(async move {
+/// Step 4: the xDS proxy Envoy connects to.
+fn start_xds_proxy(
+    config: &Arc<Config>,
+    secrets: SecretWatch,
+    nds: Option<crate::xds_proxy::NdsHandler>,
+    servers: &mut Servers,
+) -> anyhow::Result<()> {
+    let socket = &config.xds_proxy.socket;
+    let listener = bind_uds(socket)
+        .with_context(|| format!("cannot listen on the xDS proxy socket {}", socket.display()))?;
+    let xds = crate::xds_proxy::XdsProxy::new(config.clone(), secrets, nds).into_service();
+    let stopping = servers.stopping();
+    servers.spawn(async move {
         tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
             .add_service(xds)
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::UnixListenerStream::new(xds_listener),
-                shutdown_signal(rx),
-            )
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stopping)
             .await
             .context("xDS proxy")
     });
-    tracing::info!(target: "xdsproxy", "xDS proxy listening on {:?}, forwarding to {}", config.xds_socket, config.discovery_address);
+    tracing::info!(target: "xdsproxy", "xDS proxy listening on {:?}, forwarding to {}", socket, config.xds_proxy.discovery_address);
+    Ok(())
+}
 
-    // 4. The bootstrap, then Envoy.
-    let bootstrap = crate::agent_bootstrap::write(&config, run.log_as_json)?;
+/// Step 5: the bootstrap, then Envoy under supervision.
+fn start_envoy(
+    config: &Config,
+    run: &RunOptions,
+    lifecycle: &Arc<Lifecycle>,
+) -> anyhow::Result<EnvoyRun> {
+    let bootstrap = crate::agent_bootstrap::write(config, run.log_as_json)?;
     let generated = config
-        .proxy
+        .envoy
+        .proxy_config
         .custom_config_file
         .as_deref()
         .is_none_or(str::is_empty);
-    let mut envoy_options = config.envoy.clone();
-    envoy_options.config_file = bootstrap.clone();
-    let child = crate::envoy::spawn(&envoy_options)?;
+    let mut options = config.envoy.options.clone();
+    options.config_file = bootstrap.clone();
+    let child = crate::envoy::spawn(&options)?;
     crate::envoy::spawn_zombie_reaper(child.id());
     let (stops, stop_rx) = mpsc::channel(4);
-    let drained = Arc::new(AtomicBool::new(false));
-    let settings = DrainSettings {
-        admin_port: config.proxy.admin_port(),
-        inbound_only: config.proxy_type == "sidecar",
-        termination_drain_duration: config.proxy.termination_drain_duration(),
-        exit_on_zero_active_connections: config.exit_on_zero_active_connections,
-        minimum_drain_duration: config.minimum_drain_duration,
-        excluded_ports: vec![
-            config.envoy_status_port,
-            config.envoy_prometheus_port,
-            config.envoy_secure_metrics_port,
-            config.envoy_secure_merged_metrics_port,
-        ],
-    };
+    let drain = config.envoy.drain.clone();
+    let admin = drain.admin;
     let done = tokio::spawn(crate::envoy::supervise(
         child,
-        settings,
+        drain,
         stop_rx,
-        drained.clone(),
+        lifecycle.clone(),
     ));
-    tokio::spawn(release_memory_after_work(secrets.clone()));
-
-    Ok(Bound {
-        sds_socket: config.sds_socket.clone(),
-        secrets,
-        status_addr,
-        lifecycle,
-        shutdown,
-        tasks,
-        envoy: EnvoyRun {
-            stops,
-            done,
-            bootstrap: generated.then_some(bootstrap),
-            drained,
-            admin_port: config.proxy.admin_port(),
-        },
+    Ok(EnvoyRun {
+        stops,
+        done,
+        bootstrap: generated.then_some(bootstrap),
+        admin,
     })
 }
 

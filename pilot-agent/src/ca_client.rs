@@ -66,7 +66,8 @@ impl CaClient {
 
     /// The TLS channel (plaintext for `:15010`) to the CA in `config`.
     fn channel(config: &Config) -> Result<Channel, CaClientError> {
-        let tls = match &config.ca_root_path {
+        let identity = &config.identity;
+        let tls = match &identity.ca_root_path {
             None => None,
             Some(root) => {
                 let root = root.clone();
@@ -81,13 +82,13 @@ impl CaClient {
                     let store = common::tls::root_store(&root.display().to_string(), &pem)?;
                     Ok(Arc::new(common::tls::grpc_client_config(store, None)?))
                 });
-                let name = ServerName::try_from(config.ca_server_name.clone()).map_err(|e| {
-                    CaClientError::Setup(format!("server name {:?}: {e}", config.ca_server_name))
+                let name = ServerName::try_from(identity.ca_server_name.clone()).map_err(|e| {
+                    CaClientError::Setup(format!("server name {:?}: {e}", identity.ca_server_name))
                 })?;
                 Some((source, name))
             }
         };
-        common::tls::grpc_channel(&config.ca_addr, tls, Duration::from_secs(5))
+        common::tls::grpc_channel(&identity.ca_addr, tls, Duration::from_secs(5))
             .map_err(|e| CaClientError::Setup(e.to_string()))
     }
 
@@ -103,19 +104,20 @@ impl CaClient {
             headers.push((key, value));
             Ok(())
         };
-        if !config.cluster_id.is_empty() {
-            push("ClusterID", &config.cluster_id)?;
+        if !config.pod.cluster_id.is_empty() {
+            push("ClusterID", &config.pod.cluster_id)?;
         }
-        for (k, v) in &config.ca_headers {
+        let identity = &config.identity;
+        for (k, v) in &identity.ca_headers {
             push(k, v)?;
         }
         Ok(Self {
             channel,
-            addr: config.ca_addr.clone(),
-            token_path: config.token_path.clone(),
+            addr: identity.ca_addr.clone(),
+            token_path: identity.token_path.clone(),
             headers,
-            cert_signer: config.cert_signer.clone(),
-            ttl: config.secret_ttl,
+            cert_signer: identity.cert_signer.clone(),
+            ttl: identity.secret_ttl,
         })
     }
 

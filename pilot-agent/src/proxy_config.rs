@@ -6,9 +6,11 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::str::FromStr;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use common::{AuthenticationPolicy, InterceptionMode};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
 /// The annotation holding a per-Pod ProxyConfig.
@@ -116,8 +118,12 @@ pub struct ProxyConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub availability_zone: Option<String>,
     /// `MUTUAL_TLS` (default) or `NONE`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub control_plane_auth_policy: Option<String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "control_plane_auth_policy"
+    )]
+    pub control_plane_auth_policy: Option<AuthenticationPolicy>,
     /// A complete Envoy config file used instead of the generated bootstrap.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub custom_config_file: Option<String>,
@@ -131,8 +137,12 @@ pub struct ProxyConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proxy_bootstrap_template_path: Option<String>,
     /// `REDIRECT`, `TPROXY` or `NONE`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub interception_mode: Option<String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "interception_mode"
+    )]
+    pub interception_mode: Option<InterceptionMode>,
     /// Tracing configuration.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tracing: Option<Value>,
@@ -201,6 +211,35 @@ pub struct ProxyConfig {
     pub ca_certificates: Option<Value>,
 }
 
+/// An enum field in Istio's spelling; an unknown value is an error naming
+/// the field (serde's own message would only list the variants).
+fn named_enum<'de, D, T>(d: D, field: &str) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr,
+    T::Err: std::fmt::Display,
+{
+    match Option::<String>::deserialize(d)? {
+        None => Ok(None),
+        Some(s) => s
+            .parse()
+            .map(Some)
+            .map_err(|e| serde::de::Error::custom(format!("{field}: {e}"))),
+    }
+}
+
+fn control_plane_auth_policy<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<AuthenticationPolicy>, D::Error> {
+    named_enum(d, "controlPlaneAuthPolicy")
+}
+
+fn interception_mode<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<InterceptionMode>, D::Error> {
+    named_enum(d, "interceptionMode")
+}
+
 /// A bad ProxyConfig layer.
 #[derive(Debug, thiserror::Error)]
 #[error("{source_name}: {reason}")]
@@ -236,7 +275,7 @@ impl ProxyConfig {
             termination_drain_duration: Some(ProtoDuration(Duration::from_secs(5))),
             discovery_address: Some("istiod.istio-system.svc:15012".into()),
             proxy_admin_port: Some(15000),
-            control_plane_auth_policy: Some("MUTUAL_TLS".into()),
+            control_plane_auth_policy: Some(AuthenticationPolicy::MutualTls),
             stat_name_length: Some(189),
             status_port: Some(15020),
             ..Default::default()
@@ -316,19 +355,12 @@ impl ProxyConfig {
         if self.status_port.is_some() && self.status_port == self.proxy_admin_port {
             errs.push("statusPort must differ from proxyAdminPort".to_string());
         }
-        if let Some(p) = &self.control_plane_auth_policy
-            && p != "MUTUAL_TLS"
-            && p != "NONE"
-        {
+        // Every interception mode parses as a valid one; of the policies,
+        // a proxy cannot inherit.
+        if let Some(p @ AuthenticationPolicy::Inherit) = self.control_plane_auth_policy {
             errs.push(format!(
-                "controlPlaneAuthPolicy {p:?} must be MUTUAL_TLS or NONE"
-            ));
-        }
-        if let Some(m) = &self.interception_mode
-            && !matches!(m.as_str(), "REDIRECT" | "TPROXY" | "NONE")
-        {
-            errs.push(format!(
-                "interceptionMode {m:?} must be REDIRECT, TPROXY or NONE"
+                "controlPlaneAuthPolicy {:?} must be MUTUAL_TLS or NONE",
+                p.as_str()
             ));
         }
         if errs.is_empty() {
@@ -548,6 +580,43 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("statusPort must differ"), "{e}");
+    }
+
+    #[test]
+    fn enums_take_istios_spellings_and_name_the_field() {
+        let none = BTreeMap::new();
+        let no = Path::new("/nonexistent");
+        let pc = construct(
+            no,
+            Some("controlPlaneAuthPolicy: NONE\ninterceptionMode: TPROXY\n"),
+            &none,
+        )
+        .unwrap();
+        assert_eq!(
+            pc.control_plane_auth_policy,
+            Some(AuthenticationPolicy::None)
+        );
+        assert_eq!(pc.interception_mode, Some(InterceptionMode::Tproxy));
+        let v = serde_json::to_value(&pc).unwrap();
+        assert_eq!(v["controlPlaneAuthPolicy"], "NONE");
+        assert_eq!(v["interceptionMode"], "TPROXY");
+        let e = construct(no, Some("interceptionMode: redirect"), &none)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "PROXY_CONFIG: interceptionMode: \"redirect\" is not a valid interception mode"
+            ),
+            "{e}"
+        );
+        let e = construct(no, Some("controlPlaneAuthPolicy: TLS"), &none)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("controlPlaneAuthPolicy: \"TLS\""), "{e}");
+        let e = construct(no, Some("controlPlaneAuthPolicy: INHERIT"), &none)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("must be MUTUAL_TLS or NONE"), "{e}");
     }
 
     #[test]

@@ -119,8 +119,8 @@ fn secret_from_pems(
 
 /// Generates a key and CSR and asks the CA.
 async fn fetch_from_ca(client: &CaClient, config: &Config) -> Result<WorkloadSecret, SecretError> {
-    let identity = config.workload_identity();
-    let key_type: KeyType = config.key_type;
+    let identity = config.identity.workload.clone();
+    let key_type: KeyType = config.identity.key_type;
     // RSA key generation takes a while: keep it off the async workers.
     let (key_pem, csr) = tokio::task::spawn_blocking(move || -> Result<_, pki::PkiError> {
         let key = pki::generate_key(key_type)?;
@@ -196,7 +196,7 @@ impl SecretManager {
     /// Starts the manager for `config`'s certificate source.
     pub fn start(config: Arc<Config>) -> Result<Self, SecretError> {
         let (tx, rx) = watch::channel(None);
-        match config.cert_source.clone() {
+        match config.identity.cert_source.clone() {
             CertSource::Ca => {
                 let client = CaClient::new(&config)?;
                 tokio::spawn(run_ca(client, config, tx));
@@ -229,9 +229,9 @@ async fn publish(
     config: &Config,
 ) {
     let secret = Arc::new(secret);
-    if let Some(dir) = &config.output_certs {
+    if let Some(dir) = &config.identity.output_certs {
         // File writes and fsyncs: on the blocking pool.
-        let (dir, written, mode) = (dir.clone(), secret.clone(), config.output_mode);
+        let (dir, written, mode) = (dir.clone(), secret.clone(), config.identity.output_mode);
         let result = tokio::task::spawn_blocking(move || {
             write_output(&dir, &written, mode).map_err(|e| (dir, e))
         })
@@ -267,14 +267,14 @@ async fn run_ca(
                 let delay = rotation_delay(
                     secret.created,
                     secret.expires,
-                    config.grace_period_ratio,
-                    config.grace_period_ratio_jitter,
+                    config.identity.grace_period_ratio,
+                    config.identity.grace_period_ratio_jitter,
                     SystemTime::now(),
                 );
                 tracing::info!(
                     target: "cache",
                     "generated new workload certificate for {} serial={} expires in {}; rotating in {}",
-                    config.identity,
+                    config.identity.workload,
                     secret.serial,
                     common::duration::format(secret.expires.duration_since(SystemTime::now()).unwrap_or_default()),
                     common::duration::format(delay),
@@ -434,12 +434,12 @@ mod tests {
             std::fs::write(&token, "token").unwrap();
             let out = dir.path().join("out");
             let config = crate::test_support::config(|c| {
-                c.secret_ttl = HOUR;
-                c.grace_period_ratio = ratio;
-                c.grace_period_ratio_jitter = jitter;
-                c.key_type = KeyType::EcdsaP256;
-                c.token_path = token;
-                c.output_certs = Some(out);
+                c.identity.secret_ttl = HOUR;
+                c.identity.grace_period_ratio = ratio;
+                c.identity.grace_period_ratio_jitter = jitter;
+                c.identity.key_type = KeyType::EcdsaP256;
+                c.identity.token_path = token;
+                c.identity.output_certs = Some(out);
             });
             let client = CaClient::with_channel(&config, ca.in_memory_channel()).unwrap();
             let (tx, mut rx) = watch::channel(None);

@@ -32,13 +32,10 @@ use tonic::metadata::{AsciiMetadataValue, MetadataKey};
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
+use common::xds::{ENVOY_TYPE_PREFIX, LISTENER_TYPE, NAME_TABLE_TYPE, WORKLOAD_TYPE};
+
 use crate::config::Config;
 use crate::secret_manager::SecretWatch;
-
-/// The DNS name table type, handled by the agent.
-pub const NAME_TABLE_TYPE: &str = "type.googleapis.com/istio.networking.nds.v1.NameTable";
-/// LDS, whose first request triggers the NDS subscription.
-pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 
 /// Consumes the name table istiod sends (for the DNS proxy).
 pub type NdsHandler = Arc<dyn Fn(&Any) -> Result<(), String> + Send + Sync>;
@@ -51,9 +48,10 @@ pub struct XdsProxy {
     nds: Option<NdsHandler>,
 }
 
+/// Whether a response goes on to Envoy: Envoy's own types and ambient
+/// workloads; the name table (NDS) is the agent's.
 fn forwardable(type_url: &str) -> bool {
-    type_url.starts_with("type.googleapis.com/envoy.")
-        || type_url == "type.googleapis.com/istio.workload.Workload"
+    type_url.starts_with(ENVOY_TYPE_PREFIX) || type_url == WORKLOAD_TYPE
 }
 
 impl XdsProxy {
@@ -75,10 +73,11 @@ impl XdsProxy {
 
     /// A fresh upstream connection; whether it authenticates with the workload certificate.
     fn upstream(&self) -> Result<(AggregatedDiscoveryServiceClient<Channel>, bool), Status> {
-        let addr = &self.config.discovery_address;
+        let xds = &self.config.xds_proxy;
+        let addr = &xds.discovery_address;
         let current = self.secrets.borrow().clone();
-        let with_cert = self.config.xds_root_path.is_some() && current.is_some();
-        let tls = match &self.config.xds_root_path {
+        let with_cert = xds.root_path.is_some() && current.is_some();
+        let tls = match &xds.root_path {
             None => None,
             Some(root) => {
                 let root = root.clone();
@@ -103,13 +102,9 @@ impl XdsProxy {
                     };
                     Ok(Arc::new(common::tls::grpc_client_config(store, client)?))
                 });
-                let name =
-                    ServerName::try_from(self.config.xds_server_name.clone()).map_err(|e| {
-                        Status::internal(format!(
-                            "istiod server name {:?}: {e}",
-                            self.config.xds_server_name
-                        ))
-                    })?;
+                let name = ServerName::try_from(xds.server_name.clone()).map_err(|e| {
+                    Status::internal(format!("istiod server name {:?}: {e}", xds.server_name))
+                })?;
                 Some((source, name))
             }
         };
@@ -128,7 +123,7 @@ impl XdsProxy {
         let token = if with_cert {
             None
         } else {
-            tokio::fs::read_to_string(&self.config.token_path)
+            tokio::fs::read_to_string(&self.config.identity.token_path)
                 .await
                 .ok()
         };
@@ -141,10 +136,10 @@ impl XdsProxy {
                 md.insert(k, v);
             }
         };
-        if !self.config.cluster_id.is_empty() {
-            put("ClusterID", &self.config.cluster_id);
+        if !self.config.pod.cluster_id.is_empty() {
+            put("ClusterID", &self.config.pod.cluster_id);
         }
-        for (k, v) in &self.config.xds_headers {
+        for (k, v) in &self.config.xds_proxy.headers {
             put(k, v);
         }
         if let Some(token) = token
@@ -327,10 +322,10 @@ impl XdsProxy {
         let responses = F::open(client, upstream)
             .await
             .inspect_err(|s| {
-                tracing::warn!(target: "xdsproxy", "upstream {}xDS stream to {} failed: {}", F::LABEL, self.config.discovery_address, s.message());
+                tracing::warn!(target: "xdsproxy", "upstream {}xDS stream to {} failed: {}", F::LABEL, self.config.xds_proxy.discovery_address, s.message());
             })?
             .into_inner();
-        tracing::info!(target: "xdsproxy", "connected to {}upstream XDS server: {}", F::LABEL, self.config.discovery_address);
+        tracing::info!(target: "xdsproxy", "connected to {}upstream XDS server: {}", F::LABEL, self.config.xds_proxy.discovery_address);
         let (tx, rx) = mpsc::channel(1);
         tokio::spawn(self.clone().forward_responses::<F>(
             responses,

@@ -33,7 +33,6 @@ mod stats;
 mod tls;
 
 use std::collections::BTreeMap;
-use std::net::Ipv6Addr;
 use std::path::PathBuf;
 
 use prost::Name;
@@ -52,6 +51,10 @@ pub use stats::StatsInclusion;
 pub use tls::{ClientTls, RemoteService, TlsMode};
 
 use metadata::DEFAULT_SERVICE_CLUSTER;
+
+/// Whether every Pod IP is IPv6, which picks the bootstrap's address family
+/// (defined with the Pod's configuration, which needs it too).
+pub use crate::config::all_ipv6;
 
 /// `ProxyConfig.proxyAdminPort` default: the Envoy admin port.
 pub const DEFAULT_PROXY_ADMIN_PORT: u16 = 15000;
@@ -474,16 +477,6 @@ fn runtime_flags(overrides: &BTreeMap<String, String>) -> Map<String, Value> {
         }
     }
     flags
-}
-
-/// Whether every IP is IPv6 (IPv4-mapped addresses count as IPv4); false for
-/// none, so an agent without IPs gets IPv4 loopback and wildcard, as in Istio.
-pub fn all_ipv6(ips: &[String]) -> bool {
-    !ips.is_empty()
-        && ips.iter().all(|ip| {
-            ip.parse::<Ipv6Addr>()
-                .is_ok_and(|a| a.to_ipv4_mapped().is_none())
-        })
 }
 
 /// The overload-manager connection limit, by Istio's precedence:

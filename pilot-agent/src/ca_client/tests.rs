@@ -29,11 +29,11 @@ async fn harness(root_pem: Option<&str>) -> Harness {
     let root = dir.path().join("root-cert.pem");
     std::fs::write(&root, root_pem.unwrap_or(ca.tls_root_pem().unwrap())).unwrap();
     let config = crate::test_support::config(|c| {
-        c.ca_addr = ca.addr().to_string();
-        c.ca_root_path = Some(root.clone());
-        c.ca_server_name = SERVER_NAME.into();
-        c.token_path = token.clone();
-        c.cluster_id = "Kubernetes".into();
+        c.identity.ca_addr = ca.addr().to_string();
+        c.identity.ca_root_path = Some(root.clone());
+        c.identity.ca_server_name = SERVER_NAME.into();
+        c.identity.token_path = token.clone();
+        c.pod.cluster_id = "Kubernetes".into();
     });
     let client = CaClient::new(&config).unwrap();
     Harness {

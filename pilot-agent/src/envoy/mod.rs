@@ -4,13 +4,17 @@
 
 pub mod admin;
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::process::{Child, Command};
 
 use admin::{AdminClient, AdminError};
+
+use crate::lifecycle::Lifecycle;
 
 /// Why Envoy could not be started or driven.
 #[derive(Debug, thiserror::Error)]
@@ -235,10 +239,11 @@ fn libc_sigkill() -> i32 {
     nix::sys::signal::Signal::SIGKILL as i32
 }
 
-/// Starts draining listeners gracefully (`/drain_listeners`). Sidecars drain
-/// inbound listeners only; `skip_exit` keeps Envoy running afterwards (`/drain`).
+/// Starts draining listeners gracefully (`/drain_listeners` on the admin
+/// address). Sidecars drain inbound listeners only; `skip_exit` keeps Envoy
+/// running afterwards (`/drain`).
 pub async fn drain_listeners(
-    port: u16,
+    admin: SocketAddr,
     inbound_only: bool,
     skip_exit: bool,
 ) -> Result<(), EnvoyError> {
@@ -250,7 +255,7 @@ pub async fn drain_listeners(
     if skip_exit {
         path.push_str("&skip_exit");
     }
-    let resp = AdminClient::new(port)
+    let resp = AdminClient::at(admin)
         .with_timeout(Duration::from_secs(5))
         .post(&path)
         .await;
@@ -298,12 +303,15 @@ pub fn sum_active_connections(stats: &str, excluded_ports: &[u16]) -> i64 {
     total
 }
 
-/// Asks Envoy how many application connections are open.
-pub async fn active_connections(port: u16, excluded_ports: &[u16]) -> Result<i64, EnvoyError> {
+/// Asks Envoy's admin at `admin` how many application connections are open.
+pub async fn active_connections(
+    admin: SocketAddr,
+    excluded_ports: &[u16],
+) -> Result<i64, EnvoyError> {
     let path = "/stats?usedonly&filter=downstream_cx_active$";
     // The body is summed whatever the status (Istio's `DoHTTPGetWithTimeout`
     // would count a non-200 answer as an error).
-    let resp = AdminClient::new(port)
+    let resp = AdminClient::at(admin)
         .with_timeout(Duration::from_secs(2))
         .get(path)
         .await
@@ -324,17 +332,20 @@ pub enum Stop {
 }
 
 /// How Envoy is drained on termination (Istio's `terminate`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct DrainSettings {
-    /// Envoy's admin port.
-    pub admin_port: u16,
+    /// Envoy's admin address: `127.0.0.1`, or `[::1]` in IPv6-only Pods,
+    /// and ProxyConfig `proxyAdminPort`.
+    pub admin: SocketAddr,
     /// Sidecars drain inbound listeners only.
     pub inbound_only: bool,
     /// ProxyConfig `terminationDrainDuration` (5s).
+    #[serde(serialize_with = "common::duration::serialize")]
     pub termination_drain_duration: Duration,
     /// `EXIT_ON_ZERO_ACTIVE_CONNECTIONS`.
     pub exit_on_zero_active_connections: bool,
     /// `MINIMUM_DRAIN_DURATION` (5s).
+    #[serde(serialize_with = "common::duration::serialize")]
     pub minimum_drain_duration: Duration,
     /// Istio's own listener ports, left out of the connection count (15021, 15090, ...).
     pub excluded_ports: Vec<u16>,
@@ -355,13 +366,14 @@ async fn kill_and_wait(child: &mut Child) {
 }
 
 /// Waits for Envoy to exit or for a stop request, then drains and stops it
-/// as Istio's agent does. `drained` is set by `POST /drain` (the native
-/// sidecar preStop): a later SIGTERM then stops Envoy without waiting again.
+/// as Istio's agent does. After `POST /drain` (the native sidecar preStop,
+/// recorded in `lifecycle`) Envoy is already drained: a later SIGTERM then
+/// stops it without draining and waiting again.
 pub async fn supervise(
     mut child: Child,
     settings: DrainSettings,
     mut stops: tokio::sync::mpsc::Receiver<Stop>,
-    drained: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    lifecycle: Arc<Lifecycle>,
 ) -> Ended {
     let stop = tokio::select! {
         status = child.wait() => {
@@ -384,14 +396,13 @@ pub async fn supervise(
             tracing::info!(target: "envoy", "quit requested: stopping Envoy now");
             kill_and_wait(&mut child).await;
         }
-        Stop::Terminate(cause) if drained.load(std::sync::atomic::Ordering::SeqCst) => {
+        Stop::Terminate(cause) if lifecycle.is_drain_requested() => {
             tracing::info!(target: "envoy", "{cause}; Envoy was already drained, stopping it now");
             kill_and_wait(&mut child).await;
         }
         Stop::Terminate(cause) => {
             tracing::info!(target: "envoy", "{cause}; draining Envoy's listeners");
-            if let Err(e) = drain_listeners(settings.admin_port, settings.inbound_only, false).await
-            {
+            if let Err(e) = drain_listeners(settings.admin, settings.inbound_only, false).await {
                 tracing::warn!(target: "envoy", "draining failed, stopping Envoy anyway: {e}");
             } else if settings.exit_on_zero_active_connections {
                 wait_for_zero_connections(&mut child, &settings).await;
@@ -421,7 +432,7 @@ async fn wait_for_zero_connections(child: &mut Child, settings: &DrainSettings) 
     }
     let mut errors = 0;
     loop {
-        match active_connections(settings.admin_port, &settings.excluded_ports).await {
+        match active_connections(settings.admin, &settings.excluded_ports).await {
             Ok(n) if n <= 0 => {
                 tracing::info!(target: "envoy", "there are no more active connections. terminating proxy...");
                 return;

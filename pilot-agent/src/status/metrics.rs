@@ -16,13 +16,13 @@ use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::http::request::Parts;
 use hyper::{Method, Response, StatusCode};
 use prometheus::{Gauge, IntCounter, IntCounterVec, Opts, Registry};
-use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::upstream::{Upstream, read_capped, send_request};
-use super::{Body, ConfigError, StatusError, StatusOptions};
+use super::{Body, StatusError, StatusOptions};
+use crate::config::ScrapeTarget;
 
 /// The cap on each target's body when several application targets are merged.
 const MAX_APP_METRICS_BODY: usize = 10 * 1024 * 1024;
@@ -35,127 +35,10 @@ pub(super) const FMT_OPENMETRICS_1_0_0: &str =
 const OPENMETRICS_EOF: &[u8] = b"# EOF";
 const SCRAPE_TIMEOUT_HEADER: &str = "x-prometheus-scrape-timeout-seconds";
 
-/// Ports of the Istio data plane that a metrics target may not name.
-const RESERVED_PORTS: &[(u16, &str)] = &[
-    (15000, "Envoy admin"),
-    (15001, "outbound traffic capture"),
-    (15004, "pilot debug"),
-    (15006, "inbound traffic capture"),
-    (15008, "HBONE tunnel"),
-    (15020, "pilot-agent status / merged Prometheus"),
-    (15021, "Envoy health"),
-    (15053, "DNS proxy"),
-    (15090, "Envoy Prometheus (already merged)"),
-];
-
 /// Label values of `istio_agent_scrape_failures_total{type}`.
 const SCRAPE_ENVOY: &str = "envoy";
 const SCRAPE_APP: &str = "application";
 const SCRAPE_AGENT: &str = "agent";
-
-// ---------------------------------------------------------------------------
-// ISTIO_PROMETHEUS_ANNOTATIONS
-
-#[derive(Debug, Deserialize)]
-struct RawScrapeConfig {
-    #[serde(default)]
-    scrape: String,
-    #[serde(default)]
-    path: String,
-    #[serde(default)]
-    port: String,
-    #[serde(default)]
-    targets: Option<Vec<RawScrapeTarget>>,
-}
-
-#[derive(Debug, Deserialize)]
-struct RawScrapeTarget {
-    #[serde(default)]
-    port: String,
-    #[serde(default)]
-    path: String,
-}
-
-/// One application metrics endpoint, scraped at `http://localhost:<port><path>`.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct ScrapeTarget {
-    port: u16,
-    path: String,
-}
-
-pub(super) fn parse_scrape_targets(
-    options: &StatusOptions,
-    errors: &mut Vec<ConfigError>,
-) -> Vec<ScrapeTarget> {
-    let Some(json) = options.prometheus_annotations.as_deref() else {
-        return Vec::new();
-    };
-    if !options.sidecar {
-        return Vec::new();
-    }
-    let raw: RawScrapeConfig = match serde_json::from_str(json) {
-        Ok(raw) => raw,
-        Err(e) => {
-            errors.push(ConfigError::DecodePrometheus {
-                reason: e.to_string(),
-            });
-            return Vec::new();
-        }
-    };
-    tracing::info!(target: "status", "Prometheus scraping configuration: {json}");
-    if raw.scrape == "false" {
-        return Vec::new();
-    }
-    let raw_targets = match raw.targets {
-        Some(targets) if !targets.is_empty() => targets,
-        _ => {
-            // The legacy single target, with its defaults.
-            let port = if raw.port.is_empty() {
-                "80".to_string()
-            } else {
-                raw.port
-            };
-            if port == options.status_port.to_string() {
-                errors.push(ConfigError::ScrapePortIsStatusPort {
-                    status_port: options.status_port,
-                });
-                return Vec::new();
-            }
-            vec![RawScrapeTarget {
-                port,
-                path: raw.path,
-            }]
-        }
-    };
-    let mut targets = Vec::new();
-    for t in raw_targets {
-        let port = match t.port.parse::<i64>().ok().map(u16::try_from) {
-            Some(Ok(p)) if p != 0 => p,
-            _ => {
-                errors.push(ConfigError::InvalidScrapePort { port: t.port });
-                continue;
-            }
-        };
-        if port == options.status_port {
-            errors.push(ConfigError::ScrapeTargetIsStatusPort { port: t.port });
-            continue;
-        }
-        if let Some((_, reason)) = RESERVED_PORTS.iter().find(|(p, _)| *p == port) {
-            errors.push(ConfigError::ReservedScrapePort {
-                port: t.port,
-                reason,
-            });
-            continue;
-        }
-        let path = match t.path.as_str() {
-            "" => "/metrics".to_string(),
-            p if p.starts_with('/') => p.to_string(),
-            p => format!("/{p}"),
-        };
-        targets.push(ScrapeTarget { port, path });
-    }
-    targets
-}
 
 /// The agent metrics the status server maintains, with Istio's names.
 #[derive(Clone)]
@@ -633,7 +516,6 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::super::testing::{call, dead_port, fake_http, get, metrics_options, reply, start};
-    use super::super::{StatusError, StatusState};
     use super::*;
 
     // TestStats, TestStatsError, TestStatsContentType.
@@ -856,78 +738,5 @@ mod tests {
             strip_openmetrics_eof(Bytes::from_static(b"a 1\n")),
             Bytes::from_static(b"a 1\n")
         );
-    }
-
-    // TestNewServerPrometheusNormalization, TestIstioReservedPortReason.
-
-    fn scrape_config(json: &str) -> Result<Vec<ScrapeTarget>, Vec<String>> {
-        let options = StatusOptions {
-            prometheus_annotations: Some(json.to_string()),
-            ..StatusOptions::default()
-        };
-        match StatusState::new(options, Arc::default()) {
-            Ok(state) => Ok(state.merger.targets.clone()),
-            Err(StatusError::Config(errors)) => {
-                Err(errors.iter().map(ToString::to_string).collect())
-            }
-            Err(e) => panic!("unexpected error {e}"),
-        }
-    }
-
-    fn target(port: u16, path: &str) -> ScrapeTarget {
-        ScrapeTarget {
-            port,
-            path: path.to_string(),
-        }
-    }
-
-    #[test]
-    fn validates_prometheus_annotations() {
-        assert_eq!(
-            scrape_config(r#"{"scrape":"true","path":"/metrics","port":"8080"}"#),
-            Ok(vec![target(8080, "/metrics")])
-        );
-        assert_eq!(scrape_config("{}"), Ok(vec![target(80, "/metrics")]));
-        assert_eq!(
-            scrape_config(r#"{"scrape":"false","port":"8080"}"#),
-            Ok(vec![])
-        );
-        assert_eq!(
-            scrape_config(r#"{"targets":[{"port":"9100","path":"/a"},{"port":"8080"}]}"#),
-            Ok(vec![target(9100, "/a"), target(8080, "/metrics")])
-        );
-        let err = |json: &str| scrape_config(json).unwrap_err().join("\n");
-        assert!(
-            err(r#"{"port":"15020"}"#).contains(
-                "application port is the same as agent port, which may lead to a recursive loop. Ensure pod does not have prometheus.io/port=15020 label"
-            )
-        );
-        assert!(err(r#"{"port":"15090"}"#).contains(
-            "target port 15090 is reserved for Istio (Envoy Prometheus (already merged)) and cannot be scraped"
-        ));
-        assert!(
-            err(r#"{"targets":[{"port":"015020"}]}"#)
-                .contains("target port 015020 is the same as agent port")
-        );
-        assert!(err(r#"{"port":"http"}"#).contains(r#"invalid target port "http""#));
-        assert!(err(r#"{"port":"70000"}"#).contains(r#"invalid target port "70000""#));
-        assert!(
-            err(r#"{"port":8080}"#).starts_with("failed to unmarshal ISTIO_PROMETHEUS_ANNOTATIONS")
-        );
-        for (port, _) in RESERVED_PORTS {
-            let json = format!(r#"{{"targets":[{{"port":"{port}"}}]}}"#);
-            assert!(scrape_config(&json).is_err(), "{port}");
-        }
-        // Gateways never merge application metrics.
-        let state = StatusState::new(
-            StatusOptions {
-                prometheus_annotations: Some(r#"{"port":"8080"}"#.to_string()),
-                sidecar: false,
-                ..StatusOptions::default()
-            },
-            Arc::default(),
-        )
-        .unwrap();
-        assert!(state.merger.targets.is_empty());
     }
 }

@@ -8,8 +8,9 @@
 //! - `ready`: Envoy's readiness from its admin stats (`status/ready/probe.go`);
 //!   the kubelet reaches `/healthz/ready` through Envoy's `:15021` listener.
 //! - `prober`: the application's probes, rewritten by the injector into
-//!   `ISTIO_KUBE_APP_PROBERS` and sent from `127.0.0.6` so the iptables rules
-//!   let them through to the application.
+//!   `ISTIO_KUBE_APP_PROBERS` (parsed and validated with the rest of the
+//!   configuration) and sent from `127.0.0.6` so the iptables rules let them
+//!   through to the application.
 //! - `metrics`: the agent's `istio_agent_*` metrics, Envoy's `:15090` output
 //!   and the application's metrics, concatenated in a negotiated format.
 //! - `upstream`: the requests probes and scrapes make.
@@ -40,9 +41,9 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Response, StatusCode};
 use prometheus::Registry;
 
+use crate::config::{AppProbes, ScrapeTarget};
 use crate::envoy::admin::AdminClient;
 use crate::lifecycle::{Lifecycle, NotReady};
-use prober::APP_PROBER_PATTERN;
 
 pub use metrics::AgentMetrics;
 pub use server::{DRAIN_PATH, QUIT_PATH, READY_PATH, serve};
@@ -60,10 +61,6 @@ pub const DEFAULT_READINESS_TIMEOUT: Duration = Duration::from_secs(3);
 /// The status server's errors.
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
-    /// `ISTIO_KUBE_APP_PROBERS` or `ISTIO_PROMETHEUS_ANNOTATIONS` is invalid;
-    /// every problem found is listed.
-    #[error("invalid status server configuration: {}", join_errors(.0))]
-    Config(Vec<ConfigError>),
     /// An agent metric could not be registered.
     #[error("registering agent metric {name}: {source}")]
     Metric {
@@ -81,96 +78,8 @@ pub enum StatusError {
     Accept(io::Error),
 }
 
-/// One invalid value of the status server's configuration, with Istio's
-/// wording so the messages users search for still match.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// `ISTIO_KUBE_APP_PROBERS` is not the JSON map the injector writes.
-    #[error("failed to decode app prober err = {reason}, json string = {json}")]
-    DecodeAppProbers {
-        /// The JSON error.
-        reason: String,
-        /// The value.
-        json: String,
-    },
-    /// A key of `ISTIO_KUBE_APP_PROBERS` is not a probe path.
-    #[error("invalid path {path:?}, must be in form of regex pattern {APP_PROBER_PATTERN}")]
-    InvalidProberPath {
-        /// The key.
-        path: String,
-    },
-    /// A probe has none or several of `httpGet`, `tcpSocket` and `grpc`.
-    #[error("invalid prober type for {path}, must be one of type httpGet, tcpSocket or gRPC")]
-    InvalidProberType {
-        /// The key.
-        path: String,
-    },
-    /// A probe names its port (`"http"`): the injector resolves names to numbers.
-    #[error("invalid prober config for {path}, the port must be int type, not {port:?}")]
-    PortNotInt {
-        /// The key.
-        path: String,
-        /// The port name given.
-        port: String,
-    },
-    /// A probe's port is not a TCP port.
-    #[error("invalid prober config for {path}, the port {port} is not in 1-65535")]
-    PortOutOfRange {
-        /// The key.
-        path: String,
-        /// The port given.
-        port: i64,
-    },
-    /// `ISTIO_PROMETHEUS_ANNOTATIONS` is not valid JSON of the expected shape.
-    #[error("failed to unmarshal ISTIO_PROMETHEUS_ANNOTATIONS: {reason}")]
-    DecodePrometheus {
-        /// The JSON error.
-        reason: String,
-    },
-    /// The legacy `port` is the status port itself, which would scrape itself.
-    #[error(
-        "invalid prometheus scrape configuration: application port is the same as agent port, which may lead to a recursive loop. Ensure pod does not have prometheus.io/port={status_port} label, or that injection is not happening multiple times"
-    )]
-    ScrapePortIsStatusPort {
-        /// The status port.
-        status_port: u16,
-    },
-    /// A target port is not a number in 1..65535.
-    #[error("invalid prometheus scrape configuration: invalid target port {port:?}")]
-    InvalidScrapePort {
-        /// The port given.
-        port: String,
-    },
-    /// A target port is the status port.
-    #[error(
-        "invalid prometheus scrape configuration: target port {port} is the same as agent port, which may lead to a recursive loop"
-    )]
-    ScrapeTargetIsStatusPort {
-        /// The port given.
-        port: String,
-    },
-    /// A target port belongs to the Istio data plane.
-    #[error(
-        "invalid prometheus scrape configuration: target port {port} is reserved for Istio ({reason}) and cannot be scraped"
-    )]
-    ReservedScrapePort {
-        /// The port given.
-        port: String,
-        /// What uses it.
-        reason: &'static str,
-    },
-}
-
-fn join_errors(errors: &[ConfigError]) -> String {
-    errors
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-/// What the status server is told at start-up; the defaults are Istio's.
-/// [`StatusState::new`] validates it.
+/// What the status server is told at start-up, already validated (the
+/// probes and scrape targets by the configuration); the defaults are Istio's.
 #[derive(Debug, Clone)]
 pub struct StatusOptions {
     /// The status server's own port (`statusPort`, 15020): a scrape target may
@@ -187,15 +96,12 @@ pub struct StatusOptions {
     /// The Pod is IPv6-only: Envoy's admin is reached on `::1`. An IPv6
     /// `instance_ip` has the same effect.
     pub ipv6: bool,
-    /// `ISTIO_KUBE_APP_PROBERS`: the injector's JSON map from probe path to the
-    /// container's original probe. Empty means none.
-    pub kube_app_probers: String,
-    /// `ISTIO_PROMETHEUS_ANNOTATIONS`: `{"scrape","path","port","targets"}`,
-    /// the application metrics to merge. `None` when unset.
-    pub prometheus_annotations: Option<String>,
-    /// The proxy is a sidecar: only sidecars merge application metrics, as
-    /// gateways expose `:15020` in their Services.
-    pub sidecar: bool,
+    /// `ISTIO_KUBE_APP_PROBERS`: probe path to the container's original
+    /// probe. Empty means none.
+    pub app_probers: AppProbes,
+    /// `ISTIO_PROMETHEUS_ANNOTATIONS`: the application metrics to merge
+    /// (none on gateways).
+    pub scrape_targets: Vec<ScrapeTarget>,
     /// Envoy runs beside the agent (`DISABLE_ENVOY` unset): readiness checks
     /// it and its metrics are merged.
     pub envoy: bool,
@@ -224,9 +130,8 @@ impl Default for StatusOptions {
             envoy_prometheus_port: DEFAULT_ENVOY_PROMETHEUS_PORT,
             instance_ip: String::new(),
             ipv6: false,
-            kube_app_probers: String::new(),
-            prometheus_annotations: None,
-            sidecar: true,
+            app_probers: AppProbes::new(),
+            scrape_targets: Vec::new(),
             envoy: true,
             merge_envoy_stats: true,
             metrics_localhost_only: false,
@@ -255,17 +160,11 @@ pub struct StatusState {
 }
 
 impl StatusState {
-    /// Validates `options` (Istio's `NewServer`) and registers the agent
-    /// metrics in a new registry. Every invalid probe and scrape target is
-    /// reported in one [`StatusError::Config`].
+    /// Builds the server's state from validated `options` (Istio's
+    /// `NewServer`) and registers the agent metrics in a new registry. Only
+    /// the HTTPS probes' TLS client and the metrics' registration can fail.
     pub fn new(options: StatusOptions, lifecycle: Arc<Lifecycle>) -> Result<Self, StatusError> {
-        let mut errors = Vec::new();
-        let probes = prober::parse_app_probers(&options.kube_app_probers, &mut errors);
-        let scrape_targets = metrics::parse_scrape_targets(&options, &mut errors);
-        if !errors.is_empty() {
-            return Err(StatusError::Config(errors));
-        }
-        let probers = prober::AppProbers::new(probes, &options)?;
+        let probers = prober::AppProbers::new(options.app_probers.clone(), &options)?;
         let registry = Registry::new();
         let metrics = AgentMetrics::register(&registry)?;
         let admin = AdminClient::at_ip(envoy_localhost(&options), options.admin_port)
@@ -276,7 +175,7 @@ impl StatusState {
             options.started_at.unwrap_or_else(std::time::Instant::now),
         );
         let merger = metrics::MetricsMerger::new(
-            scrape_targets,
+            options.scrape_targets.clone(),
             &options,
             registry.clone(),
             metrics.clone(),
@@ -389,23 +288,5 @@ mod tests {
             IpAddr::V4(Ipv4Addr::LOCALHOST)
         );
         assert_eq!(localhost("10.0.0.1", true), IpAddr::V6(Ipv6Addr::LOCALHOST));
-    }
-
-    #[test]
-    fn every_invalid_value_is_reported() {
-        let err = StatusState::new(
-            StatusOptions {
-                kube_app_probers: r#"{"/bad": {"tcpSocket": {"port": 1}}}"#.to_string(),
-                prometheus_annotations: Some(r#"{"port":"15090"}"#.to_string()),
-                ..StatusOptions::default()
-            },
-            Arc::default(),
-        )
-        .err()
-        .unwrap();
-        let StatusError::Config(errors) = &err else {
-            panic!("{err}");
-        };
-        assert_eq!(errors.len(), 2, "{err}");
     }
 }

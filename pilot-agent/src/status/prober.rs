@@ -2,12 +2,11 @@
 //! injector rewrites each container's `httpGet`, `tcpSocket` and `grpc`
 //! probes (and lifecycle hooks) to `/app-health/<container>/<kind>` and
 //! `/app-lifecycle/<container>/<kind>` on the status port and stores the
-//! originals in `ISTIO_KUBE_APP_PROBERS`. This module validates that map at
-//! start-up (Istio's `validateAppKubeProber`) and runs a probe per request,
+//! originals in `ISTIO_KUBE_APP_PROBERS`, which the configuration validates
+//! (Istio's `validateAppKubeProber`). This module runs a probe per request,
 //! from `127.0.0.6` so the iptables rules let it through to the
 //! application, with the kubelet's rules for redirects, bodies and timeouts.
 
-use std::collections::BTreeMap;
 use std::io;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -22,17 +21,11 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
-use serde::Deserialize;
 
 use super::upstream::{FetchError, Upstream, read_at_most, send_request};
-use super::{Body, ConfigError, StatusOptions, empty, full, text};
+use super::{Body, StatusOptions, empty, full, text};
+use crate::config::{APP_PROBER_PREFIXES, AppProbe, AppProbes};
 use crate::http_client::{dial, host_port};
-
-/// The form of `ISTIO_KUBE_APP_PROBERS` keys, as Istio's error message shows it.
-pub(super) const APP_PROBER_PATTERN: &str =
-    r"^/(app-health|app-lifecycle)/[^/]+/(livez|readyz|startupz|prestopz|poststartz)$";
-const APP_PROBER_PREFIXES: [&str; 2] = ["/app-health/", "/app-lifecycle/"];
-const APP_PROBER_KINDS: [&str; 5] = ["livez", "readyz", "startupz", "prestopz", "poststartz"];
 
 /// How much of an application probe's response body is passed back.
 const MAX_PROBE_BODY: usize = 10 * 1024;
@@ -51,182 +44,6 @@ const HOP_BY_HOP: [&str; 7] = [
     "upgrade",
 ];
 
-// ---------------------------------------------------------------------------
-// ISTIO_KUBE_APP_PROBERS
-
-/// A container probe as the injector stores it (Kubernetes' `Probe`, the
-/// fields the agent uses). Unknown fields (`exec`, `periodSeconds`) are ignored.
-#[derive(Debug, Deserialize)]
-struct RawProber {
-    #[serde(rename = "httpGet")]
-    http_get: Option<RawHttpGet>,
-    #[serde(rename = "tcpSocket")]
-    tcp_socket: Option<RawTcpSocket>,
-    // Go's JSON decoding ignores case; the injector and Istio's tests write `gRPC`.
-    #[serde(rename = "grpc", alias = "gRPC", alias = "GRPC")]
-    grpc: Option<RawGrpc>,
-    #[serde(rename = "timeoutSeconds", default)]
-    timeout_seconds: i32,
-}
-
-#[derive(Debug, Deserialize)]
-struct RawHttpGet {
-    #[serde(default)]
-    path: String,
-    #[serde(default)]
-    port: IntOrString,
-    #[serde(default)]
-    scheme: String,
-}
-
-#[derive(Debug, Deserialize)]
-struct RawTcpSocket {
-    #[serde(default)]
-    port: IntOrString,
-}
-
-#[derive(Debug, Deserialize)]
-struct RawGrpc {
-    #[serde(default)]
-    port: i64,
-    #[serde(default)]
-    service: Option<String>,
-}
-
-/// Kubernetes' `IntOrString`.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum IntOrString {
-    Int(i64),
-    Str(String),
-}
-
-impl Default for IntOrString {
-    fn default() -> Self {
-        IntOrString::Int(0)
-    }
-}
-
-/// A validated application probe.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) enum AppProbe {
-    Http {
-        path: String,
-        port: u16,
-        https: bool,
-        timeout: Option<Duration>,
-    },
-    Tcp {
-        port: u16,
-        timeout: Option<Duration>,
-    },
-    Grpc {
-        port: u16,
-        service: String,
-        timeout: Option<Duration>,
-    },
-}
-
-fn valid_prober_path(path: &str) -> bool {
-    let Some(rest) = APP_PROBER_PREFIXES
-        .iter()
-        .find_map(|prefix| path.strip_prefix(prefix))
-    else {
-        return false;
-    };
-    match rest.split_once('/') {
-        Some((container, kind)) => !container.is_empty() && APP_PROBER_KINDS.contains(&kind),
-        None => false,
-    }
-}
-
-fn probe_port(path: &str, port: &IntOrString) -> Result<u16, ConfigError> {
-    match port {
-        IntOrString::Str(name) => Err(ConfigError::PortNotInt {
-            path: path.to_string(),
-            port: name.clone(),
-        }),
-        IntOrString::Int(p) => int_port(path, *p),
-    }
-}
-
-fn int_port(path: &str, port: i64) -> Result<u16, ConfigError> {
-    match u16::try_from(port) {
-        Ok(p) if p != 0 => Ok(p),
-        _ => Err(ConfigError::PortOutOfRange {
-            path: path.to_string(),
-            port,
-        }),
-    }
-}
-
-/// Istio's `validateAppKubeProber`, plus a range check on ports.
-fn validate_prober(path: &str, raw: &RawProber) -> Result<AppProbe, ConfigError> {
-    if !valid_prober_path(path) {
-        return Err(ConfigError::InvalidProberPath {
-            path: path.to_string(),
-        });
-    }
-    let timeout = u64::try_from(raw.timeout_seconds)
-        .ok()
-        .filter(|s| *s > 0)
-        .map(Duration::from_secs);
-    match (&raw.http_get, &raw.tcp_socket, &raw.grpc) {
-        (Some(h), None, None) => Ok(AppProbe::Http {
-            path: if h.path.starts_with('/') {
-                h.path.clone()
-            } else {
-                format!("/{}", h.path)
-            },
-            port: probe_port(path, &h.port)?,
-            // Kubernetes' URIScheme is exactly "HTTP" or "HTTPS".
-            https: h.scheme == "HTTPS",
-            timeout,
-        }),
-        (None, Some(t), None) => Ok(AppProbe::Tcp {
-            port: probe_port(path, &t.port)?,
-            timeout,
-        }),
-        (None, None, Some(g)) => Ok(AppProbe::Grpc {
-            port: int_port(path, g.port)?,
-            service: g.service.clone().unwrap_or_default(),
-            timeout,
-        }),
-        _ => Err(ConfigError::InvalidProberType {
-            path: path.to_string(),
-        }),
-    }
-}
-
-pub(super) fn parse_app_probers(
-    json: &str,
-    errors: &mut Vec<ConfigError>,
-) -> BTreeMap<String, AppProbe> {
-    let mut probers = BTreeMap::new();
-    if json.is_empty() {
-        return probers;
-    }
-    let raw: BTreeMap<String, RawProber> = match serde_json::from_str(json) {
-        Ok(raw) => raw,
-        Err(e) => {
-            errors.push(ConfigError::DecodeAppProbers {
-                reason: e.to_string(),
-                json: json.to_string(),
-            });
-            return probers;
-        }
-    };
-    for (path, prober) in &raw {
-        match validate_prober(path, prober) {
-            Ok(probe) => {
-                probers.insert(path.clone(), probe);
-            }
-            Err(e) => errors.push(e),
-        }
-    }
-    probers
-}
-
 /// Whether `path` is routed to the probers (valid or not: an unknown probe
 /// answers 400, as Istio's does).
 pub(super) fn is_probe_path(path: &str) -> bool {
@@ -240,7 +57,7 @@ pub(super) fn is_probe_path(path: &str) -> bool {
 
 /// The validated probes and where they go.
 pub(super) struct AppProbers {
-    probes: BTreeMap<String, AppProbe>,
+    probes: AppProbes,
     /// Where application probes go: `INSTANCE_IP` or `localhost`.
     probe_host: String,
     /// The status port, replaced by the application's in a forwarded `Host`.
@@ -249,10 +66,7 @@ pub(super) struct AppProbers {
 }
 
 impl AppProbers {
-    pub(super) fn new(
-        probes: BTreeMap<String, AppProbe>,
-        options: &StatusOptions,
-    ) -> Result<Self, rustls::Error> {
+    pub(super) fn new(probes: AppProbes, options: &StatusOptions) -> Result<Self, rustls::Error> {
         let probe_host = if options.probe_localhost || options.instance_ip.is_empty() {
             "localhost".to_string()
         } else {
@@ -671,10 +485,7 @@ mod tests {
     use rustls::pki_types::PrivateKeyDer;
     use tokio::net::TcpListener;
 
-    use super::super::StatusState;
-    use super::super::testing::{
-        Running, WAIT, call, config_errors, dead_port, fake_http, options, reply, start,
-    };
+    use super::super::testing::{Running, WAIT, call, dead_port, fake_http, options, reply, start};
     use super::*;
 
     // TestAppProbe, TestHttpsAppProbe, TestGRPCAppProbe.
@@ -717,12 +528,14 @@ mod tests {
         .await
     }
 
-    fn probers(entries: &[(&str, String)]) -> String {
+    /// The probes the configuration parses from `ISTIO_KUBE_APP_PROBERS`
+    /// holding these entries.
+    fn probers(entries: &[(&str, String)]) -> AppProbes {
         let fields: Vec<String> = entries
             .iter()
             .map(|(path, probe)| format!("{path:?}: {probe}"))
             .collect();
-        format!("{{{}}}", fields.join(","))
+        crate::config::parse_app_probers(&format!("{{{}}}", fields.join(","))).unwrap()
     }
 
     fn http_get(path: &str, port: u16) -> String {
@@ -776,7 +589,7 @@ mod tests {
             .map(|(k, v)| (k.as_str(), v.clone()))
             .collect();
         let server = start(StatusOptions {
-            kube_app_probers: probers(&entries),
+            app_probers: probers(&entries),
             ..options(dead_port())
         })
         .await;
@@ -883,7 +696,7 @@ mod tests {
         let probe_json =
             format!(r#"{{"httpGet": {{"path": "/", "port": {port}}}, "timeoutSeconds": 1}}"#);
         let server = start(StatusOptions {
-            kube_app_probers: probers(&[("/app-health/slow/readyz", probe_json)]),
+            app_probers: probers(&[("/app-health/slow/readyz", probe_json)]),
             ..options(dead_port())
         })
         .await;
@@ -905,7 +718,7 @@ mod tests {
         ]);
         for instance_ip in ["127.0.0.1", "localhost", ""] {
             let server = start(StatusOptions {
-                kube_app_probers: json.clone(),
+                app_probers: json.clone(),
                 instance_ip: instance_ip.to_string(),
                 ..options(dead_port())
             })
@@ -922,7 +735,7 @@ mod tests {
         }
         // Istio's "tcp-livez-wrapped-ipv6": a bracketed INSTANCE_IP cannot be dialled.
         let server = start(StatusOptions {
-            kube_app_probers: json,
+            app_probers: json,
             instance_ip: "[::1]".to_string(),
             ..options(dead_port())
         })
@@ -989,7 +802,7 @@ mod tests {
                 r#"{{"httpGet": {{"path": "/hello", "port": {app}, "scheme": "HTTPS"}}, "timeoutSeconds": 5}}"#
             );
             let server = start(StatusOptions {
-                kube_app_probers: probers(&[("/app-health/tls/readyz", probe_json)]),
+                app_probers: probers(&[("/app-health/tls/readyz", probe_json)]),
                 http2_probing,
                 ..options(dead_port())
             })
@@ -1011,7 +824,7 @@ mod tests {
             r#"{{"httpGet": {{"path": "/hello", "port": {app}, "scheme": "HTTPS"}}, "timeoutSeconds": 5}}"#
         );
         let server = start(StatusOptions {
-            kube_app_probers: probers(&[("/app-health/tls/readyz", probe_json)]),
+            app_probers: probers(&[("/app-health/tls/readyz", probe_json)]),
             ..options(dead_port())
         })
         .await;
@@ -1087,7 +900,7 @@ mod tests {
             format!(r#"{{"gRPC": {{"port": {port}, "service": {service}}}, "timeoutSeconds": 5}}"#)
         };
         let server = start(StatusOptions {
-            kube_app_probers: probers(&[
+            app_probers: probers(&[
                 ("/app-health/default/readyz", grpc(app, "null")),
                 ("/app-health/foo/readyz", grpc(app, r#""foo""#)),
                 ("/app-health/sick/readyz", grpc(app, r#""sick""#)),
@@ -1121,161 +934,6 @@ mod tests {
                 "{path}"
             );
         }
-    }
-
-    // TestNewServer.
-
-    fn prober_errors(json: &str) -> Vec<String> {
-        config_errors(StatusOptions {
-            kube_app_probers: json.to_string(),
-            ..StatusOptions::default()
-        })
-    }
-
-    #[test]
-    fn validates_app_probers() {
-        let cases = [
-            (
-                "invalid-prober-json-encoding",
-                Some("failed to decode app prober"),
-            ),
-            (
-                r#"{"abc": {"path": "/app-foo/health"}}"#,
-                Some(r#"invalid path "abc""#),
-            ),
-            (
-                r#"{"/app-health/hello-world/readyz": {"exec": {"command": [ "true" ]}}}"#,
-                Some("invalid prober type for /app-health/hello-world/readyz"),
-            ),
-            (
-                r#"{"/app-health/hello-world/readyz": {"tcpSocket": {"port": 8888}}}"#,
-                None,
-            ),
-            (
-                r#"{"/app-health/hello-world/readyz": {"tcpSocket": {"port": 8888}, "httpGet": {"path": "/", "port": 7777}}}"#,
-                Some("must be one of type httpGet, tcpSocket or gRPC"),
-            ),
-            (
-                r#"{"/app-health/hello-world/readyz": {"grpc": {"port": 8888}, "httpGet": {"path": "/", "port": 7777}}}"#,
-                Some("must be one of type httpGet, tcpSocket or gRPC"),
-            ),
-            (
-                r#"{"/app-health/hello-world/readyz": {"tcpSocket": {"port": "tcp"}}}"#,
-                Some(
-                    r#"invalid prober config for /app-health/hello-world/readyz, the port must be int type, not "tcp""#,
-                ),
-            ),
-            (
-                r#"{"/app-health/hello-world/readyz": {"httpGet": {"path": "/hello/sunnyvale", "port": "container-port-dontknow"}}}"#,
-                Some("must be int type"),
-            ),
-            (
-                r#"{"/app-health/hello-world/readyz": {"httpGet": {"path": "/", "port": 70000}}}"#,
-                Some("the port 70000 is not in 1-65535"),
-            ),
-            (
-                r#"{"/app-health/hello-world/readyz": {"httpGet": {"path": "/hello/sunnyvale", "port": 8080}}, "/app-health/business/livez": {"httpGet": {"path": "/business/live", "port": 9090}}}"#,
-                None,
-            ),
-            (
-                r#"{"/app-health/hello-world/readyz": {"httpGet": {"path": "/hello/sunnyvale", "port": 8080}, "initialDelaySeconds": 120, "timeoutSeconds": 10, "periodSeconds": 20}}"#,
-                None,
-            ),
-            (
-                r#"{"/app-health/business/livez": {"httpGet": {"port": 9090}}}"#,
-                None,
-            ),
-            ("{}", None),
-            ("", None),
-            (
-                r#"{"/app-health/hello-world/readyz": {"httpGet": {"path": "hello/sunnyvale", "port": 8080}}}"#,
-                None,
-            ),
-            (
-                r#"{"/app-lifecycle/hello-world/prestopz": {"httpGet": {"path": "/stop", "port": 8080}}}"#,
-                None,
-            ),
-            (
-                r#"{"/app-health/hello-world/readyz": {"gRPC": {"port": 8080}}}"#,
-                None,
-            ),
-            (
-                r#"{"/app-health/hello-world/readyz": {"gRPC": {"port": 8080, "service": null}}}"#,
-                None,
-            ),
-            (
-                r#"{"/app-health/hello-world/readyz": {"gRPC": {"port": 8080, "service": "foo"}, "timeoutSeconds": 10}}"#,
-                None,
-            ),
-            (
-                r#"{"/app-health/a/b/readyz": {"tcpSocket": {"port": 1}}}"#,
-                Some("invalid path"),
-            ),
-            (
-                r#"{"/app-health//readyz": {"tcpSocket": {"port": 1}}}"#,
-                Some("invalid path"),
-            ),
-            (
-                r#"{"/app-health/a/healthz": {"tcpSocket": {"port": 1}}}"#,
-                Some("invalid path"),
-            ),
-        ];
-        for (json, want) in cases {
-            let errors = prober_errors(json);
-            match want {
-                None => assert!(errors.is_empty(), "{json}: {errors:?}"),
-                Some(want) => assert!(
-                    errors.len() == 1 && errors[0].contains(want),
-                    "{json}: want {want:?}, got {errors:?}"
-                ),
-            }
-        }
-        // Every invalid probe is reported at once.
-        let errors = prober_errors(
-            r#"{"/bad": {"tcpSocket": {"port": 1}}, "/app-health/x/livez": {"tcpSocket": {"port": "tcp"}}}"#,
-        );
-        assert_eq!(errors.len(), 2, "{errors:?}");
-    }
-
-    #[test]
-    fn parses_app_probers() {
-        let state = StatusState::new(
-            StatusOptions {
-            kube_app_probers: r#"{
-                "/app-health/a/readyz": {"httpGet": {"path": "ready", "port": 8080, "scheme": "HTTPS"}, "timeoutSeconds": 3},
-                "/app-health/a/livez": {"tcpSocket": {"port": 8081}},
-                "/app-health/a/startupz": {"grpc": {"port": 9000, "service": "x"}, "timeoutSeconds": 1}
-            }"#
-                .to_string(),
-                ..StatusOptions::default()
-            },
-            Arc::default(),
-        )
-        .unwrap();
-        assert_eq!(
-            state.probers.probes["/app-health/a/readyz"],
-            AppProbe::Http {
-                path: "/ready".to_string(),
-                port: 8080,
-                https: true,
-                timeout: Some(Duration::from_secs(3)),
-            }
-        );
-        assert_eq!(
-            state.probers.probes["/app-health/a/livez"],
-            AppProbe::Tcp {
-                port: 8081,
-                timeout: None
-            }
-        );
-        assert_eq!(
-            state.probers.probes["/app-health/a/startupz"],
-            AppProbe::Grpc {
-                port: 9000,
-                service: "x".to_string(),
-                timeout: Some(Duration::from_secs(1)),
-            }
-        );
     }
 
     #[test]

@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 use super::upstream::{Upstream, send_request};
-use super::{StatusError, StatusOptions, StatusState, serve};
+use super::{DEFAULT_STATUS_PORT, StatusError, StatusOptions, StatusState, serve};
 use crate::lifecycle::Lifecycle;
 
 /// Every wait in these tests is bounded by this.
@@ -182,17 +182,13 @@ pub(super) fn metrics_options(envoy_port: u16, app_ports: &[u16]) -> StatusOptio
                 .join(",")
         )),
     };
+    // As the configuration parses `ISTIO_PROMETHEUS_ANNOTATIONS` for a sidecar.
+    let scrape_targets =
+        crate::config::parse_scrape_targets(annotations.as_deref(), DEFAULT_STATUS_PORT, true)
+            .unwrap();
     StatusOptions {
         envoy_prometheus_port: envoy_port,
-        prometheus_annotations: annotations,
+        scrape_targets,
         ..options(dead_port())
-    }
-}
-
-pub(super) fn config_errors(options: StatusOptions) -> Vec<String> {
-    match StatusState::new(options, Arc::default()) {
-        Ok(_) => Vec::new(),
-        Err(StatusError::Config(errors)) => errors.iter().map(ToString::to_string).collect(),
-        Err(e) => panic!("unexpected error {e}"),
     }
 }

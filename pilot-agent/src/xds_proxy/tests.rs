@@ -12,10 +12,9 @@ use tonic::Code;
 use tonic::transport::{Endpoint, Server};
 
 use super::*;
+use common::xds::{CLUSTER_TYPE, ENDPOINT_TYPE};
 
 const LIMIT: Duration = Duration::from_secs(5);
-const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
-const ENDPOINT_TYPE: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 
 /// The agent's xDS proxy on a Unix socket in front of a fake istiod.
 struct Harness {
@@ -40,11 +39,11 @@ async fn harness_to(ads: FakeAds, dns: bool) -> Harness {
     std::fs::write(&token, "token-1\n").unwrap();
     let addr = ads.addr().to_string();
     let config = crate::test_support::config(|c| {
-        c.discovery_address = addr;
-        c.xds_root_path = None;
-        c.token_path = token;
-        c.cluster_id = "Kubernetes".into();
-        c.xds_headers = vec![("X-Extra".into(), "yes".into())];
+        c.xds_proxy.discovery_address = addr;
+        c.xds_proxy.root_path = None;
+        c.identity.token_path = token;
+        c.pod.cluster_id = "Kubernetes".into();
+        c.xds_proxy.headers = vec![("X-Extra".into(), "yes".into())];
     });
     let tables = Arc::new(Mutex::new(Vec::new()));
     let nds: Option<NdsHandler> = dns.then(|| {
