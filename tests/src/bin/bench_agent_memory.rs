@@ -8,7 +8,8 @@
 //! `AGENT_BASELINE=<path to another pilot-agent build>` runs the same scenario
 //! with that binary first, so a before/after pair is measured in one run on
 //! the same machine; the ratio is printed. `ROTATIONS` (default 10) and
-//! `SECRET_TTL` (default `12s`) set the rotation phase.
+//! `SECRET_TTL` (default `30s`: a rotation every ~15 s, longer than the 5 s
+//! the agent waits before releasing memory) set the rotation phase.
 //!
 //! `cargo build --release --workspace --bins && target/release/bench_agent_memory`:
 //! the binaries are taken from the directory this program runs from. Prints a
