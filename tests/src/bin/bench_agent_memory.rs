@@ -248,7 +248,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10);
-    let ttl = std::env::var("SECRET_TTL").unwrap_or_else(|_| "6s".into());
+    let ttl = std::env::var("SECRET_TTL").unwrap_or_else(|_| "30s".into());
     let profile = std::env::current_exe()
         .ok()
         .and_then(|p| {
