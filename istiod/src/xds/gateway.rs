@@ -103,7 +103,172 @@ pub fn listener_name(port: u16) -> String {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::BTreeSet;
+
+    use prost::Message;
+    use proto::pb::envoy::config::listener::v3::Listener;
+    use proto::pb::envoy::config::route::v3::{RouteConfiguration, route};
+
     use super::*;
+    use crate::model::{ConfigStore, RegistryOptions, Update, parse_file};
+
+    const CONFIG: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: httpbin, namespace: demo}
+spec:
+  clusterIP: 198.19.0.10
+  selector: {app: httpbin}
+  ports: [{name: http, port: 8000, targetPort: 8080}]
+---
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: ingress, namespace: istio-system}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 8080, name: http, protocol: HTTP}
+    hosts: ["*"]
+---
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: other, namespace: demo}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 8080, name: http, protocol: HTTP}
+    hosts: ["./echo.example.com"]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: in, namespace: demo}
+spec:
+  hosts: [httpbin]
+  gateways: [istio-system/ingress]
+  http:
+  - route:
+    - destination: {host: httpbin}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: echo, namespace: demo}
+spec:
+  hosts: [echo.example.com]
+  gateways: [other, mesh]
+  http:
+  - route:
+    - destination: {host: httpbin}
+"#;
+
+    fn context() -> IstioContext {
+        let store = ConfigStore::new();
+        let parsed = parse_file("test.yaml", CONFIG).unwrap();
+        store.apply(
+            parsed
+                .objects
+                .into_iter()
+                .map(|o| Update::Upsert(std::sync::Arc::new(o))),
+        );
+        IstioContext::new("t/1".into(), &store.snapshot(), &RegistryOptions::default())
+    }
+
+    fn proxy(proxy_type: common::ProxyType, labels: &[(&str, &str)]) -> Proxy {
+        Proxy {
+            proxy_type,
+            ip: "198.18.0.20".into(),
+            ips: vec!["198.18.0.20".into()],
+            namespace: "istio-system".into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn listener_names(ctx: &IstioContext, p: &Proxy) -> Vec<String> {
+        crate::xds::lds::build(ctx, p)
+            .iter()
+            .map(|r| Listener::decode(r.resource.value.as_slice()).unwrap().name)
+            .collect()
+    }
+
+    #[test]
+    fn a_router_gets_one_listener_per_port_and_merged_virtual_hosts() {
+        let ctx = context();
+        let router = proxy(common::ProxyType::Router, &[("istio", "ingressgateway")]);
+        assert_eq!(listener_names(&ctx, &router), ["0.0.0.0_8080"]);
+        let names = crate::xds::lds::route_names(&ctx, &router);
+        assert_eq!(names, BTreeSet::from(["http.8080".to_string()]));
+        let r = crate::xds::rds::build(&ctx, &router, &names).remove(0);
+        let rc = RouteConfiguration::decode(r.resource.value.as_slice()).unwrap();
+        assert_eq!(rc.name, "http.8080");
+        let hosts: Vec<(&str, &[String])> = rc
+            .virtual_hosts
+            .iter()
+            .map(|v| (v.name.as_str(), v.domains.as_slice()))
+            .collect();
+        assert_eq!(
+            hosts,
+            [
+                (
+                    "echo.example.com:8080",
+                    &["echo.example.com".to_string()][..]
+                ),
+                (
+                    "httpbin.demo.svc.cluster.local:8080",
+                    &["httpbin.demo.svc.cluster.local".to_string()][..]
+                ),
+            ]
+        );
+        let Some(route::Action::Route(action)) = &rc.virtual_hosts[1].routes[0].action else {
+            panic!("{rc:#?}");
+        };
+        assert_eq!(
+            action.cluster_specifier,
+            Some(
+                proto::pb::envoy::config::route::v3::route_action::ClusterSpecifier::Cluster(
+                    "outbound|8000||httpbin.demo.svc.cluster.local".into()
+                )
+            )
+        );
+    }
+
+    #[test]
+    fn sidecars_and_unselected_routers_get_no_gateway_listener() {
+        let ctx = context();
+        let other = proxy(common::ProxyType::Router, &[("istio", "egressgateway")]);
+        assert!(listener_names(&ctx, &other).is_empty());
+        let sidecar = proxy(common::ProxyType::Sidecar, &[("istio", "ingressgateway")]);
+        assert!(!listener_names(&ctx, &sidecar).contains(&"0.0.0.0_8080".to_string()));
+        // The VirtualService bound only to the gateway is not the sidecars'.
+        assert!(
+            ctx.virtual_services_for("demo", "httpbin.demo.svc.cluster.local")
+                .is_empty()
+        );
+        assert_eq!(
+            ctx.virtual_services_for("demo", "echo.example.com").len(),
+            1
+        );
+    }
+
+    #[test]
+    fn a_port_no_virtual_service_reaches_answers_404() {
+        let mut ctx = context();
+        ctx.virtual_services.clear();
+        let router = proxy(common::ProxyType::Router, &[("istio", "ingressgateway")]);
+        let names = BTreeSet::from(["http.8080".to_string()]);
+        let r = crate::xds::rds::build(&ctx, &router, &names).remove(0);
+        let rc = RouteConfiguration::decode(r.resource.value.as_slice()).unwrap();
+        assert_eq!(rc.virtual_hosts.len(), 1);
+        assert_eq!(rc.virtual_hosts[0].name, "blackhole:8080");
+        assert!(matches!(
+            &rc.virtual_hosts[0].routes[0].action,
+            Some(route::Action::DirectResponse(d)) if d.status == 404
+        ));
+    }
 
     #[test]
     fn hosts_intersect_to_the_more_specific() {
