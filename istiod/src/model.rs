@@ -16,6 +16,7 @@
 pub const ROOT_NAMESPACE: &str = "istio-system";
 
 pub mod error;
+pub mod gateway;
 pub mod istio;
 pub mod kube;
 pub mod meta;

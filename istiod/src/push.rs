@@ -467,4 +467,21 @@ mod tests {
         p.triggers.send(Trigger::Mesh).await.unwrap();
         assert!(p.next().await.updates.everything);
     }
+
+    #[tokio::test]
+    async fn a_gateway_change_reaches_routers_only() {
+        let mut p = start(Duration::from_millis(50), Duration::from_secs(10));
+        p.next().await;
+        p.apply(
+            "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {name: g, namespace: istio-system}\nspec: {servers: [{port: {number: 80, name: http, protocol: HTTP}, hosts: ['*']}]}\n",
+        );
+        let push = p.next().await;
+        let audiences: Vec<(&Audience, Types)> = push
+            .updates
+            .changes
+            .iter()
+            .map(|c| (&c.audience, c.types))
+            .collect();
+        assert_eq!(audiences, [(&Audience::Routers, Types::LDS | Types::RDS)]);
+    }
 }

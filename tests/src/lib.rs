@@ -581,11 +581,33 @@ impl PodDir {
         self.spawn_sidecar(cmd, env, proxy_config_fields)
     }
 
+    /// Starts the agent in `ns` as a gateway, `pilot-agent proxy router`,
+    /// with a ProxyConfig of the test's choosing (`binaryPath` is added).
+    pub fn start_router_with(
+        &self,
+        ns: &netns::Netns,
+        env: &[(&str, &str)],
+        proxy_config_fields: &str,
+    ) -> Proc {
+        self.spawn_proxy(
+            ns.command(bin("pilot-agent")),
+            "router",
+            env,
+            proxy_config_fields,
+        )
+    }
+
     /// `cmd` (a pilot-agent) as `proxy sidecar` in this Pod, with `env` only
     /// and a ProxyConfig of `proxy_config_fields` plus Envoy's path.
-    fn spawn_sidecar(
+    fn spawn_sidecar(&self, cmd: Command, env: &[(&str, &str)], proxy_config_fields: &str) -> Proc {
+        self.spawn_proxy(cmd, "sidecar", env, proxy_config_fields)
+    }
+
+    /// `cmd` (a pilot-agent) as `proxy <proxy_type>` in this Pod.
+    fn spawn_proxy(
         &self,
         mut cmd: Command,
+        proxy_type: &str,
         env: &[(&str, &str)],
         proxy_config_fields: &str,
     ) -> Proc {
@@ -594,7 +616,7 @@ impl PodDir {
             envoy_bin().display()
         );
         cmd.current_dir(&self.dir)
-            .args(["proxy", "sidecar", "--concurrency", "1"])
+            .args(["proxy", proxy_type, "--concurrency", "1"])
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("PROXY_CONFIG", proxy_config)

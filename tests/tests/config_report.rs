@@ -14,14 +14,14 @@ use tests::{Istiod, http_get, wait_for};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-const GATEWAY: &str = r#"apiVersion: networking.istio.io/v1
-kind: Gateway
-metadata: {name: ingress, namespace: demo}
+const WORKLOAD_GROUP: &str = r#"apiVersion: networking.istio.io/v1
+kind: WorkloadGroup
+metadata: {name: vms, namespace: demo}
 spec:
-  selector: {istio: ingressgateway}
-  servers:
-  - port: {number: 80, name: http, protocol: HTTP}
-    hosts: ["*"]
+  metadata:
+    labels: {app: vm}
+  template:
+    serviceAccount: vm
 ---
 apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -62,21 +62,21 @@ fn unimplemented_kinds_are_reported_by_file_and_kind() {
     let tmp = tempfile::tempdir().unwrap();
     let config = tmp.path().join("config");
     std::fs::create_dir_all(&config).unwrap();
-    let gateway_file = config.join("gateway.yaml");
-    std::fs::write(&gateway_file, GATEWAY).unwrap();
+    let group_file = config.join("workloadgroup.yaml");
+    std::fs::write(&group_file, WORKLOAD_GROUP).unwrap();
     let ns = Netns::new("report");
     let istiod = Istiod::start_with_config(&ns, &tmp.path().join("istiod"), &config, &[]);
     let (http, monitoring) = (istiod.http, istiod.monitoring);
 
-    // At start: the Gateway is listed with its file; the VirtualService
+    // At start: the WorkloadGroup is listed with its file; the VirtualService
     // beside it is applied.
-    let gateway_path = gateway_file.display().to_string();
-    let path = gateway_path.clone();
+    let group_path = group_file.display().to_string();
+    let path = group_path.clone();
     ns.run(move || {
         let c = configz(http);
         assert_eq!(
             c["unimplemented"],
-            serde_json::json!([{"file": path, "apiVersion": "networking.istio.io/v1", "kind": "Gateway"}]),
+            serde_json::json!([{"file": path, "apiVersion": "networking.istio.io/v1", "kind": "WorkloadGroup"}]),
             "{c}"
         );
         assert!(
@@ -86,12 +86,12 @@ fn unimplemented_kinds_are_reported_by_file_and_kind() {
                 .contains(&Value::from("VirtualService/demo/applied")),
             "{c}"
         );
-        assert_eq!(rejected_count(monitoring, "Gateway", &path), Some(1));
+        assert_eq!(rejected_count(monitoring, "WorkloadGroup", &path), Some(1));
     });
     let log = istiod.proc.log();
     assert!(
         log.lines()
-            .any(|l| l.contains(&gateway_path) && l.contains("Gateway") && l.contains("warn")),
+            .any(|l| l.contains(&group_path) && l.contains("WorkloadGroup") && l.contains("warn")),
         "istiod's log names the file and the kind:\n{log}"
     );
 
@@ -116,11 +116,15 @@ fn unimplemented_kinds_are_reported_by_file_and_kind() {
     });
 
     // Removing the file clears it from configz.
-    std::fs::remove_file(&gateway_file).unwrap();
+    std::fs::remove_file(&group_file).unwrap();
     ns.run(move || {
-        wait_for("the removed Gateway file gone from configz", WAIT, || {
-            let c = configz(http);
-            (c["unimplemented"].as_array().unwrap().len() == 1).then_some(())
-        })
+        wait_for(
+            "the removed WorkloadGroup file gone from configz",
+            WAIT,
+            || {
+                let c = configz(http);
+                (c["unimplemented"].as_array().unwrap().len() == 1).then_some(())
+            },
+        )
     });
 }

@@ -7,6 +7,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use super::gateway::Gateway;
 use super::istio::{
     DestinationRule, PeerAuthentication, ServiceEntry, Sidecar, VirtualService, WorkloadEntry,
 };
@@ -36,6 +37,8 @@ pub enum Kind {
     DestinationRule,
     /// `networking.istio.io` Sidecar: scope and listeners of a sidecar.
     Sidecar,
+    /// `networking.istio.io` Gateway: what a gateway (`router`) listens for.
+    Gateway,
     /// `security.istio.io` PeerAuthentication: inbound mTLS mode.
     PeerAuthentication,
     /// `security.istio.io` AuthorizationPolicy: access control.
@@ -56,12 +59,13 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 13] = [
+    pub const ALL: [Kind; 14] = [
         Kind::ServiceEntry,
         Kind::WorkloadEntry,
         Kind::VirtualService,
         Kind::DestinationRule,
         Kind::Sidecar,
+        Kind::Gateway,
         Kind::PeerAuthentication,
         Kind::AuthorizationPolicy,
         Kind::RequestAuthentication,
@@ -80,6 +84,7 @@ impl Kind {
             Kind::VirtualService => "VirtualService",
             Kind::DestinationRule => "DestinationRule",
             Kind::Sidecar => "Sidecar",
+            Kind::Gateway => "Gateway",
             Kind::PeerAuthentication => "PeerAuthentication",
             Kind::AuthorizationPolicy => "AuthorizationPolicy",
             Kind::RequestAuthentication => "RequestAuthentication",
@@ -98,7 +103,8 @@ impl Kind {
             | Kind::WorkloadEntry
             | Kind::VirtualService
             | Kind::DestinationRule
-            | Kind::Sidecar => NETWORKING_GROUP,
+            | Kind::Sidecar
+            | Kind::Gateway => NETWORKING_GROUP,
             Kind::PeerAuthentication | Kind::AuthorizationPolicy | Kind::RequestAuthentication => {
                 SECURITY_GROUP
             }
@@ -255,6 +261,8 @@ pub enum Spec {
     DestinationRule(DestinationRule),
     /// A Sidecar's `spec`.
     Sidecar(Sidecar),
+    /// A Gateway's `spec`.
+    Gateway(Gateway),
     /// A PeerAuthentication's `spec`.
     PeerAuthentication(PeerAuthentication),
     /// An AuthorizationPolicy's `spec`.
@@ -282,6 +290,7 @@ impl Spec {
             Spec::VirtualService(_) => Kind::VirtualService,
             Spec::DestinationRule(_) => Kind::DestinationRule,
             Spec::Sidecar(_) => Kind::Sidecar,
+            Spec::Gateway(_) => Kind::Gateway,
             Spec::PeerAuthentication(_) => Kind::PeerAuthentication,
             Spec::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
             Spec::RequestAuthentication(_) => Kind::RequestAuthentication,
@@ -378,6 +387,7 @@ kind_spec!(
     VirtualService,
     DestinationRule,
     Sidecar,
+    Gateway,
     PeerAuthentication,
     AuthorizationPolicy,
     RequestAuthentication,
@@ -411,7 +421,10 @@ mod tests {
         );
         // A kind of another group with the same name is not ours.
         assert_eq!(Kind::resolve("serving.knative.dev/v1", "Service"), Ok(None));
-        assert_eq!(Kind::resolve("networking.istio.io/v1", "Gateway"), Ok(None));
+        assert_eq!(
+            Kind::resolve("networking.istio.io/v1alpha3", "EnvoyFilter"),
+            Ok(None)
+        );
         let err = Kind::resolve("security.istio.io/v1alpha1", "PeerAuthentication").unwrap_err();
         assert!(
             err.contains("security.istio.io/v1, security.istio.io/v1beta1"),

@@ -222,6 +222,7 @@ fn decode_body(kind: Kind, map: Map<String, Value>) -> Result<Spec, FieldError> 
         Kind::VirtualService => Spec::VirtualService(istio(body)?),
         Kind::DestinationRule => Spec::DestinationRule(istio(body)?),
         Kind::Sidecar => Spec::Sidecar(istio(body)?),
+        Kind::Gateway => Spec::Gateway(istio(body)?),
         Kind::PeerAuthentication => Spec::PeerAuthentication(istio(body)?),
         Kind::AuthorizationPolicy => Spec::AuthorizationPolicy(istio(body)?),
         Kind::RequestAuthentication => Spec::RequestAuthentication(istio(body)?),
@@ -445,10 +446,10 @@ status: {podIP: 10.244.0.9, phase: Running, conditions: []}
             "f.yaml",
             r#"
 ---
-apiVersion: networking.istio.io/v1
-kind: Gateway
+apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
 metadata: {name: g}
-spec: {servers: []}
+spec: {configPatches: []}
 ---
 apiVersion: apps/v1
 kind: Deployment
@@ -461,7 +462,10 @@ metadata: {name: d}
         let shown: Vec<String> = parsed.ignored.iter().map(ToString::to_string).collect();
         assert_eq!(
             shown,
-            vec!["networking.istio.io/v1 Gateway", "apps/v1 Deployment"]
+            vec![
+                "networking.istio.io/v1alpha3 EnvoyFilter",
+                "apps/v1 Deployment"
+            ]
         );
         let unimplemented: Vec<bool> = parsed
             .ignored

@@ -19,6 +19,7 @@ use super::service::Protocol;
 mod authn;
 mod authz;
 mod destination_rule;
+mod gateway;
 mod virtual_service;
 
 use destination_rule::destination_rule;
@@ -43,6 +44,7 @@ pub fn validate(object: &Object) -> Vec<FieldError> {
         Spec::ServiceEntry(se) => service_entry(se, &mut e),
         Spec::WorkloadEntry(we) => workload_entry("spec", we, None, &mut e),
         Spec::Sidecar(sc) => sidecar(sc, &mut e),
+        Spec::Gateway(gw) => gateway::gateway(gw, &mut e),
         Spec::PeerAuthentication(pa) => peer_authentication(pa, &mut e),
         Spec::AuthorizationPolicy(ap) => authz::authorization_policy(ap, &mut e),
         Spec::RequestAuthentication(ra) => authn::request_authentication(ra, &mut e),

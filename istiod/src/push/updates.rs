@@ -12,6 +12,8 @@
 //! | a Pod or WorkloadEntry, or an endpoint that came, went or changed | the proxy at that IP | all |
 //! | VirtualService | proxies it is exported to that see one of its hosts (old or new) | RDS |
 //! | DestinationRule | proxies it is exported to that see its host | CDS, EDS |
+//! | VirtualService bound to gateways | every router | RDS |
+//! | Gateway | every router (sidecars ignore Gateways) | LDS, RDS |
 //! | Sidecar | proxies in its namespace (every proxy from the root namespace) | all |
 //! | PeerAuthentication | proxies in its namespace (LDS); proxies that see its namespace's services (CDS, auto mTLS) | LDS, CDS |
 //! | AuthorizationPolicy, RequestAuthentication, changed JWKS | proxies in its namespace (every proxy from the root namespace) | LDS |
@@ -201,6 +203,22 @@ impl Resolved {
                     find(&ctx.virtual_services, key).map(|vs| virtual_service_audience(vs, domain))
                 });
                 self.config(key, audiences, Types::RDS);
+                // Gateways route VirtualServices bound to them, whatever
+                // their hosts: Istio pushes routers for these too.
+                let for_gateways = [views.old, views.new].iter().any(|ctx| {
+                    find(&ctx.virtual_services, key)
+                        .is_some_and(|vs| vs.spec.gateways.iter().any(|g| g != "mesh"))
+                });
+                if for_gateways {
+                    self.changes
+                        .push(change(&reason, Audience::Routers, Types::RDS));
+                }
+            }
+            Kind::Gateway => {
+                // Sidecars ignore Gateways (Istio's `UnAffectedConfigKinds`).
+                self.changes
+                    .push(change(&reason, Audience::Routers, Types::LDS | Types::RDS));
+                self.clear.push(Dependency::Config(key.clone()));
             }
             Kind::DestinationRule => {
                 let domain = &views.new.domain;

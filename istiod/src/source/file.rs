@@ -581,8 +581,8 @@ mod tests {
         write(dir, "nested/deeper/b.yml", &vs("b", "b"));
         write(
             dir,
-            "nested/gateway.yaml",
-            "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {name: g, namespace: demo}\nspec: {}\n",
+            "nested/filter.yaml",
+            "apiVersion: networking.istio.io/v1alpha3\nkind: EnvoyFilter\nmetadata: {name: g, namespace: demo}\nspec: {}\n",
         );
         // Not YAML by name, hidden, or an editor's backup: not read.
         write(dir, "c.json", &vs("c", "c"));

@@ -38,7 +38,7 @@ pub const SLICE: &str = "kubernetes";
 const CRD_RECHECK: Duration = Duration::from_secs(60);
 
 /// The kinds the source watches: all of them.
-pub const KINDS: [Kind; 13] = Kind::ALL;
+pub const KINDS: [Kind; 14] = Kind::ALL;
 
 /// The resource name (plural) of a kind.
 pub fn plural(kind: Kind) -> &'static str {
@@ -48,6 +48,7 @@ pub fn plural(kind: Kind) -> &'static str {
         Kind::VirtualService => "virtualservices",
         Kind::DestinationRule => "destinationrules",
         Kind::Sidecar => "sidecars",
+        Kind::Gateway => "gateways",
         Kind::PeerAuthentication => "peerauthentications",
         Kind::AuthorizationPolicy => "authorizationpolicies",
         Kind::RequestAuthentication => "requestauthentications",

@@ -65,7 +65,10 @@ fn kind(t: cluster::DiscoveryType) -> Option<cluster::ClusterDiscoveryType> {
 pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Arc<Resource>> {
     let scope = ctx.scope(proxy);
     let mut out: Vec<Arc<Resource>> = outbound_clusters(ctx, &scope).to_vec();
-    out.extend(inbound::clusters(ctx, proxy).into_iter().map(resource));
+    // A gateway has no inbound side: its listeners route outbound only.
+    if proxy.proxy_type != common::ProxyType::Router {
+        out.extend(inbound::clusters(ctx, proxy).into_iter().map(resource));
+    }
     out.extend(inbound::builtin(proxy).into_iter().map(resource));
     out
 }

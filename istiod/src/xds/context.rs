@@ -48,6 +48,8 @@ pub struct IstioContext {
     pub peer_authentications: Vec<Named<PeerAuthentication>>,
     /// Sidecars.
     pub sidecars: Vec<Named<Sidecar>>,
+    /// Gateways (for router proxies only).
+    pub gateways: Vec<Named<crate::model::gateway::Gateway>>,
     /// AuthorizationPolicies.
     pub authorization_policies: Vec<Named<AuthorizationPolicy>>,
     /// RequestAuthentications.
@@ -274,6 +276,7 @@ impl IstioContext {
             scopes: Mutex::default(),
             peer_authentications: oldest_first(snapshot),
             sidecars: collect(snapshot),
+            gateways: collect(snapshot),
             authorization_policies: collect(snapshot),
             request_authentications: collect(snapshot),
             pod_labels: snapshot
@@ -457,6 +460,11 @@ impl IstioContext {
     }
 
     fn sidecar_index(&self, proxy: &Proxy) -> Option<usize> {
+        // Sidecar resources do not apply to gateways (Istio gives routers
+        // the default scope).
+        if proxy.proxy_type == common::ProxyType::Router {
+            return None;
+        }
         let ns = proxy.namespace.as_str();
         let sidecars = &self.sidecars;
         sidecars

@@ -11,6 +11,7 @@
 //! (`istio.metadata_exchange`, `istio.stats`, `istio_authn`, `istio.alpn`)
 //! are left out.
 
+mod gateway;
 mod inbound;
 mod outbound;
 
@@ -38,7 +39,14 @@ use super::context::IstioContext;
 use super::util::{ads_source, any, u32v};
 use super::{Proxy, Resource};
 
-pub use outbound::route_names;
+/// The route configuration names a proxy's listeners use.
+pub fn route_names(ctx: &IstioContext, proxy: &Proxy) -> std::collections::BTreeSet<String> {
+    if proxy.proxy_type == common::ProxyType::Router {
+        gateway::route_names(ctx, proxy)
+    } else {
+        outbound::route_names(ctx, proxy)
+    }
+}
 
 /// HTTP ALPN values the HTTP inspector reports for plain text (Istio's
 /// `plaintextHTTPALPNs` without HTTP/1.0): chains matching them take HTTP.
@@ -49,6 +57,12 @@ pub const PLAINTEXT_HTTP_ALPNS: &[&str] = &["http/1.1", "h2c"];
 /// and interception mode, then its own inbound ones.
 pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Arc<Resource>> {
     let encode = |l: Listener| Arc::new(Resource::encode(l.name.clone(), &l));
+    if proxy.proxy_type == common::ProxyType::Router {
+        return gateway::listeners(ctx, proxy)
+            .into_iter()
+            .map(encode)
+            .collect();
+    }
     let scope = ctx.scope(proxy);
     let key = format!(
         "{:?}/{}",

@@ -47,5 +47,6 @@ fn reaches(audience: &Audience, proxy: &Proxy, scope: &SidecarScope) -> bool {
                 && hosts.iter().any(|h| scope.sees_host(h))
         }
         Audience::Workloads(ips) => proxy.ips.iter().any(|ip| ips.contains(ip)),
+        Audience::Routers => proxy.proxy_type == common::ProxyType::Router,
     }
 }

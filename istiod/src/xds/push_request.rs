@@ -114,6 +114,9 @@ pub enum Audience {
     },
     /// The proxies at these IPs: their own workload changed.
     Workloads(BTreeSet<String>),
+    /// Every gateway (`router` proxy): a Gateway, or a VirtualService
+    /// that binds to gateways.
+    Routers,
 }
 
 /// One change of a push: who it reaches and what it alters there.

@@ -11,6 +11,7 @@
 //! responses, header operations, CORS), else one default route to
 //! `outbound|<port>||<host>`.
 
+mod gateway;
 mod ops;
 #[cfg(test)]
 mod tests;
@@ -129,10 +130,10 @@ fn virtual_host(
                 m.port.is_none_or(|p| p == u32::from(port)) && source_matches(m, proxy)
             };
             if r.r#match.is_empty() {
-                routes.push(vs_route(&clusters, svc, r, None));
+                routes.push(vs_route(&clusters, &svc.hostname, r, None));
             } else {
                 for m in r.r#match.iter().filter(applies) {
-                    routes.push(vs_route(&clusters, svc, r, Some(m)));
+                    routes.push(vs_route(&clusters, &svc.hostname, r, Some(m)));
                 }
             }
         }
@@ -342,6 +343,13 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy, names: &BTreeSet<String>) -> Vec
     };
     names
         .iter()
-        .filter_map(|n| route_config(ctx, proxy, n))
+        .filter_map(|n| {
+            if proxy.proxy_type == common::ProxyType::Router {
+                let rc = gateway::route_config(ctx, proxy, n)?;
+                Some(Arc::new(Resource::encode(n.clone(), &rc)))
+            } else {
+                route_config(ctx, proxy, n)
+            }
+        })
         .collect()
 }

@@ -7,7 +7,7 @@ use super::super::istio::{Destination, Headers, HttpRoute, StringMatch, VirtualS
 use super::super::route::{MAX_DIRECT_RESPONSE_BODY_BYTES, grpc_code};
 use super::{
     Errors, check_export_to, check_host, check_min_duration, check_percent, check_port,
-    is_dns1123_label,
+    is_dns1123_label, is_dns1123_subdomain,
 };
 
 /// Envoy's `retry_on` conditions that Istio accepts (besides status codes).
@@ -78,19 +78,30 @@ pub(super) fn virtual_service(vs: &VirtualService, e: &mut Errors) {
     }
 }
 
-/// A gateway reference: only `mesh` (the sidecars) is served; rules for
-/// gateways would reach no proxy of this istiod.
+/// A gateway reference: `mesh` (the sidecars), `<name>` (a Gateway in the
+/// VirtualService's namespace) or `<namespace>/<name>`.
 fn gateway(field: &str, gw: &str, e: &mut Errors) {
-    if gw.is_empty() || gw.split('/').count() > 2 {
+    let valid = match gw.split_once('/') {
+        _ if gw == "mesh" => true,
+        Some((ns, name)) => is_dns1123_label(ns) && is_dns1123_subdomain(name),
+        None => is_dns1123_subdomain(gw),
+    };
+    if !valid {
         e.add(
             field,
             format!("{gw:?} is not a gateway reference (use mesh, <name> or <namespace>/<name>)"),
         );
-    } else if gw != "mesh" {
+    }
+}
+
+/// A gateway reference in an HTTP match: only `mesh` is served there.
+fn match_gateway(field: &str, gw: &str, e: &mut Errors) {
+    gateway(field, gw, e);
+    if gw != "mesh" {
         e.add(
             field,
             format!(
-                "{gw:?}: gateways are not supported by this istiod yet, so these rules would reach no proxy (use mesh, or leave gateways out for the sidecars)"
+                "{gw:?}: gateways in a match are not supported by this istiod yet (use mesh, or bind the whole VirtualService with spec.gateways)"
             ),
         );
     }
@@ -151,7 +162,7 @@ fn http_route(field: &str, r: &HttpRoute, e: &mut Errors) {
             check_port(&format!("{mf}.port"), p, e);
         }
         for (k, gw) in m.gateways.iter().enumerate() {
-            gateway(&format!("{mf}.gateways[{k}]"), gw, e);
+            match_gateway(&format!("{mf}.gateways[{k}]"), gw, e);
         }
         if !m.source_namespace.is_empty() && !is_dns1123_label(&m.source_namespace) {
             e.add(
@@ -658,16 +669,28 @@ mod tests {
     }
 
     #[test]
-    fn gateways_other_than_mesh_are_refused() {
+    fn gateways_are_references_and_only_mesh_is_served_in_matches() {
+        for gws in ["[istio-system/ingress]", "[ingress, mesh]", "[mesh]"] {
+            let spec = format!(
+                "{{hosts: [a], gateways: {gws}, http: [{{route: [{{destination: {{host: b}}}}]}}]}}"
+            );
+            assert!(errors(&spec).is_empty(), "{gws}: {:?}", errors(&spec));
+        }
+        assert!(
+            errors(
+                "{hosts: ['*'], gateways: [ingress], http: [{route: [{destination: {host: b}}]}]}"
+            )
+            .is_empty()
+        );
         refused(
-            "{hosts: [a], gateways: [istio-system/ingress], http: [{route: [{destination: {host: b}}]}]}",
+            "{hosts: [a], gateways: [a/b/c], http: [{route: [{destination: {host: b}}]}]}",
             "spec.gateways[0]",
-            "gateways are not supported",
+            "is not a gateway reference",
         );
         refused(
             "{hosts: [a], http: [{match: [{gateways: [gw]}], route: [{destination: {host: b}}]}]}",
             "spec.http[0].match[0].gateways[0]",
-            "gateways are not supported",
+            "gateways in a match are not supported",
         );
         assert!(
             errors("{hosts: [a], gateways: [mesh], http: [{match: [{gateways: [mesh], sourceLabels: {app: x}, sourceNamespace: demo}], route: [{destination: {host: b}}]}]}")

@@ -25,7 +25,6 @@ use crate::model::istio::{
     Destination, HttpFaultInjection, HttpMatchRequest, HttpRoute, StringMatch,
 };
 use crate::model::route::grpc_code;
-use crate::model::service::Service;
 use crate::xds::cds::outbound_name;
 use crate::xds::context::{IstioContext, resolve_host};
 use crate::xds::util::{any, duration, u32v};
@@ -262,7 +261,7 @@ fn retry_policy(r: &HttpRoute) -> RetryPolicy {
 /// route's when only one is left; retries, timeout, rewrite and mirrors.
 fn destinations(
     clusters: &Clusters<'_>,
-    svc: &Service,
+    host: &str,
     r: &HttpRoute,
     headers: &mut HeaderLists,
 ) -> RouteAction {
@@ -292,9 +291,7 @@ fn destinations(
         ));
     }
     action.cluster_specifier = Some(match weighted.len() {
-        0 => {
-            route_action::ClusterSpecifier::Cluster(outbound_name(clusters.port, "", &svc.hostname))
-        }
+        0 => route_action::ClusterSpecifier::Cluster(outbound_name(clusters.port, "", host)),
         1 => {
             let (cw, ops) = weighted.remove(0);
             headers.extend(ops);
@@ -389,9 +386,11 @@ fn fault(f: &HttpFaultInjection) -> HttpFault {
 }
 
 /// The Envoy route for one VirtualService HTTP route and match.
+/// `host` is the virtual host's service, where a route without a
+/// destination goes.
 pub(super) fn vs_route(
     clusters: &Clusters<'_>,
-    svc: &Service,
+    host: &str,
     r: &HttpRoute,
     m: Option<&HttpMatchRequest>,
 ) -> Route {
@@ -401,7 +400,7 @@ pub(super) fn vs_route(
     } else if let Some(direct) = &r.direct_response {
         route::Action::DirectResponse(ops::direct_response(direct))
     } else {
-        route::Action::Route(destinations(clusters, svc, r, &mut headers))
+        route::Action::Route(destinations(clusters, host, r, &mut headers))
     };
     let name = match m.filter(|m| !m.name.is_empty()) {
         Some(m) => format!("{}.{}", r.name, m.name),

@@ -1,0 +1,311 @@
+//! The Gateways of a router proxy, merged by port as Istio's
+//! `MergedGateway` does (`pilot/pkg/model/gateway.go`): the Gateways whose
+//! `selector` matches the proxy's labels, in any namespace (Istio's default,
+//! `PILOT_SCOPE_GATEWAY_TO_NAMESPACE=false`), with their servers grouped by
+//! port, and which VirtualServices bind to them.
+
+use std::collections::BTreeMap;
+
+use super::Proxy;
+use super::context::{IstioContext, Named};
+use crate::model::gateway::{Gateway, Server, split_host};
+use crate::model::istio::VirtualService;
+
+/// One server of one Gateway.
+#[derive(Debug, Clone, Copy)]
+pub struct BoundServer<'a> {
+    /// The Gateway.
+    pub gateway: &'a Named<Gateway>,
+    /// Its server.
+    pub server: &'a Server,
+}
+
+/// The Gateways that select `proxy` (empty for proxies that are no router).
+/// An empty selector selects every gateway workload, as in Istio.
+pub fn gateways_for<'a>(ctx: &'a IstioContext, proxy: &Proxy) -> Vec<&'a Named<Gateway>> {
+    if proxy.proxy_type != common::ProxyType::Router {
+        return Vec::new();
+    }
+    ctx.gateways
+        .iter()
+        .filter(|g| {
+            g.spec
+                .selector
+                .iter()
+                .all(|(k, v)| proxy.labels.get(k) == Some(v))
+        })
+        .collect()
+}
+
+/// The servers of the proxy's Gateways by port: servers of several
+/// Gateways on one port share its listener and route configuration.
+pub fn servers_by_port<'a>(
+    ctx: &'a IstioContext,
+    proxy: &Proxy,
+) -> BTreeMap<u16, Vec<BoundServer<'a>>> {
+    let mut out: BTreeMap<u16, Vec<BoundServer<'a>>> = BTreeMap::new();
+    for gateway in gateways_for(ctx, proxy) {
+        for server in &gateway.spec.servers {
+            let port = server.port_number();
+            if port != 0 {
+                out.entry(port)
+                    .or_default()
+                    .push(BoundServer { gateway, server });
+            }
+        }
+    }
+    out
+}
+
+/// Whether a VirtualService of `vs_ns` binds to the Gateway `gw_ns/gw_name`
+/// through `gateways:` (`<name>` is in the VirtualService's namespace).
+pub fn binds(vs: &VirtualService, vs_ns: &str, gw_ns: &str, gw_name: &str) -> bool {
+    vs.gateways.iter().any(|g| match g.split_once('/') {
+        Some((ns, name)) => ns == gw_ns && name == gw_name,
+        None => g != "mesh" && vs_ns == gw_ns && g == gw_name,
+    })
+}
+
+/// Whether a server host's namespace part admits a VirtualService of
+/// `vs_ns` (`.` is the Gateway's namespace, `*` any), and its host part.
+pub fn server_host_for<'s>(host: &'s str, vs_ns: &str, gw_ns: &str) -> Option<&'s str> {
+    let (ns, name) = split_host(host);
+    let admits = match ns {
+        "*" => true,
+        "." => vs_ns == gw_ns,
+        ns => vs_ns == ns,
+    };
+    admits.then_some(name)
+}
+
+/// Istio's host intersection of a VirtualService host and a server host:
+/// the more specific of the two when one matches the other.
+pub fn intersect(vs_host: &str, server_host: &str) -> Option<String> {
+    use crate::model::service::host_matches;
+    if host_matches(server_host, vs_host) {
+        Some(vs_host.to_string())
+    } else if host_matches(vs_host, server_host) {
+        Some(server_host.to_string())
+    } else {
+        None
+    }
+}
+
+/// Istio's gateway route configuration name for an HTTP port.
+pub fn route_name(port: u16) -> String {
+    format!("http.{port}")
+}
+
+/// Istio's gateway listener name for a port.
+pub fn listener_name(port: u16) -> String {
+    format!("0.0.0.0_{port}")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::BTreeSet;
+
+    use prost::Message;
+    use proto::pb::envoy::config::listener::v3::Listener;
+    use proto::pb::envoy::config::route::v3::{RouteConfiguration, route};
+
+    use super::*;
+    use crate::model::{ConfigStore, RegistryOptions, Update, parse_file};
+
+    const CONFIG: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: httpbin, namespace: demo}
+spec:
+  clusterIP: 198.19.0.10
+  selector: {app: httpbin}
+  ports: [{name: http, port: 8000, targetPort: 8080}]
+---
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: ingress, namespace: istio-system}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 8080, name: http, protocol: HTTP}
+    hosts: ["*"]
+---
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: other, namespace: demo}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 8080, name: http, protocol: HTTP}
+    hosts: ["./echo.example.com"]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: in, namespace: demo}
+spec:
+  hosts: [httpbin]
+  gateways: [istio-system/ingress]
+  http:
+  - route:
+    - destination: {host: httpbin}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: echo, namespace: demo}
+spec:
+  hosts: [echo.example.com]
+  gateways: [other, mesh]
+  http:
+  - route:
+    - destination: {host: httpbin}
+"#;
+
+    fn context() -> IstioContext {
+        let store = ConfigStore::new();
+        let parsed = parse_file("test.yaml", CONFIG).unwrap();
+        store.apply(
+            parsed
+                .objects
+                .into_iter()
+                .map(|o| Update::Upsert(std::sync::Arc::new(o))),
+        );
+        IstioContext::new("t/1".into(), &store.snapshot(), &RegistryOptions::default())
+    }
+
+    fn proxy(proxy_type: common::ProxyType, labels: &[(&str, &str)]) -> Proxy {
+        Proxy {
+            proxy_type,
+            ip: "198.18.0.20".into(),
+            ips: vec!["198.18.0.20".into()],
+            namespace: "istio-system".into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn listener_names(ctx: &IstioContext, p: &Proxy) -> Vec<String> {
+        crate::xds::lds::build(ctx, p)
+            .iter()
+            .map(|r| Listener::decode(r.resource.value.as_slice()).unwrap().name)
+            .collect()
+    }
+
+    #[test]
+    fn a_router_gets_one_listener_per_port_and_merged_virtual_hosts() {
+        let ctx = context();
+        let router = proxy(common::ProxyType::Router, &[("istio", "ingressgateway")]);
+        assert_eq!(listener_names(&ctx, &router), ["0.0.0.0_8080"]);
+        let names = crate::xds::lds::route_names(&ctx, &router);
+        assert_eq!(names, BTreeSet::from(["http.8080".to_string()]));
+        let r = crate::xds::rds::build(&ctx, &router, &names).remove(0);
+        let rc = RouteConfiguration::decode(r.resource.value.as_slice()).unwrap();
+        assert_eq!(rc.name, "http.8080");
+        let hosts: Vec<(&str, &[String])> = rc
+            .virtual_hosts
+            .iter()
+            .map(|v| (v.name.as_str(), v.domains.as_slice()))
+            .collect();
+        assert_eq!(
+            hosts,
+            [
+                (
+                    "echo.example.com:8080",
+                    &["echo.example.com".to_string()][..]
+                ),
+                (
+                    "httpbin.demo.svc.cluster.local:8080",
+                    &["httpbin.demo.svc.cluster.local".to_string()][..]
+                ),
+            ]
+        );
+        let Some(route::Action::Route(action)) = &rc.virtual_hosts[1].routes[0].action else {
+            panic!("{rc:#?}");
+        };
+        assert_eq!(
+            action.cluster_specifier,
+            Some(
+                proto::pb::envoy::config::route::v3::route_action::ClusterSpecifier::Cluster(
+                    "outbound|8000||httpbin.demo.svc.cluster.local".into()
+                )
+            )
+        );
+    }
+
+    #[test]
+    fn sidecars_and_unselected_routers_get_no_gateway_listener() {
+        let ctx = context();
+        let other = proxy(common::ProxyType::Router, &[("istio", "egressgateway")]);
+        assert!(listener_names(&ctx, &other).is_empty());
+        let sidecar = proxy(common::ProxyType::Sidecar, &[("istio", "ingressgateway")]);
+        assert!(!listener_names(&ctx, &sidecar).contains(&"0.0.0.0_8080".to_string()));
+        // The VirtualService bound only to the gateway is not the sidecars'.
+        assert!(
+            ctx.virtual_services_for("demo", "httpbin.demo.svc.cluster.local")
+                .is_empty()
+        );
+        assert_eq!(
+            ctx.virtual_services_for("demo", "echo.example.com").len(),
+            1
+        );
+    }
+
+    #[test]
+    fn a_port_no_virtual_service_reaches_answers_404() {
+        let mut ctx = context();
+        ctx.virtual_services.clear();
+        let router = proxy(common::ProxyType::Router, &[("istio", "ingressgateway")]);
+        let names = BTreeSet::from(["http.8080".to_string()]);
+        let r = crate::xds::rds::build(&ctx, &router, &names).remove(0);
+        let rc = RouteConfiguration::decode(r.resource.value.as_slice()).unwrap();
+        assert_eq!(rc.virtual_hosts.len(), 1);
+        assert_eq!(rc.virtual_hosts[0].name, "blackhole:8080");
+        assert!(matches!(
+            &rc.virtual_hosts[0].routes[0].action,
+            Some(route::Action::DirectResponse(d)) if d.status == 404
+        ));
+    }
+
+    #[test]
+    fn hosts_intersect_to_the_more_specific() {
+        assert_eq!(
+            intersect("a.example.com", "*").as_deref(),
+            Some("a.example.com")
+        );
+        assert_eq!(
+            intersect("*", "*.example.com").as_deref(),
+            Some("*.example.com")
+        );
+        assert_eq!(
+            intersect("a.example.com", "*.example.com").as_deref(),
+            Some("a.example.com")
+        );
+        assert_eq!(intersect("a.example.com", "b.example.com"), None);
+    }
+
+    #[test]
+    fn server_host_namespaces_admit_virtual_services() {
+        assert_eq!(server_host_for("*", "demo", "gw"), Some("*"));
+        assert_eq!(server_host_for("*/a.com", "demo", "gw"), Some("a.com"));
+        assert_eq!(server_host_for("./a.com", "demo", "gw"), None);
+        assert_eq!(server_host_for("./a.com", "gw", "gw"), Some("a.com"));
+        assert_eq!(server_host_for("demo/a.com", "demo", "gw"), Some("a.com"));
+        assert_eq!(server_host_for("other/a.com", "demo", "gw"), None);
+    }
+
+    #[test]
+    fn gateways_are_named_from_the_virtual_service_namespace() {
+        let vs = VirtualService {
+            gateways: vec!["ingress".into(), "istio-system/main".into(), "mesh".into()],
+            ..Default::default()
+        };
+        assert!(binds(&vs, "demo", "demo", "ingress"));
+        assert!(!binds(&vs, "demo", "istio-system", "ingress"));
+        assert!(binds(&vs, "demo", "istio-system", "main"));
+        assert!(!binds(&vs, "demo", "demo", "mesh"));
+    }
+}

@@ -1,0 +1,138 @@
+//! RDS for routers, as Istio's `buildGatewayHTTPRouteConfig`: one route
+//! configuration per HTTP port, `http.<port>`, with a `<host>:<port>`
+//! virtual host for every host where a bound VirtualService's hosts meet
+//! the port's server hosts, its routes built as for sidecars; a port no
+//! VirtualService reaches answers 404 (`blackhole:<port>`).
+
+use std::collections::BTreeMap;
+
+use proto::pb::envoy::config::route::v3::{
+    DirectResponseAction, Route, RouteConfiguration, VirtualHost, route,
+};
+use proto::pb::google::protobuf::BoolValue;
+
+use super::super::Proxy;
+use super::super::context::{IstioContext, Named, resolve_host};
+use super::super::gateway::{binds, intersect, route_name, server_host_for, servers_by_port};
+use super::super::util::u32v;
+use super::translate::{Clusters, route_match, source_matches, vs_route};
+use crate::model::istio::{HttpMatchRequest, VirtualService};
+use crate::model::route::MAX_DIRECT_RESPONSE_BODY_BYTES;
+use crate::model::service::is_exported_to;
+
+/// The route configuration `http.<port>` of a router; `None` when no
+/// server of its Gateways is on that port.
+pub(super) fn route_config(
+    ctx: &IstioContext,
+    proxy: &Proxy,
+    name: &str,
+) -> Option<RouteConfiguration> {
+    let port: u16 = name.strip_prefix("http.")?.parse().ok()?;
+    let servers = servers_by_port(ctx, proxy).remove(&port)?;
+    // Hosts sorted by name, each with its VirtualServices in the push
+    // context's order.
+    let mut hosts: BTreeMap<String, Vec<&Named<VirtualService>>> = BTreeMap::new();
+    for vs in &ctx.virtual_services {
+        if !is_exported_to(&vs.spec.export_to, &vs.namespace, &proxy.namespace) {
+            continue;
+        }
+        for bound in &servers {
+            let gw = bound.gateway;
+            if !binds(&vs.spec, &vs.namespace, &gw.namespace, &gw.name) {
+                continue;
+            }
+            for vs_host in &vs.spec.hosts {
+                let vs_host = resolve_host(vs_host, &vs.namespace, &ctx.domain);
+                for server_host in &bound.server.hosts {
+                    let Some(server_host) =
+                        server_host_for(server_host, &vs.namespace, &gw.namespace)
+                    else {
+                        continue;
+                    };
+                    if let Some(host) = intersect(&vs_host, server_host) {
+                        let list = hosts.entry(host).or_default();
+                        if !list.iter().any(|v| std::ptr::eq(*v, vs)) {
+                            list.push(vs);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut virtual_hosts: Vec<VirtualHost> = hosts
+        .into_iter()
+        .map(|(host, vss)| virtual_host(ctx, proxy, &host, port, &vss))
+        .filter(|vh| !vh.routes.is_empty())
+        .collect();
+    if virtual_hosts.is_empty() {
+        virtual_hosts.push(blackhole(port));
+    }
+    Some(RouteConfiguration {
+        name: route_name(port),
+        virtual_hosts,
+        validate_clusters: Some(BoolValue { value: false }),
+        max_direct_response_body_size_bytes: Some(u32v(MAX_DIRECT_RESPONSE_BODY_BYTES)),
+        ignore_port_in_host_matching: true,
+        ..Default::default()
+    })
+}
+
+/// One host's virtual host: the HTTP routes of its VirtualServices whose
+/// matches apply on this port to this gateway.
+fn virtual_host(
+    ctx: &IstioContext,
+    proxy: &Proxy,
+    host: &str,
+    port: u16,
+    virtual_services: &[&Named<VirtualService>],
+) -> VirtualHost {
+    let mut routes = Vec::new();
+    for vs in virtual_services {
+        let clusters = Clusters {
+            ctx,
+            vs_ns: &vs.namespace,
+            port,
+        };
+        for r in &vs.spec.http {
+            // A match naming gateways names only `mesh` (validation refuses
+            // the others for now), so it is not for a gateway.
+            let applies = |m: &&HttpMatchRequest| {
+                m.port.is_none_or(|p| p == u32::from(port))
+                    && m.gateways.is_empty()
+                    && source_matches(m, proxy)
+            };
+            if r.r#match.is_empty() {
+                routes.push(vs_route(&clusters, host, r, None));
+            } else {
+                for m in r.r#match.iter().filter(applies) {
+                    routes.push(vs_route(&clusters, host, r, Some(m)));
+                }
+            }
+        }
+    }
+    VirtualHost {
+        name: format!("{host}:{port}"),
+        domains: vec![host.to_string()],
+        routes,
+        include_request_attempt_count: true,
+        ..Default::default()
+    }
+}
+
+/// Istio's virtual host for a port no VirtualService reaches: 404.
+fn blackhole(port: u16) -> VirtualHost {
+    VirtualHost {
+        name: format!("blackhole:{port}"),
+        domains: vec!["*".into()],
+        routes: vec![Route {
+            name: "default".into(),
+            r#match: Some(route_match(None)),
+            action: Some(route::Action::DirectResponse(DirectResponseAction {
+                status: 404,
+                ..Default::default()
+            })),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
