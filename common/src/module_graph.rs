@@ -138,6 +138,30 @@ impl ModuleGraph {
         Ok(Self::from_files(files))
     }
 
+    /// Reads the crate at `manifest_dir` (its `CARGO_MANIFEST_DIR`) and
+    /// checks that it has each of the `expected` top-level modules, so a
+    /// check on a renamed module fails instead of passing on nothing.
+    pub fn read_crate(manifest_dir: &str, expected: &[&str]) -> Result<Self, GraphError> {
+        let graph = Self::read(&Path::new(manifest_dir).join("src"))?;
+        for name in expected {
+            graph.require(name)?;
+        }
+        Ok(graph)
+    }
+
+    /// Fails with [`GraphError::UnknownModule`] unless the crate has the
+    /// top-level module `name`.
+    fn require(&self, name: &str) -> Result<(), GraphError> {
+        if self.modules.contains(name) {
+            Ok(())
+        } else {
+            Err(GraphError::UnknownModule {
+                name: name.to_string(),
+                known: self.modules.iter().cloned().collect::<Vec<_>>().join(", "),
+            })
+        }
+    }
+
     /// Builds the graph from `(path relative to src/, text)` pairs, with `/`
     /// separators (`lib.rs`, `xds.rs`, `xds/cache.rs`).
     pub fn from_files<I, P, T>(files: I) -> Self
@@ -250,12 +274,7 @@ impl ModuleGraph {
         modules: &[&str],
     ) -> Result<(), GraphError> {
         for name in std::iter::once(&target).chain(modules) {
-            if !self.modules.contains(*name) {
-                return Err(GraphError::UnknownModule {
-                    name: name.to_string(),
-                    known: self.modules.iter().cloned().collect::<Vec<_>>().join(", "),
-                });
-            }
+            self.require(name)?;
         }
         let hops: Vec<Hop> = modules.iter().filter_map(|m| self.hop(m, target)).collect();
         if hops.is_empty() {
@@ -801,6 +820,18 @@ fn char_literal_end(b: &[u8], i: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_crate_reads_src_and_requires_the_expected_modules() {
+        let dir = env!("CARGO_MANIFEST_DIR");
+        let graph = ModuleGraph::read_crate(dir, &["module_graph", "tls"]).unwrap();
+        assert!(graph.modules().any(|m| m == "module_graph"));
+        let err = ModuleGraph::read_crate(dir, &["no_such_module"]).unwrap_err();
+        assert!(
+            matches!(&err, GraphError::UnknownModule { name, .. } if name == "no_such_module"),
+            "{err}"
+        );
+    }
 
     fn graph(files: &[(&str, &str)]) -> ModuleGraph {
         ModuleGraph::from_files(files.iter().copied())

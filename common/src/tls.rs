@@ -135,6 +135,59 @@ pub fn grpc_channel(
     Ok(endpoint.connect_with_connector_lazy(connector))
 }
 
+/// The handshake-signature half of a [`ServerCertVerifier`]: checks TLS 1.2
+/// and 1.3 handshake signatures with a provider's algorithms, whatever the
+/// verifier decides about the certificate itself.
+#[derive(Debug, Clone)]
+pub struct HandshakeSignatures(Arc<CryptoProvider>);
+
+impl HandshakeSignatures {
+    /// Checks with `provider`'s signature verification algorithms.
+    pub fn new(provider: Arc<CryptoProvider>) -> Self {
+        Self(provider)
+    }
+
+    /// The provider whose algorithms check the signatures.
+    pub fn provider(&self) -> &CryptoProvider {
+        &self.0
+    }
+
+    /// [`ServerCertVerifier::verify_tls12_signature`].
+    pub fn tls12(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    /// [`ServerCertVerifier::verify_tls13_signature`].
+    pub fn tls13(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    /// [`ServerCertVerifier::supported_verify_schemes`].
+    pub fn schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
 /// Verifies a server by SPIFFE identity: the chain must lead to `roots` and the
 /// leaf's URI SAN must be one of `allowed` (any SPIFFE identity when empty).
 /// The TLS server name is not checked: mesh certificates carry no DNS names.
@@ -142,7 +195,7 @@ pub fn grpc_channel(
 pub struct SpiffeServerVerifier {
     roots: Arc<RootCertStore>,
     allowed: Vec<String>,
-    provider: Arc<CryptoProvider>,
+    signatures: HandshakeSignatures,
 }
 
 impl SpiffeServerVerifier {
@@ -151,7 +204,7 @@ impl SpiffeServerVerifier {
         Self {
             roots: Arc::new(roots),
             allowed,
-            provider: provider(),
+            signatures: HandshakeSignatures::new(provider()),
         }
     }
 }
@@ -171,7 +224,10 @@ impl ServerCertVerifier for SpiffeServerVerifier {
             &self.roots,
             intermediates,
             now,
-            self.provider.signature_verification_algorithms.all,
+            self.signatures
+                .provider()
+                .signature_verification_algorithms
+                .all,
         )?;
         let info = pki::cert_info(end_entity.as_ref())
             .map_err(|e| rustls::Error::General(e.to_string()))?;
@@ -201,12 +257,7 @@ impl ServerCertVerifier for SpiffeServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.signatures.tls12(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -215,18 +266,11 @@ impl ServerCertVerifier for SpiffeServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.signatures.tls13(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.signatures.schemes()
     }
 }
 

@@ -6,6 +6,11 @@
 //! own name where the generated code carries one (`envoy-types` does; the
 //! name table and workload types are Istio's, without one).
 
+/// The response stream of an xDS service's streaming methods (ADS, SDS): a
+/// boxed stream of messages or gRPC statuses, as tonic's generated servers
+/// take it.
+pub type ResponseStream<T> = tonic::codegen::BoxStream<T>;
+
 /// What every type URL starts with (Go's `resource.APITypePrefix`).
 pub const TYPE_URL_PREFIX: &str = "type.googleapis.com/";
 /// The prefix of Envoy's own types, which the agent's xDS proxy forwards

@@ -7,12 +7,10 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use common::xds::SECRET_TYPE;
-use futures::Stream;
 use prost::Message;
 use proto::pb::envoy::config::core::v3::{DataSource, data_source};
 use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
@@ -30,6 +28,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::secret_manager::{SecretWatch, WorkloadSecret};
+use common::xds::ResponseStream;
 
 /// The workload key and certificate chain.
 pub const WORKLOAD_SECRET: &str = "default";
@@ -252,8 +251,6 @@ impl SdsServer {
         }
     }
 }
-
-type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl SecretDiscoveryService for SdsServer {

@@ -10,11 +10,9 @@
 //! stream and its connection close at once, not at istiod's next push.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::Stream;
 use proto::pb::envoy::config::core::v3::Node;
 use proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
@@ -36,6 +34,7 @@ use common::xds::{ENVOY_TYPE_PREFIX, LISTENER_TYPE, NAME_TABLE_TYPE, WORKLOAD_TY
 
 use crate::config::Config;
 use crate::secret_manager::SecretWatch;
+use common::xds::ResponseStream;
 
 /// Consumes the name table istiod sends (for the DNS proxy).
 pub type NdsHandler = Arc<dyn Fn(&Any) -> Result<(), String> + Send + Sync>;
@@ -156,8 +155,6 @@ impl XdsProxy {
         }
     }
 }
-
-type Out<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 /// What differs between state-of-the-world and delta streams; the proxying
 /// itself ([`XdsProxy::proxy`]) is the same for both, as Istio's
@@ -302,7 +299,7 @@ impl XdsProxy {
     async fn proxy<F: Flavor>(
         &self,
         request: Request<Streaming<F::Req>>,
-    ) -> Result<Response<Out<F::Resp>>, Status> {
+    ) -> Result<Response<ResponseStream<F::Resp>>, Status> {
         let (client, with_cert) = self.upstream()?;
         let inbound = request.into_inner();
         let (up_tx, up_rx) = mpsc::unbounded_channel::<F::Req>();
@@ -429,8 +426,8 @@ async fn read_envoy<F: Flavor>(
 
 #[tonic::async_trait]
 impl AggregatedDiscoveryService for XdsProxy {
-    type StreamAggregatedResourcesStream = Out<DiscoveryResponse>;
-    type DeltaAggregatedResourcesStream = Out<DeltaDiscoveryResponse>;
+    type StreamAggregatedResourcesStream = ResponseStream<DiscoveryResponse>;
+    type DeltaAggregatedResourcesStream = ResponseStream<DeltaDiscoveryResponse>;
 
     async fn stream_aggregated_resources(
         &self,

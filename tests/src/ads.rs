@@ -4,10 +4,9 @@
 
 use std::collections::HashSet;
 use std::path::Path;
-use std::pin::Pin;
 use std::sync::Arc;
 
-use futures::Stream;
+use common::xds::ResponseStream;
 use prost::Message;
 use proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
@@ -42,12 +41,10 @@ impl Resources {
 #[derive(Clone)]
 struct Ads(Arc<Resources>);
 
-type Out<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
-
 #[tonic::async_trait]
 impl AggregatedDiscoveryService for Ads {
-    type StreamAggregatedResourcesStream = Out<DiscoveryResponse>;
-    type DeltaAggregatedResourcesStream = Out<DeltaDiscoveryResponse>;
+    type StreamAggregatedResourcesStream = ResponseStream<DiscoveryResponse>;
+    type DeltaAggregatedResourcesStream = ResponseStream<DeltaDiscoveryResponse>;
 
     async fn stream_aggregated_resources(
         &self,

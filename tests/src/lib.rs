@@ -16,6 +16,7 @@ pub mod injected;
 pub mod kube_api;
 pub mod mesh;
 pub mod netns;
+pub mod sample_mesh;
 pub mod tls;
 
 /// The workspace's build output directory (`target/debug`).

@@ -4,85 +4,29 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::net::SocketAddr;
-use std::path::Path;
 use std::time::Duration;
 
-use tests::netns::Netns;
-use tests::{Istiod, PodDir, Proc, http_get, wait_for};
+use tests::sample_mesh::SampleMesh;
+use tests::{http_get, wait_for};
 
 const HTTPBIN: &str = "httpbin.demo.svc.cluster.local";
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-    }
-}
+/// The sample mesh, with this test's queries on it.
+struct Mesh(SampleMesh);
 
-struct Mesh {
-    ns: Netns,
-    istiod: Istiod,
-    config: std::path::PathBuf,
-    _agent: Proc,
-    _tmp: tempfile::TempDir,
+impl std::ops::Deref for Mesh {
+    type Target = SampleMesh;
+    fn deref(&self) -> &SampleMesh {
+        &self.0
+    }
 }
 
 /// istiod on the sample mesh and the `sleep` Pod's agent and Envoy, in one network.
 fn start() -> Mesh {
-    let tmp = tempfile::tempdir().unwrap();
-    let config = tmp.path().join("config");
-    copy_dir(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../istiod/samples/mesh"),
-        &config,
-    );
-    let ns = Netns::new("mesh");
-    let istiod = Istiod::start_with_config(
-        &ns,
-        &tmp.path().join("istiod"),
-        &config,
-        &[("ISTIOD_CUSTOM_HOST", "127.0.0.1")],
-    );
-    let root = istiod.root_pem();
-    let pod = PodDir::new(
-        &tmp.path().join("sleep"),
-        &istiod.token("demo", "sleep"),
-        Some(&root),
-    );
-    let addr = istiod.grpc.to_string();
-    let agent = pod.start_agent_with(
-        &ns,
-        &[
-            ("POD_NAME", "sleep-1"),
-            ("POD_NAMESPACE", "demo"),
-            ("SERVICE_ACCOUNT", "sleep"),
-            ("INSTANCE_IP", "198.18.0.2"),
-            ("CA_ADDR", &addr),
-        ],
-        &format!(r#""discoveryAddress": "{addr}""#),
-    );
-    let mesh = Mesh {
-        ns,
-        istiod,
-        config,
-        _agent: agent,
-        _tmp: tmp,
-    };
-    wait_for(
-        "Envoy ready with istiod's config",
-        Duration::from_secs(60),
-        || mesh.get(15021, "/healthz/ready").filter(|(c, _)| *c == 200),
-    );
-    mesh
+    Mesh(SampleMesh::start("mesh"))
 }
 
 impl Mesh {
-    fn get(&self, port: u16, path: &'static str) -> Option<(u16, String)> {
-        self.ns
-            .run(move || http_get(SocketAddr::from(([127, 0, 0, 1], port)), path).ok())
-    }
-
     fn config_dump(&self) -> serde_json::Value {
         let (_, body) = self.get(15000, "/config_dump?include_eds").unwrap();
         serde_json::from_str(&body).unwrap()

@@ -28,6 +28,7 @@ use tonic::transport::Server;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{Connections, FakeError, TestRoot, Transport, listen, lock, wait_until};
+use crate::xds::ResponseStream;
 
 /// A request as the server received it.
 #[derive(Debug, Clone, PartialEq)]
@@ -185,12 +186,10 @@ impl Service {
     }
 }
 
-type Out<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
-
 #[tonic::async_trait]
 impl AggregatedDiscoveryService for Service {
-    type StreamAggregatedResourcesStream = Out<DiscoveryResponse>;
-    type DeltaAggregatedResourcesStream = Out<DeltaDiscoveryResponse>;
+    type StreamAggregatedResourcesStream = ResponseStream<DiscoveryResponse>;
+    type DeltaAggregatedResourcesStream = ResponseStream<DeltaDiscoveryResponse>;
 
     async fn stream_aggregated_resources(
         &self,

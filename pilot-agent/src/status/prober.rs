@@ -12,13 +12,13 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::tls::HandshakeSignatures;
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::http::uri::{Authority, PathAndQuery};
 use hyper::{Method, Response, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
 
@@ -412,7 +412,9 @@ fn insecure_client_config(http2: bool) -> Result<ClientConfig, rustls::Error> {
     let mut config = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(SkipServerVerification(provider)))
+        .with_custom_certificate_verifier(Arc::new(SkipServerVerification(
+            HandshakeSignatures::new(provider),
+        )))
         .with_no_client_auth();
     config.alpn_protocols = if http2 {
         vec![b"h2".to_vec(), b"http/1.1".to_vec()]
@@ -423,7 +425,7 @@ fn insecure_client_config(http2: bool) -> Result<ClientConfig, rustls::Error> {
 }
 
 #[derive(Debug)]
-struct SkipServerVerification(Arc<CryptoProvider>);
+struct SkipServerVerification(HandshakeSignatures);
 
 impl ServerCertVerifier for SkipServerVerification {
     fn verify_server_cert(
@@ -443,12 +445,7 @@ impl ServerCertVerifier for SkipServerVerification {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        self.0.tls12(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -457,16 +454,11 @@ impl ServerCertVerifier for SkipServerVerification {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        self.0.tls13(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.0.schemes()
     }
 }
 
