@@ -20,6 +20,8 @@ mod authn;
 mod authz;
 mod destination_rule;
 mod gateway;
+#[cfg(test)]
+mod test_support;
 mod virtual_service;
 
 use destination_rule::destination_rule;

@@ -344,29 +344,18 @@ fn client_tls(field: &str, tls: &ClientTlsSettings, e: &mut Errors) {
 
 #[cfg(test)]
 mod tests {
-    use crate::model::parse_file;
+    use super::super::test_support;
 
     const DR: &str = "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: d, namespace: demo}\n";
 
     /// The errors for `spec`, as `field: message` strings.
     fn errors(spec: &str) -> Vec<String> {
-        match parse_file("mesh/dr.yaml", &format!("{DR}spec: {spec}\n")) {
-            Ok(_) => Vec::new(),
-            Err(errors) => errors
-                .iter()
-                .map(|e| format!("{}: {e}", e.field().unwrap_or("")))
-                .collect(),
-        }
+        test_support::errors("mesh/dr.yaml", DR, spec)
     }
 
     #[track_caller]
     fn refused(spec: &str, field: &str, needle: &str) {
-        let errs = errors(spec);
-        assert!(
-            errs.iter()
-                .any(|e| e.starts_with(&format!("{field}: ")) && e.contains(needle)),
-            "expected {field}: ...{needle}...; got {errs:#?}"
-        );
+        test_support::refused(&errors(spec), field, needle);
     }
 
     #[test]

@@ -110,28 +110,18 @@ fn check_server_host(field: &str, host: &str, e: &mut Errors) {
 
 #[cfg(test)]
 mod tests {
-    use crate::model::parse_file;
+    use super::super::test_support;
 
     const GW: &str = "apiVersion: networking.istio.io/v1beta1\nkind: Gateway\nmetadata: {name: ingress, namespace: istio-system}\n";
 
+    /// The errors for `spec`, as `field: message` strings.
     fn errors(spec: &str) -> Vec<String> {
-        match parse_file("mesh/gw.yaml", &format!("{GW}spec: {spec}\n")) {
-            Ok(_) => Vec::new(),
-            Err(errors) => errors
-                .iter()
-                .map(|e| format!("{}: {e}", e.field().unwrap_or("")))
-                .collect(),
-        }
+        test_support::errors("mesh/gw.yaml", GW, spec)
     }
 
     #[track_caller]
     fn refused(spec: &str, field: &str, needle: &str) {
-        let errs = errors(spec);
-        assert!(
-            errs.iter()
-                .any(|e| e.starts_with(&format!("{field}: ")) && e.contains(needle)),
-            "expected {field}: ...{needle}...; got {errs:#?}"
-        );
+        test_support::refused(&errors(spec), field, needle);
     }
 
     #[test]
