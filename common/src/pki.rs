@@ -99,6 +99,29 @@ pub fn generate_key(kind: KeyType) -> Result<KeyPair, PkiError> {
     }
 }
 
+/// The certificate template of a self-signed root as Istio's CA makes it:
+/// the trust domain as organisation, an unconstrained CA, allowed to sign
+/// certificates and CRLs, valid from `not_before` to `not_after`.
+pub fn root_ca_params(
+    org: &str,
+    not_before: time::OffsetDateTime,
+    not_after: time::OffsetDateTime,
+) -> rcgen::CertificateParams {
+    let mut params = rcgen::CertificateParams::default();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, org);
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    params.not_before = not_before;
+    params.not_after = not_after;
+    params
+}
+
 /// Reads a PEM private key: PKCS#8 of any kind, or PKCS#1 RSA (what `openssl genrsa`
 /// and Istio's sample `ca-key.pem` hold).
 pub fn key_from_pem(what: &str, pem: &str) -> Result<KeyPair, PkiError> {

@@ -15,8 +15,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, SanType,
+    CertificateParams, DistinguishedName, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, SanType,
 };
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -79,19 +78,12 @@ impl TestRoot {
     /// the trust domain as its organisation), valid for ten years.
     pub fn generate(org: &str) -> Result<Self, rcgen::Error> {
         let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
-        let mut params = CertificateParams::default();
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::OrganizationName, org);
-        params.distinguished_name = dn;
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
         let now = time::OffsetDateTime::now_utc();
-        params.not_before = now - time::Duration::hours(1);
-        params.not_after = now + time::Duration::days(3650);
+        let params = crate::pki::root_ca_params(
+            org,
+            now - time::Duration::hours(1),
+            now + time::Duration::days(3650),
+        );
         let cert = params.self_signed(&key)?;
         Ok(Self {
             pem: cert.pem(),

@@ -11,9 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::pki::{self, KeyType};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose, SerialNumber,
-};
+use rcgen::{CertificateParams, KeyPair, SerialNumber};
 use rustls_pki_types::CertificateDer;
 
 /// Istio's plug-in CA file names.
@@ -331,19 +329,12 @@ pub fn load_or_create_self_signed(
         source,
     })?;
     let key = pki::generate_key(KeyType::Rsa(opts.rsa_key_size))?;
-    let mut params = CertificateParams::default();
-    params
-        .distinguished_name
-        .push(DnType::OrganizationName, opts.trust_domain.clone());
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
     let now = time::OffsetDateTime::now_utc();
-    params.not_before = now - time::Duration::minutes(2);
-    params.not_after = now + opts.ttl;
+    let mut params = pki::root_ca_params(
+        &opts.trust_domain,
+        now - time::Duration::minutes(2),
+        now + opts.ttl,
+    );
     params.serial_number = Some(random_serial());
     let cert = params.self_signed(&key)?;
     let cert_pem = cert.pem();
@@ -377,7 +368,7 @@ mod tests {
     use super::*;
     use crate::ca::Signer;
     use common::Identity;
-    use rcgen::Issuer;
+    use rcgen::{BasicConstraints, DnType, IsCa, Issuer, KeyUsagePurpose};
 
     fn ca_params(name: &str) -> CertificateParams {
         let mut p = CertificateParams::default();
