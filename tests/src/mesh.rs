@@ -605,6 +605,18 @@ impl LocalMesh {
         self.wait_pod_ready(self.pods.len() - 1);
     }
 
+    /// Applies one of `istiod/samples/<name>/` to the running mesh: copied
+    /// into the config directory, or created in the Kubernetes API.
+    pub fn apply_sample(&self, name: &str) {
+        let sample = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../istiod/samples")
+            .join(name);
+        match &self.kube_api {
+            Some(api) => load_into(api, &sample),
+            None => copy_yaml(&sample, &self.config_dir),
+        }
+    }
+
     /// A Pod without a sidecar (no init step, no agent): a namespace on the
     /// hub, for clients and servers outside the mesh.
     pub fn plain_pod(&self, ip: &str) -> PodNet {
@@ -667,25 +679,34 @@ impl LocalMesh {
         args: &[&str],
         url: &str,
     ) -> Result<(u16, String), String> {
-        let out = self
-            .pod(pod)
-            .command_as(APP_UID, "curl")
-            .args(["-sS", "-m", "10", "-w", "\n%{http_code}"])
-            .args(args)
-            .arg(url)
-            .output()
-            .map_err(|e| format!("curl: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "curl {url}: exit {:?}: {}",
-                out.status.code(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-        Ok((code.trim().parse().unwrap_or(0), body.to_string()))
+        curl(self.pod(pod).command_as(APP_UID, "curl"), args, url)
     }
+}
+
+/// `curl` on the machine itself (outside every Pod), as a user of the demo
+/// runs it: the status code and body.
+pub fn host_curl(args: &[&str], url: &str) -> Result<(u16, String), String> {
+    curl(Command::new("curl"), args, url)
+}
+
+/// Runs a `curl` command for `url` with `args`: the status code and body.
+fn curl(mut cmd: Command, args: &[&str], url: &str) -> Result<(u16, String), String> {
+    let out = cmd
+        .args(["-sS", "-m", "10", "-w", "\n%{http_code}"])
+        .args(args)
+        .arg(url)
+        .output()
+        .map_err(|e| format!("curl: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "curl {url}: exit {:?}: {}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    Ok((code.trim().parse().unwrap_or(0), body.to_string()))
 }
 
 /// The `version` label of a sample Pod (`httpbin-v1b` is a second v1 replica).

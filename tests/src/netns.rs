@@ -74,8 +74,19 @@ impl Netns {
     /// in both directions until either side closes; the forwarder lives as
     /// long as the process.
     pub fn forward_to(&self, target: std::net::SocketAddr) -> std::net::SocketAddr {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a forwarder");
-        let local = listener.local_addr().expect("the forwarder's address");
+        self.forward_from("127.0.0.1:0".parse().expect("an address"), target)
+            .expect("bind a forwarder")
+    }
+
+    /// [`Netns::forward_to`] from a given local address (as a NodePort or
+    /// `kubectl port-forward` publishes a Pod on the machine).
+    pub fn forward_from(
+        &self,
+        local: std::net::SocketAddr,
+        target: std::net::SocketAddr,
+    ) -> std::io::Result<std::net::SocketAddr> {
+        let listener = std::net::TcpListener::bind(local)?;
+        let local = listener.local_addr()?;
         let path = format!("/var/run/netns/{}", self.name);
         std::thread::spawn(move || {
             for conn in listener.incoming().take(1_000_000) {
@@ -95,7 +106,7 @@ impl Netns {
                 });
             }
         });
-        local
+        Ok(local)
     }
 }
 

@@ -11,7 +11,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tests::mesh::{LocalMesh, MESH_PROXY_CONFIG, http_request};
+use tests::gateway_pod::GatewaySpec;
+use tests::mesh::{LocalMesh, http_request};
 use tests::wait_for;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -85,33 +86,12 @@ fn an_ingress_gateway_routes_outside_clients_into_the_mesh_over_mtls() {
     write_atomically(&gateway_file, &format!("{GATEWAY}---\n{GATEWAY_ROUTES}"));
 
     // The gateway Pod: no iptables, the agent as `proxy router`.
-    let net = mesh.hub.pod("gw", GATEWAY_IP);
-    let pod_dir = tests::PodDir::new(
-        &mesh.dir.join("ingress"),
-        &mesh.istiod.token("istio-system", "istio-ingressgateway"),
-        Some(&mesh.istiod.root_pem()),
-    );
-    pod_dir.write_labels(&[("istio", "ingressgateway"), ("app", "istio-ingressgateway")]);
-    let mut agent = pod_dir.start_router_with(
-        &net.ns,
-        &[
-            ("POD_NAME", "istio-ingressgateway-1"),
-            ("POD_NAMESPACE", "istio-system"),
-            ("SERVICE_ACCOUNT", "istio-ingressgateway"),
-            ("INSTANCE_IP", GATEWAY_IP),
-            ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
-        ],
-        MESH_PROXY_CONFIG,
-    );
+    let mut gw = mesh.start_gateway(&GatewaySpec::ingress(GATEWAY_IP));
 
     let client = mesh.plain_pod(CLIENT_IP);
     let gateway: SocketAddr = format!("{GATEWAY_IP}:8080").parse().unwrap();
     let body = wait_for("httpbin through the gateway", WAIT, || {
-        assert!(
-            agent.alive(),
-            "the gateway's agent exited:\n{}",
-            agent.log()
-        );
+        gw.assert_alive();
         match http_request(&client.ns, gateway, HTTPBIN_HOST, "/headers") {
             Ok((200, body)) => Some(body),
             _ => None,
@@ -158,5 +138,5 @@ fn an_ingress_gateway_routes_outside_clients_into_the_mesh_over_mtls() {
             _ => None,
         }
     });
-    assert!(agent.alive(), "{}", agent.log());
+    gw.assert_alive();
 }
