@@ -199,7 +199,7 @@ fn main() {
         {
             *window.entry(v).or_default() += 1;
         }
-        if i % 5 == 0 {
+        if i.is_multiple_of(5) {
             ingress_calls.record(ingress_curl(&ingress_url));
         }
         i += 1;
