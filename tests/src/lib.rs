@@ -15,6 +15,7 @@ pub mod ads;
 pub mod gateway_pod;
 pub mod injected;
 pub mod kube_api;
+pub mod load;
 pub mod mesh;
 pub mod netns;
 pub mod sample_mesh;

@@ -15,26 +15,16 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
+
+use tests::load::{Round, Target, machine_load, pct, round};
 
 use tests::mesh::{HTTPBIN_VIP, LocalMesh, http_request};
 use tests::netns::Netns;
 
 /// Client connections, each with one request in flight.
 const CONNECTIONS: usize = 4;
-/// The most requests one round sends, whatever its length.
-const MAX_REQUESTS: usize = 2_000_000;
-
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
 
 /// `n` policies on httpbin: fillers of the common shapes, and the ALLOW
 /// that admits sleep, and a DENY on `/sentinel-<n>` to tell when they are in.
@@ -136,95 +126,13 @@ fn wait_converged(sleep: &Netns, addr: SocketAddr, n: usize, previous: usize) {
     panic!("round {n}: policies not in force");
 }
 
-/// Reads one HTTP/1.1 response with a `content-length`: its status.
-fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<u16> {
-    let mut chunk = [0u8; 8192];
-    let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        let n = s.read(&mut chunk)?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let length: usize = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse().ok())?
-        })
-        .unwrap_or(0);
-    while buf.len() < head_end + length {
-        let n = s.read(&mut chunk)?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    buf.drain(..head_end + length);
-    Ok(status)
-}
-
-/// One round: `CONNECTIONS` keep-alive clients for `length`; (requests
-/// per second, sorted latencies, failures).
-fn round(sleep: &Netns, addr: SocketAddr, length: Duration) -> (f64, Vec<Duration>, usize) {
-    let threads: Vec<_> = (0..CONNECTIONS)
-        .map(|_| {
-            sleep.spawn(move || {
-                let mut latencies = Vec::new();
-                let mut failed = 0;
-                let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
-                s.set_nodelay(true).unwrap();
-                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-                let request = b"GET /headers HTTP/1.1\r\nHost: httpbin:8000\r\n\r\n";
-                let mut buf = Vec::new();
-                let start = Instant::now();
-                while start.elapsed() < length && latencies.len() < MAX_REQUESTS / CONNECTIONS {
-                    let t = Instant::now();
-                    s.write_all(request).unwrap();
-                    match read_response(&mut s, &mut buf) {
-                        Ok(200) => latencies.push(t.elapsed()),
-                        Ok(_) => failed += 1,
-                        Err(e) => panic!("connection failed mid-round: {e}"),
-                    }
-                }
-                (latencies, failed, start.elapsed())
-            })
-        })
-        .collect();
-    let mut all = Vec::new();
-    let mut failed = 0;
-    let mut longest = Duration::ZERO;
-    for t in threads {
-        let (l, f, e) = t.join().unwrap();
-        all.extend(l);
-        failed += f;
-        longest = longest.max(e);
-    }
-    all.sort();
-    (all.len() as f64 / longest.as_secs_f64(), all, failed)
-}
-
-fn pct(v: &[Duration], p: f64) -> Duration {
-    v[((v.len() as f64 * p) as usize).min(v.len() - 1)]
-}
-
 fn main() {
     let seconds: u64 = std::env::args()
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
     let length = Duration::from_secs(seconds);
-    println!("load average at start: {}", load());
+    println!("load average at start: {}", machine_load());
     let tmp = tempfile::Builder::new()
         .prefix("bench-authz.")
         .tempdir()
@@ -240,8 +148,27 @@ fn main() {
         wait_converged(sleep, addr, n, previous);
         previous = n;
         // Warm the connections' path up before measuring.
-        round(sleep, addr, Duration::from_secs(1));
-        let (rps, latencies, failed) = round(sleep, addr, length);
+        let target = Target::Plain(addr);
+        round(
+            sleep,
+            &target,
+            "httpbin:8000",
+            "/headers",
+            CONNECTIONS,
+            Duration::from_secs(1),
+        );
+        let Round {
+            rps,
+            latencies,
+            failed,
+        } = round(
+            sleep,
+            &target,
+            "httpbin:8000",
+            "/headers",
+            CONNECTIONS,
+            length,
+        );
         rows.push((
             n,
             rps,
@@ -251,7 +178,7 @@ fn main() {
             failed,
         ));
     }
-    println!("load average at end: {}", load());
+    println!("load average at end: {}", machine_load());
     let (_, base_rps, _, base_p99, _, _) = rows[0];
     println!(
         "\n| policies on httpbin | requests | failed | requests/s | p50 ms | p99 ms | requests/s × 0 policies | p99 × 0 policies |"

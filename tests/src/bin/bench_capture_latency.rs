@@ -14,17 +14,9 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use tests::load::{machine_load, ms, pct};
 use tests::mesh::{Capture, HTTPBIN_VIP, LocalMesh, http_request, serve_app};
 use tests::netns::Netns;
-
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
 
 /// `n` requests to `addr` from `ns` (after 100 to warm up): sorted latencies.
 fn measure(ns: &Netns, addr: SocketAddr, host: &str, n: usize) -> Vec<Duration> {
@@ -46,20 +38,12 @@ fn measure(ns: &Netns, addr: SocketAddr, host: &str, n: usize) -> Vec<Duration> 
     out
 }
 
-fn pct(v: &[Duration], p: f64) -> Duration {
-    v[((v.len() as f64 * p) as usize).min(v.len() - 1)]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.3}", d.as_secs_f64() * 1000.0)
-}
-
 fn main() {
     let n: usize = std::env::args()
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(3000);
-    println!("load average at start: {}", load());
+    println!("load average at start: {}", machine_load());
 
     let tmp = tempfile::Builder::new()
         .prefix("bench-capture.")
@@ -96,7 +80,7 @@ fn main() {
         meshed.sort();
         rows.push((label, base, meshed));
     }
-    println!("load average at end: {}", load());
+    println!("load average at end: {}", machine_load());
     println!(
         "\n| path | requests | p50 ms | p99 ms | baseline p50 ms | baseline p99 ms | p50 × baseline | p99 × baseline |"
     );
