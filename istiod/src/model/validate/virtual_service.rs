@@ -62,25 +62,12 @@ pub(super) fn virtual_service(vs: &VirtualService, e: &mut Errors) {
     for (i, route) in vs.http.iter().enumerate() {
         http_route(&format!("spec.http[{i}]"), route, e);
     }
-    // TCP and TLS (SNI) routes are not applied to the outbound listeners
-    // yet: refused rather than accepted and ignored.
-    if !vs.tcp.is_empty() {
-        e.add(
-            "spec.tcp",
-            "TCP routes are not supported by this istiod yet (remove them; TCP traffic goes to the service of the port it is addressed to, with its DestinationRule)",
-        );
-    }
-    if !vs.tls.is_empty() {
-        e.add(
-            "spec.tls",
-            "TLS (SNI) routes are not supported by this istiod yet (remove them; TLS traffic passes through to the service of the port it is addressed to)",
-        );
-    }
+    super::virtual_service_tcp::l4_routes(vs, mesh_bound, e);
 }
 
 /// A gateway reference: `mesh` (the sidecars), `<name>` (a Gateway in the
 /// VirtualService's namespace) or `<namespace>/<name>`.
-fn gateway(field: &str, gw: &str, e: &mut Errors) {
+pub(super) fn gateway(field: &str, gw: &str, e: &mut Errors) {
     let valid = match gw.split_once('/') {
         _ if gw == "mesh" => true,
         Some((ns, name)) => is_dns1123_label(ns) && is_dns1123_subdomain(name),
@@ -289,7 +276,7 @@ fn http_route(field: &str, r: &HttpRoute, e: &mut Errors) {
 
 /// Destinations and weights: each weight 0-100, summing to 100 when there
 /// are several destinations.
-fn destinations(field: &str, dests: &[(&Destination, Option<i32>)], e: &mut Errors) {
+pub(super) fn destinations(field: &str, dests: &[(&Destination, Option<i32>)], e: &mut Errors) {
     let mut total: i64 = 0;
     for (i, (dest, weight)) in dests.iter().enumerate() {
         destination(&format!("{field}[{i}].destination"), dest, e);
@@ -695,20 +682,6 @@ mod tests {
             "{hosts: [a], http: [{redirect: {scheme: 'ht tp'}}]}",
             "spec.http[0].redirect.scheme",
             "not a URI scheme",
-        );
-    }
-
-    #[test]
-    fn tcp_and_tls_routes_are_refused() {
-        refused(
-            "{hosts: [a], tcp: [{route: [{destination: {host: b}}]}]}",
-            "spec.tcp",
-            "not supported",
-        );
-        refused(
-            "{hosts: [a], tls: [{match: [{sniHosts: [a]}], route: [{destination: {host: b}}]}]}",
-            "spec.tls",
-            "not supported",
         );
     }
 }
