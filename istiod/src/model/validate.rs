@@ -834,7 +834,7 @@ mod tests {
             ),
             "VirtualService/demo/r",
             "spec.tls",
-            "TLS (SNI) routes are not supported",
+            "TLS routes are only supported on gateways",
         );
     }
 
