@@ -204,14 +204,15 @@ impl Resolved {
                 });
                 self.config(key, audiences, Types::RDS);
                 // Gateways route VirtualServices bound to them, whatever
-                // their hosts: Istio pushes routers for these too.
+                // their hosts: Istio pushes routers for these too (their
+                // listeners too: tcp and tls routes are filter chains).
                 let for_gateways = [views.old, views.new].iter().any(|ctx| {
                     find(&ctx.virtual_services, key)
                         .is_some_and(|vs| vs.spec.gateways.iter().any(|g| g != "mesh"))
                 });
                 if for_gateways {
                     self.changes
-                        .push(change(&reason, Audience::Routers, Types::RDS));
+                        .push(change(&reason, Audience::Routers, Types::LDS | Types::RDS));
                 }
             }
             Kind::Gateway => {

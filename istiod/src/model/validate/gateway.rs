@@ -160,11 +160,9 @@ mod tests {
             "spec.servers[0].port.protocol",
             "not supported",
         );
-        for protocol in ["MONGO"] {
+        {
             refused(
-                &format!(
-                    "{{servers: [{{port: {{number: 1, name: p, protocol: {protocol}}}, hosts: ['*']}}]}}"
-                ),
+                "{servers: [{port: {number: 1, name: p, protocol: MONGO}, hosts: ['*']}]}",
                 "spec.servers[0].port.protocol",
                 "not supported",
             );

@@ -115,15 +115,16 @@ mod tests {
     #[test]
     fn what_passthrough_cannot_apply_is_refused_by_field() {
         test_support::refused(
-            &errors(
-                "{servers: [{port: {number: 443, name: tls, protocol: TLS}, hosts: ['*']}]}",
-            ),
+            &errors("{servers: [{port: {number: 443, name: tls, protocol: TLS}, hosts: ['*']}]}"),
             "spec.servers[0].tls",
             "must have TLS settings",
         );
         for (tls, field) in [
             ("{mode: PASSTHROUGH, credentialName: c}", "credentialName"),
-            ("{mode: PASSTHROUGH, minProtocolVersion: TLSV1_2}", "minProtocolVersion"),
+            (
+                "{mode: PASSTHROUGH, minProtocolVersion: TLSV1_2}",
+                "minProtocolVersion",
+            ),
             ("{httpsRedirect: true}", "httpsRedirect"),
             ("{subjectAltNames: [a]}", "subjectAltNames"),
         ] {

@@ -125,12 +125,7 @@ fn l4_match(field: &str, m: &L4<'_>, e: &mut Errors) {
     }
 }
 
-fn route(
-    field: &str,
-    kind: &str,
-    route: &[super::super::istio::RouteDestination],
-    e: &mut Errors,
-) {
+fn route(field: &str, kind: &str, route: &[super::super::istio::RouteDestination], e: &mut Errors) {
     if route.is_empty() {
         e.add(
             format!("{field}.route"),
