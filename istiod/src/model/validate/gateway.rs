@@ -53,7 +53,7 @@ fn server(field: &str, s: &Server, e: &mut Errors) {
                     ),
                 );
             } else if !matches!(protocol, Protocol::Http | Protocol::Http2 | Protocol::Grpc)
-                && !gateway_tcp::serves(protocol)
+                && !gateway_tcp::serves(protocol, s)
             {
                 e.add(
                     format!("{field}.port.protocol"),
@@ -73,7 +73,7 @@ fn server(field: &str, s: &Server, e: &mut Errors) {
     }
     let protocol = s.port.as_ref().map(|p| Protocol::parse(&p.protocol));
     let forwarded = protocol
-        .filter(|p| gateway_tcp::serves(*p))
+        .filter(|p| gateway_tcp::serves(*p, s))
         .is_some_and(|p| gateway_tcp::server_tls(field, s, p, e));
     if s.tls.is_some() && !forwarded {
         e.add(

@@ -1,6 +1,7 @@
 //! Gateway validation of the servers that forward connections without
 //! terminating them: `TCP` servers (no `tls`) and `TLS` servers in
-//! `PASSTHROUGH` mode (routed by SNI). Istio's rule that a TLS server has
+//! `PASSTHROUGH` mode (routed by SNI), and `HTTPS` servers in `PASSTHROUGH`
+//! mode, which Istio forwards the same way. Istio's rule that a TLS server has
 //! TLS settings applies; on a passthrough server every other TLS field is
 //! refused by name (Envoy never sees them: the gateway does not terminate).
 
@@ -8,9 +9,18 @@ use super::Errors;
 use crate::model::gateway::{Server, ServerTlsMode, ServerTlsSettings};
 use crate::model::service::Protocol;
 
-/// Whether this file serves the server's protocol (`TCP`, `TLS`).
-pub(super) fn serves(protocol: Protocol) -> bool {
-    matches!(protocol, Protocol::Tcp | Protocol::Tls)
+/// Whether this file serves the server: `TCP`, `TLS`, or `HTTPS` in
+/// `PASSTHROUGH` mode (which Istio forwards as TLS, its "ingress gateway
+/// without TLS termination" task).
+pub(super) fn serves(protocol: Protocol, s: &Server) -> bool {
+    match protocol {
+        Protocol::Tcp | Protocol::Tls => true,
+        Protocol::Https => s
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.mode == ServerTlsMode::Passthrough),
+        _ => false,
+    }
 }
 
 /// Checks the `tls` of a server whose protocol this file serves; `false`
@@ -28,7 +38,7 @@ pub(super) fn server_tls(field: &str, s: &Server, protocol: Protocol, e: &mut Er
         }
         return true;
     };
-    if protocol != Protocol::Tls {
+    if !matches!(protocol, Protocol::Tls | Protocol::Https) {
         return false;
     }
     match tls.mode {
@@ -107,6 +117,7 @@ mod tests {
             "{servers: [{port: {number: 31400, name: tcp, protocol: TCP}, hosts: ['*']}]}",
             "{servers: [{port: {number: 443, name: tls, protocol: TLS}, hosts: ['*.example.com'], tls: {mode: PASSTHROUGH}}]}",
             "{servers: [{port: {number: 443, name: tls, protocol: tls}, hosts: ['demo/a.example.com'], tls: {}}]}",
+            "{servers: [{port: {number: 443, name: https, protocol: HTTPS}, hosts: [a.example.com], tls: {mode: PASSTHROUGH}}]}",
         ] {
             assert!(errors(spec).is_empty(), "{spec}: {:?}", errors(spec));
         }

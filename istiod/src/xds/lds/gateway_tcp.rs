@@ -1,8 +1,9 @@
 //! The filter chains of a router's TCP and TLS-passthrough ports, as
 //! Istio's `buildGatewayTCPBasedFilterChains` builds them: a `TCP` server
 //! forwards every connection by the first `tcp` route of a bound
-//! VirtualService whose match applies (one chain, no match); a `TLS` server
-//! in `PASSTHROUGH` mode gets one chain per `tls` route match, selected by
+//! VirtualService whose match applies (one chain, no match); a `TLS` (or
+//! `HTTPS`) server in `PASSTHROUGH` mode gets one chain per `tls` route
+//! match, selected by
 //! SNI (`server_names` from the match's `sniHosts`, read by the TLS
 //! inspector) and forwarded without terminating TLS. The forwarding filter
 //! is Istio's `buildOutboundNetworkFilters`: a `tcp_proxy` to
@@ -29,11 +30,21 @@ use crate::model::istio::{RouteDestination, VirtualService};
 use crate::model::service::{Protocol, is_exported_to};
 
 /// Whether a port's servers are forwarded by this file: the port's
-/// protocol is its first server's (as Istio's merged gateway), TCP or TLS.
+/// protocol is its first server's (as Istio's merged gateway), TCP or TLS,
+/// or HTTPS when every server on it is `PASSTHROUGH` (Istio forwards those
+/// as TLS; HTTPS servers that terminate are not this file's).
 pub(super) fn serves(servers: &[BoundServer<'_>]) -> bool {
-    servers
-        .first()
-        .is_some_and(|b| matches!(protocol(b.server), Protocol::Tcp | Protocol::Tls))
+    match servers.first().map(|b| protocol(b.server)) {
+        Some(Protocol::Tcp | Protocol::Tls) => true,
+        Some(Protocol::Https) => servers.iter().all(|b| passthrough(b.server)),
+        _ => false,
+    }
+}
+
+fn passthrough(s: &Server) -> bool {
+    s.tls
+        .as_ref()
+        .is_some_and(|t| t.mode == ServerTlsMode::Passthrough)
 }
 
 fn protocol(s: &Server) -> Protocol {
@@ -55,10 +66,6 @@ pub(super) fn listener(
     let mut opaque = false;
     for bound in servers {
         let s = bound.server;
-        let passthrough = s
-            .tls
-            .as_ref()
-            .is_some_and(|t| t.mode == ServerTlsMode::Passthrough);
         match protocol(s) {
             Protocol::Tcp if s.tls.is_none() => {
                 // Envoy refuses two chains with the same (empty) match:
@@ -80,7 +87,7 @@ pub(super) fn listener(
                     }
                 }
             }
-            Protocol::Tls if passthrough => {
+            Protocol::Tls | Protocol::Https if passthrough(s) => {
                 chains.extend(tls_chains(ctx, proxy, bound, &mut sni_seen));
             }
             _ => {

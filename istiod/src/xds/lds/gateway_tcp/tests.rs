@@ -217,3 +217,21 @@ fn matches_for_other_gateways_or_ports_do_not_apply() {
     let p = tcp(&l.filter_chains[0].filters[0]);
     assert_eq!(p.stat_prefix, "outbound|9000||echo.example.com");
 }
+
+#[test]
+fn an_https_passthrough_server_is_forwarded_as_tls() {
+    // Istio's "ingress gateway without TLS termination" task: HTTPS with
+    // tls.mode PASSTHROUGH, routed by a VirtualService tls route.
+    let ctx = context(
+        "---\napiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {name: https, namespace: istio-system}\nspec:\n  selector: {istio: ingressgateway}\n  servers:\n  - port: {number: 443, name: https, protocol: HTTPS}\n    hosts: [a.example.com]\n    tls: {mode: PASSTHROUGH}\n---\napiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: https, namespace: demo}\nspec:\n  hosts: [a.example.com]\n  gateways: [istio-system/https]\n  tls:\n  - match: [{sniHosts: [a.example.com], port: 443}]\n    route: [{destination: {host: a.example.com}}]\n",
+    );
+    let l = listener(&ctx, "0.0.0.0_443");
+    assert_eq!(l.filter_chains.len(), 1);
+    let m = l.filter_chains[0].filter_chain_match.as_ref().unwrap();
+    assert_eq!(m.server_names, ["a.example.com"]);
+    assert_eq!(
+        tcp(&l.filter_chains[0].filters[0]).stat_prefix,
+        "outbound|443||a.example.com"
+    );
+    assert!(!crate::xds::lds::route_names(&ctx, &router()).contains("http.443"));
+}
