@@ -228,6 +228,10 @@ impl Resolved {
                         .map(|dr| destination_rule_audience(dr, domain))
                 });
                 self.config(key, audiences, Types::CDS | Types::EDS);
+                // A gateway's tcp_proxy takes `tcp.maxConnectionDuration`
+                // from its destination's DestinationRule, as Istio's does.
+                self.changes
+                    .push(change(&reason, Audience::Routers, Types::LDS));
             }
             Kind::Sidecar => {
                 self.changes.push(change(

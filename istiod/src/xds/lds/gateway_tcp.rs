@@ -188,6 +188,10 @@ fn tls_chains(
                     tracing::warn!(target: "model", virtual_service = %format!("{}/{}", vs.namespace, vs.name), port = bound.server.port_number(), "skipping a tls match with duplicate SNI host names");
                     continue;
                 }
+                // The match's SNI hosts are used as written, not narrowed
+                // to the server's hosts: Istio only requires a host of the
+                // VirtualService to meet the server's (validation keeps the
+                // SNI hosts within the VirtualService's hosts).
                 sni_seen.extend(m.sni_hosts.iter().cloned());
                 out.push(FilterChain {
                     filter_chain_match: Some(FilterChainMatch {
