@@ -81,19 +81,6 @@ pub(super) fn gateway(field: &str, gw: &str, e: &mut Errors) {
     }
 }
 
-/// A gateway reference in an HTTP match: only `mesh` is served there.
-fn match_gateway(field: &str, gw: &str, e: &mut Errors) {
-    gateway(field, gw, e);
-    if gw != "mesh" {
-        e.add(
-            field,
-            format!(
-                "{gw:?}: gateways in a match are not supported by this istiod yet (use mesh, or bind the whole VirtualService with spec.gateways)"
-            ),
-        );
-    }
-}
-
 fn http_route(field: &str, r: &HttpRoute, e: &mut Errors) {
     let actions = [
         !r.route.is_empty(),
@@ -149,7 +136,7 @@ fn http_route(field: &str, r: &HttpRoute, e: &mut Errors) {
             check_port(&format!("{mf}.port"), p, e);
         }
         for (k, gw) in m.gateways.iter().enumerate() {
-            match_gateway(&format!("{mf}.gateways[{k}]"), gw, e);
+            gateway(&format!("{mf}.gateways[{k}]"), gw, e);
         }
         if !m.source_namespace.is_empty() && !is_dns1123_label(&m.source_namespace) {
             e.add(
@@ -646,7 +633,7 @@ mod tests {
     }
 
     #[test]
-    fn gateways_are_references_and_only_mesh_is_served_in_matches() {
+    fn gateways_are_references_in_the_rule_and_in_matches() {
         for gws in ["[istio-system/ingress]", "[ingress, mesh]", "[mesh]"] {
             let spec = format!(
                 "{{hosts: [a], gateways: {gws}, http: [{{route: [{{destination: {{host: b}}}}]}}]}}"
@@ -664,10 +651,15 @@ mod tests {
             "spec.gateways[0]",
             "is not a gateway reference",
         );
+        // Istio's egress gateway task: one rule, its matches per gateway.
+        assert!(
+            errors("{hosts: [a.com], gateways: [egress, mesh], http: [{match: [{gateways: [mesh], port: 80}], route: [{destination: {host: egress.istio-system.svc.cluster.local}}]}, {match: [{gateways: [egress]}], route: [{destination: {host: a.com}}]}]}")
+                .is_empty()
+        );
         refused(
-            "{hosts: [a], http: [{match: [{gateways: [gw]}], route: [{destination: {host: b}}]}]}",
+            "{hosts: [a], http: [{match: [{gateways: ['a/b/c']}], route: [{destination: {host: b}}]}]}",
             "spec.http[0].match[0].gateways[0]",
-            "gateways in a match are not supported",
+            "is not a gateway reference",
         );
         assert!(
             errors("{hosts: [a], gateways: [mesh], http: [{match: [{gateways: [mesh], sourceLabels: {app: x}, sourceNamespace: demo}], route: [{destination: {host: b}}]}]}")

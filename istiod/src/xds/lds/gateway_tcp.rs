@@ -21,7 +21,9 @@ use proto::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tc
 
 use super::super::Proxy;
 use super::super::context::{IstioContext, Named, resolve_host};
-use super::super::gateway::{BoundServer, binds, intersect, listener_name, server_host_for};
+use super::super::gateway::{
+    BoundServer, binds, intersect, listener_name, names_gateway, server_host_for,
+};
 use super::super::rds::Clusters;
 use super::super::util::{IpMode, duration, socket};
 use super::{network_filter, tcp_proxy_to, tls_inspector};
@@ -144,11 +146,7 @@ fn l4_matches(
 ) -> bool {
     let gw = bound.gateway;
     port.is_none_or(|p| p == u32::from(bound.server.port_number()))
-        && (gateways.is_empty()
-            || gateways.iter().any(|g| match g.split_once('/') {
-                Some((ns, name)) => ns == gw.namespace && name == gw.name,
-                None => vs_ns == gw.namespace && g == &gw.name,
-            }))
+        && (gateways.is_empty() || names_gateway(gateways, vs_ns, &gw.namespace, &gw.name))
 }
 
 /// The first `tcp` route of the bound VirtualServices that applies
