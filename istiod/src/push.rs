@@ -484,4 +484,30 @@ mod tests {
             .collect();
         assert_eq!(audiences, [(&Audience::Routers, Types::LDS | Types::RDS)]);
     }
+
+    #[tokio::test]
+    async fn routers_get_listeners_for_gateway_virtual_services_and_destination_rules() {
+        let mut p = start(Duration::from_millis(50), Duration::from_secs(10));
+        p.next().await;
+        p.apply(
+            "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: t, namespace: demo}\nspec: {hosts: ['*'], gateways: [istio-system/g], tcp: [{route: [{destination: {host: a}}]}]}\n",
+        );
+        let push = p.next().await;
+        assert!(
+            push.updates
+                .changes
+                .iter()
+                .any(|c| c.audience == Audience::Routers && c.types == Types::LDS | Types::RDS)
+        );
+        p.apply(
+            "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: a, namespace: demo}\nspec: {host: a, trafficPolicy: {connectionPool: {tcp: {maxConnectionDuration: 30s}}}}\n",
+        );
+        let push = p.next().await;
+        assert!(
+            push.updates
+                .changes
+                .iter()
+                .any(|c| c.audience == Audience::Routers && c.types == Types::LDS)
+        );
+    }
 }

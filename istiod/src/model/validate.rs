@@ -20,9 +20,11 @@ mod authn;
 mod authz;
 mod destination_rule;
 mod gateway;
+mod gateway_tcp;
 #[cfg(test)]
 mod test_support;
 mod virtual_service;
+mod virtual_service_tcp;
 
 use destination_rule::destination_rule;
 use virtual_service::{destination, virtual_service};
@@ -824,7 +826,7 @@ mod tests {
             ),
             "VirtualService/demo/r",
             "spec.tcp",
-            "TCP routes are not supported",
+            "TCP routes are only supported on gateways",
         );
         assert_rejected(
             &format!(
@@ -832,7 +834,7 @@ mod tests {
             ),
             "VirtualService/demo/r",
             "spec.tls",
-            "TLS (SNI) routes are not supported",
+            "TLS routes are only supported on gateways",
         );
     }
 

@@ -204,14 +204,15 @@ impl Resolved {
                 });
                 self.config(key, audiences, Types::RDS);
                 // Gateways route VirtualServices bound to them, whatever
-                // their hosts: Istio pushes routers for these too.
+                // their hosts: Istio pushes routers for these too (their
+                // listeners too: tcp and tls routes are filter chains).
                 let for_gateways = [views.old, views.new].iter().any(|ctx| {
                     find(&ctx.virtual_services, key)
                         .is_some_and(|vs| vs.spec.gateways.iter().any(|g| g != "mesh"))
                 });
                 if for_gateways {
                     self.changes
-                        .push(change(&reason, Audience::Routers, Types::RDS));
+                        .push(change(&reason, Audience::Routers, Types::LDS | Types::RDS));
                 }
             }
             Kind::Gateway => {
@@ -227,6 +228,10 @@ impl Resolved {
                         .map(|dr| destination_rule_audience(dr, domain))
                 });
                 self.config(key, audiences, Types::CDS | Types::EDS);
+                // A gateway's tcp_proxy takes `tcp.maxConnectionDuration`
+                // from its destination's DestinationRule, as Istio's does.
+                self.changes
+                    .push(change(&reason, Audience::Routers, Types::LDS));
             }
             Kind::Sidecar => {
                 self.changes.push(change(

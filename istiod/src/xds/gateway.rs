@@ -60,7 +60,13 @@ pub fn servers_by_port<'a>(
 /// Whether a VirtualService of `vs_ns` binds to the Gateway `gw_ns/gw_name`
 /// through `gateways:` (`<name>` is in the VirtualService's namespace).
 pub fn binds(vs: &VirtualService, vs_ns: &str, gw_ns: &str, gw_name: &str) -> bool {
-    vs.gateways.iter().any(|g| match g.split_once('/') {
+    names_gateway(&vs.gateways, vs_ns, gw_ns, gw_name)
+}
+
+/// Whether a list of gateway references of a VirtualService of `vs_ns`
+/// (its `gateways:`, or a match's) names the Gateway `gw_ns/gw_name`.
+pub fn names_gateway(gateways: &[String], vs_ns: &str, gw_ns: &str, gw_name: &str) -> bool {
+    gateways.iter().any(|g| match g.split_once('/') {
         Some((ns, name)) => ns == gw_ns && name == gw_name,
         None => g != "mesh" && vs_ns == gw_ns && g == gw_name,
     })
@@ -307,5 +313,77 @@ spec:
         assert!(!binds(&vs, "demo", "istio-system", "ingress"));
         assert!(binds(&vs, "demo", "istio-system", "main"));
         assert!(!binds(&vs, "demo", "demo", "mesh"));
+    }
+
+    const EGRESS_TASK: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: istio-egressgateway, namespace: istio-system}
+spec:
+  clusterIP: 198.19.0.30
+  selector: {istio: egressgateway}
+  ports: [{name: http, port: 80}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: cnn, namespace: demo}
+spec:
+  hosts: [edition.cnn.com]
+  ports: [{number: 80, name: http, protocol: HTTP}]
+  resolution: DNS
+---
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: istio-egressgateway, namespace: demo}
+spec:
+  selector: {istio: egressgateway}
+  servers:
+  - port: {number: 80, name: http, protocol: HTTP}
+    hosts: [edition.cnn.com]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: direct-cnn-through-egress-gateway, namespace: demo}
+spec:
+  hosts: [edition.cnn.com]
+  gateways: [istio-egressgateway, mesh]
+  http:
+  - match: [{gateways: [mesh], port: 80}]
+    route:
+    - destination: {host: istio-egressgateway.istio-system.svc.cluster.local, port: {number: 80}}
+  - match: [{gateways: [istio-egressgateway], port: 80}]
+    route:
+    - destination: {host: edition.cnn.com, port: {number: 80}}
+"#;
+
+    #[test]
+    fn match_gateways_pick_the_routes_of_a_gateway_as_in_istios_egress_task() {
+        let store = ConfigStore::new();
+        let parsed = parse_file("test.yaml", EGRESS_TASK).unwrap();
+        store.apply(
+            parsed
+                .objects
+                .into_iter()
+                .map(|o| Update::Upsert(std::sync::Arc::new(o))),
+        );
+        let ctx = IstioContext::new("t/1".into(), &store.snapshot(), &RegistryOptions::default());
+        let router = proxy(common::ProxyType::Router, &[("istio", "egressgateway")]);
+        let names = BTreeSet::from(["http.80".to_string()]);
+        let r = crate::xds::rds::build(&ctx, &router, &names).remove(0);
+        let rc = RouteConfiguration::decode(r.resource.value.as_slice()).unwrap();
+        assert_eq!(rc.virtual_hosts.len(), 1, "{rc:#?}");
+        let routes = &rc.virtual_hosts[0].routes;
+        assert_eq!(routes.len(), 1, "only the egress gateway's match: {rc:#?}");
+        let Some(route::Action::Route(action)) = &routes[0].action else {
+            panic!("{rc:#?}");
+        };
+        assert_eq!(
+            action.cluster_specifier,
+            Some(
+                proto::pb::envoy::config::route::v3::route_action::ClusterSpecifier::Cluster(
+                    "outbound|80||edition.cnn.com".into()
+                )
+            )
+        );
     }
 }

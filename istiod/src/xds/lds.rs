@@ -12,6 +12,7 @@
 //! are left out.
 
 mod gateway;
+mod gateway_tcp;
 mod inbound;
 mod outbound;
 

@@ -27,8 +27,9 @@ use proto::pb::envoy::config::route::v3::{
 use proto::pb::google::protobuf::BoolValue;
 
 pub use ops::CORS_FILTER;
+pub(crate) use translate::Clusters;
 
-use self::translate::{Clusters, default_retries, route_match, source_matches, timed, vs_route};
+use self::translate::{default_retries, route_match, source_matches, timed, vs_route};
 use super::cache::{Dependency, KeyBuilder};
 use super::cds::outbound_name;
 use super::context::{IstioContext, Named, OutboundPolicy, resolve_host};

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{Errors, check_egress_host, check_host, check_port};
+use super::{Errors, check_egress_host, check_host, check_port, gateway_tcp};
 use crate::model::gateway::{Gateway, Server};
 use crate::model::service::Protocol;
 
@@ -52,10 +52,12 @@ fn server(field: &str, s: &Server, e: &mut Errors) {
                         p.protocol
                     ),
                 );
-            } else if !matches!(protocol, Protocol::Http | Protocol::Http2 | Protocol::Grpc) {
+            } else if !matches!(protocol, Protocol::Http | Protocol::Http2 | Protocol::Grpc)
+                && !gateway_tcp::serves(protocol, s)
+            {
                 e.add(
                     format!("{field}.port.protocol"),
-                    format!("{:?} servers are not supported by this istiod yet (use HTTP, HTTP2 or GRPC)", p.protocol),
+                    format!("{:?} servers are not supported by this istiod yet (use HTTP, HTTP2, GRPC, TCP or TLS)", p.protocol),
                 );
             }
         }
@@ -69,7 +71,11 @@ fn server(field: &str, s: &Server, e: &mut Errors) {
     for (i, host) in s.hosts.iter().enumerate() {
         check_server_host(&format!("{field}.hosts[{i}]"), host, e);
     }
-    if s.tls.is_some() {
+    let protocol = s.port.as_ref().map(|p| Protocol::parse(&p.protocol));
+    let forwarded = protocol
+        .filter(|p| gateway_tcp::serves(*p, s))
+        .is_some_and(|p| gateway_tcp::server_tls(field, s, p, e));
+    if s.tls.is_some() && !forwarded {
         e.add(
             format!("{field}.tls"),
             "TLS on gateway servers is not supported by this istiod yet (serve plain HTTP, or leave this server out)",
@@ -154,11 +160,9 @@ mod tests {
             "spec.servers[0].port.protocol",
             "not supported",
         );
-        for protocol in ["TCP", "TLS", "MONGO"] {
+        {
             refused(
-                &format!(
-                    "{{servers: [{{port: {{number: 1, name: p, protocol: {protocol}}}, hosts: ['*']}}]}}"
-                ),
+                "{servers: [{port: {number: 1, name: p, protocol: MONGO}, hosts: ['*']}]}",
                 "spec.servers[0].port.protocol",
                 "not supported",
             );

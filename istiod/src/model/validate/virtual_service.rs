@@ -62,25 +62,12 @@ pub(super) fn virtual_service(vs: &VirtualService, e: &mut Errors) {
     for (i, route) in vs.http.iter().enumerate() {
         http_route(&format!("spec.http[{i}]"), route, e);
     }
-    // TCP and TLS (SNI) routes are not applied to the outbound listeners
-    // yet: refused rather than accepted and ignored.
-    if !vs.tcp.is_empty() {
-        e.add(
-            "spec.tcp",
-            "TCP routes are not supported by this istiod yet (remove them; TCP traffic goes to the service of the port it is addressed to, with its DestinationRule)",
-        );
-    }
-    if !vs.tls.is_empty() {
-        e.add(
-            "spec.tls",
-            "TLS (SNI) routes are not supported by this istiod yet (remove them; TLS traffic passes through to the service of the port it is addressed to)",
-        );
-    }
+    super::virtual_service_tcp::l4_routes(vs, mesh_bound, e);
 }
 
 /// A gateway reference: `mesh` (the sidecars), `<name>` (a Gateway in the
 /// VirtualService's namespace) or `<namespace>/<name>`.
-fn gateway(field: &str, gw: &str, e: &mut Errors) {
+pub(super) fn gateway(field: &str, gw: &str, e: &mut Errors) {
     let valid = match gw.split_once('/') {
         _ if gw == "mesh" => true,
         Some((ns, name)) => is_dns1123_label(ns) && is_dns1123_subdomain(name),
@@ -90,19 +77,6 @@ fn gateway(field: &str, gw: &str, e: &mut Errors) {
         e.add(
             field,
             format!("{gw:?} is not a gateway reference (use mesh, <name> or <namespace>/<name>)"),
-        );
-    }
-}
-
-/// A gateway reference in an HTTP match: only `mesh` is served there.
-fn match_gateway(field: &str, gw: &str, e: &mut Errors) {
-    gateway(field, gw, e);
-    if gw != "mesh" {
-        e.add(
-            field,
-            format!(
-                "{gw:?}: gateways in a match are not supported by this istiod yet (use mesh, or bind the whole VirtualService with spec.gateways)"
-            ),
         );
     }
 }
@@ -162,7 +136,7 @@ fn http_route(field: &str, r: &HttpRoute, e: &mut Errors) {
             check_port(&format!("{mf}.port"), p, e);
         }
         for (k, gw) in m.gateways.iter().enumerate() {
-            match_gateway(&format!("{mf}.gateways[{k}]"), gw, e);
+            gateway(&format!("{mf}.gateways[{k}]"), gw, e);
         }
         if !m.source_namespace.is_empty() && !is_dns1123_label(&m.source_namespace) {
             e.add(
@@ -289,7 +263,7 @@ fn http_route(field: &str, r: &HttpRoute, e: &mut Errors) {
 
 /// Destinations and weights: each weight 0-100, summing to 100 when there
 /// are several destinations.
-fn destinations(field: &str, dests: &[(&Destination, Option<i32>)], e: &mut Errors) {
+pub(super) fn destinations(field: &str, dests: &[(&Destination, Option<i32>)], e: &mut Errors) {
     let mut total: i64 = 0;
     for (i, (dest, weight)) in dests.iter().enumerate() {
         destination(&format!("{field}[{i}].destination"), dest, e);
@@ -659,7 +633,7 @@ mod tests {
     }
 
     #[test]
-    fn gateways_are_references_and_only_mesh_is_served_in_matches() {
+    fn gateways_are_references_in_the_rule_and_in_matches() {
         for gws in ["[istio-system/ingress]", "[ingress, mesh]", "[mesh]"] {
             let spec = format!(
                 "{{hosts: [a], gateways: {gws}, http: [{{route: [{{destination: {{host: b}}}}]}}]}}"
@@ -677,10 +651,15 @@ mod tests {
             "spec.gateways[0]",
             "is not a gateway reference",
         );
+        // Istio's egress gateway task: one rule, its matches per gateway.
+        assert!(
+            errors("{hosts: [a.com], gateways: [egress, mesh], http: [{match: [{gateways: [mesh], port: 80}], route: [{destination: {host: egress.istio-system.svc.cluster.local}}]}, {match: [{gateways: [egress]}], route: [{destination: {host: a.com}}]}]}")
+                .is_empty()
+        );
         refused(
-            "{hosts: [a], http: [{match: [{gateways: [gw]}], route: [{destination: {host: b}}]}]}",
+            "{hosts: [a], http: [{match: [{gateways: ['a/b/c']}], route: [{destination: {host: b}}]}]}",
             "spec.http[0].match[0].gateways[0]",
-            "gateways in a match are not supported",
+            "is not a gateway reference",
         );
         assert!(
             errors("{hosts: [a], gateways: [mesh], http: [{match: [{gateways: [mesh], sourceLabels: {app: x}, sourceNamespace: demo}], route: [{destination: {host: b}}]}]}")
@@ -695,20 +674,6 @@ mod tests {
             "{hosts: [a], http: [{redirect: {scheme: 'ht tp'}}]}",
             "spec.http[0].redirect.scheme",
             "not a URI scheme",
-        );
-    }
-
-    #[test]
-    fn tcp_and_tls_routes_are_refused() {
-        refused(
-            "{hosts: [a], tcp: [{route: [{destination: {host: b}}]}]}",
-            "spec.tcp",
-            "not supported",
-        );
-        refused(
-            "{hosts: [a], tls: [{match: [{sniHosts: [a]}], route: [{destination: {host: b}}]}]}",
-            "spec.tls",
-            "not supported",
         );
     }
 }

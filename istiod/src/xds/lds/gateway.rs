@@ -23,16 +23,21 @@ use super::{http_filter, network_filter};
 pub(super) fn listeners(ctx: &IstioContext, proxy: &Proxy) -> Vec<Listener> {
     let ip = IpMode::of(&proxy.ips);
     servers_by_port(ctx, proxy)
-        .into_keys()
-        .map(|port| Listener {
-            name: listener_name(port),
-            address: Some(socket(ip.wildcard(), port.into())),
-            traffic_direction: TrafficDirection::Outbound.into(),
-            filter_chains: vec![FilterChain {
-                filters: vec![gateway_hcm(port)],
+        .into_iter()
+        .filter_map(|(port, servers)| {
+            if super::gateway_tcp::serves(&servers) {
+                return super::gateway_tcp::listener(ctx, proxy, port, &servers);
+            }
+            Some(Listener {
+                name: listener_name(port),
+                address: Some(socket(ip.wildcard(), port.into())),
+                traffic_direction: TrafficDirection::Outbound.into(),
+                filter_chains: vec![FilterChain {
+                    filters: vec![gateway_hcm(port)],
+                    ..Default::default()
+                }],
                 ..Default::default()
-            }],
-            ..Default::default()
+            })
         })
         .collect()
 }
@@ -40,8 +45,9 @@ pub(super) fn listeners(ctx: &IstioContext, proxy: &Proxy) -> Vec<Listener> {
 /// The route configuration names of a router's listeners.
 pub fn route_names(ctx: &IstioContext, proxy: &Proxy) -> std::collections::BTreeSet<String> {
     servers_by_port(ctx, proxy)
-        .into_keys()
-        .map(route_name)
+        .into_iter()
+        .filter(|(_, servers)| !super::gateway_tcp::serves(servers))
+        .map(|(port, _)| route_name(port))
         .collect()
 }
 

@@ -13,7 +13,9 @@ use proto::pb::google::protobuf::BoolValue;
 
 use super::super::Proxy;
 use super::super::context::{IstioContext, Named, resolve_host};
-use super::super::gateway::{binds, intersect, route_name, server_host_for, servers_by_port};
+use super::super::gateway::{
+    BoundServer, binds, intersect, names_gateway, route_name, server_host_for, servers_by_port,
+};
 use super::super::util::u32v;
 use super::translate::{Clusters, route_match, source_matches, vs_route};
 use crate::model::istio::{HttpMatchRequest, VirtualService};
@@ -61,7 +63,7 @@ pub(super) fn route_config(
     }
     let mut virtual_hosts: Vec<VirtualHost> = hosts
         .into_iter()
-        .map(|(host, vss)| virtual_host(ctx, proxy, &host, port, &vss))
+        .map(|(host, vss)| virtual_host(ctx, proxy, &host, port, &vss, &servers))
         .filter(|vh| !vh.routes.is_empty())
         .collect();
     if virtual_hosts.is_empty() {
@@ -85,6 +87,7 @@ fn virtual_host(
     host: &str,
     port: u16,
     virtual_services: &[&Named<VirtualService>],
+    servers: &[BoundServer<'_>],
 ) -> VirtualHost {
     let mut routes = Vec::new();
     for vs in virtual_services {
@@ -94,12 +97,25 @@ fn virtual_host(
             port,
         };
         for r in &vs.spec.http {
-            // A match naming gateways names only `mesh` (validation refuses
-            // the others for now), so it is not for a gateway.
+            // Istio's `sourceMatchHTTP` on a gateway: a match naming
+            // gateways applies on those (of this port) only, else by the
+            // gateway workload's labels and namespace.
             let applies = |m: &&HttpMatchRequest| {
                 m.port.is_none_or(|p| p == u32::from(port))
-                    && m.gateways.is_empty()
-                    && source_matches(m, proxy)
+                    && if m.gateways.is_empty() {
+                        source_matches(m, proxy)
+                    } else {
+                        servers.iter().any(|b| {
+                            let gw = b.gateway;
+                            binds(&vs.spec, &vs.namespace, &gw.namespace, &gw.name)
+                                && names_gateway(
+                                    &m.gateways,
+                                    &vs.namespace,
+                                    &gw.namespace,
+                                    &gw.name,
+                                )
+                        })
+                    }
             };
             if r.r#match.is_empty() {
                 routes.push(vs_route(&clusters, host, r, None));

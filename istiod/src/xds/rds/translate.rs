@@ -170,7 +170,7 @@ pub(super) fn source_matches(m: &HttpMatchRequest, proxy: &crate::xds::Proxy) ->
 /// `outbound|<port>|<subset>|<host>`, the port from the destination, else
 /// the service's only port, else the route's; `BlackHoleCluster` for a
 /// host the registry does not know.
-pub(super) struct Clusters<'a> {
+pub(crate) struct Clusters<'a> {
     pub ctx: &'a IstioContext,
     pub vs_ns: &'a str,
     pub port: u16,

@@ -1,0 +1,228 @@
+//! Validation of a VirtualService's `tcp` and `tls` routes, as Istio's
+//! `validateTCPRoute` and `validateTLSRoute` (a TLS route needs matches,
+//! each with SNI hosts within the VirtualService's hosts; every route needs
+//! destinations). They are applied on gateways only: a VirtualService with
+//! them that also binds `mesh` (the sidecars) is refused, and so are the
+//! match fields Istio ignores on gateways (`sourceLabels`,
+//! `sourceNamespace`, `destinationSubnets`), rather than accepted and
+//! ignored.
+
+use super::super::istio::{Destination, L4MatchAttributes, TlsMatchAttributes, VirtualService};
+use super::virtual_service::{destinations, gateway};
+use super::{Errors, check_port};
+use crate::model::service::host_matches;
+
+pub(super) fn l4_routes(vs: &VirtualService, mesh_bound: bool, e: &mut Errors) {
+    for (name, present) in [("tcp", !vs.tcp.is_empty()), ("tls", !vs.tls.is_empty())] {
+        if present && mesh_bound {
+            e.add(
+                format!("spec.{name}"),
+                format!(
+                    "{} routes are only supported on gateways by this istiod (bind the VirtualService to gateways only with spec.gateways, without mesh)",
+                    name.to_ascii_uppercase()
+                ),
+            );
+        }
+    }
+    for (i, r) in vs.tcp.iter().enumerate() {
+        let field = format!("spec.tcp[{i}]");
+        for (j, m) in r.r#match.iter().enumerate() {
+            l4_match(&format!("{field}.match[{j}]"), &l4_of_tcp(m), e);
+        }
+        route(&field, "TCP", &r.route, e);
+    }
+    for (i, r) in vs.tls.iter().enumerate() {
+        let field = format!("spec.tls[{i}]");
+        if r.r#match.is_empty() {
+            e.add(
+                format!("{field}.match"),
+                "TLS route must have at least one match condition (match the SNI hosts, e.g. match: [{sniHosts: [a.example.com]}])",
+            );
+        }
+        for (j, m) in r.r#match.iter().enumerate() {
+            let mf = format!("{field}.match[{j}]");
+            tls_match(&mf, m, vs, e);
+            l4_match(&mf, &l4_of_tls(m), e);
+        }
+        route(&field, "TLS", &r.route, e);
+    }
+}
+
+/// A TLS match's SNI hosts (Istio's `validateSniHost`).
+fn tls_match(field: &str, m: &TlsMatchAttributes, vs: &VirtualService, e: &mut Errors) {
+    if m.sni_hosts.is_empty() {
+        e.add(
+            format!("{field}.sniHosts"),
+            "TLS match must have at least one SNI host",
+        );
+    }
+    for (k, sni) in m.sni_hosts.iter().enumerate() {
+        let sf = format!("{field}.sniHosts[{k}]");
+        if sni.parse::<std::net::IpAddr>().is_ok() {
+            continue;
+        }
+        let len = e.0.len();
+        super::check_host(&sf, sni, e);
+        if e.0.len() == len && !vs.hosts.iter().any(|h| host_matches(h, sni)) {
+            e.add(
+                sf,
+                format!(
+                    "SNI host {sni:?} is not a compatible subset of any of the virtual service hosts: [{}]",
+                    vs.hosts.join(", ")
+                ),
+            );
+        }
+    }
+}
+
+/// The match fields TCP and TLS matches share.
+struct L4<'a> {
+    port: Option<u32>,
+    gateways: &'a [String],
+    source_labels: bool,
+    source_namespace: bool,
+    destination_subnets: bool,
+}
+
+fn l4_of_tcp(m: &L4MatchAttributes) -> L4<'_> {
+    L4 {
+        port: m.port,
+        gateways: &m.gateways,
+        source_labels: !m.source_labels.is_empty(),
+        source_namespace: !m.source_namespace.is_empty(),
+        destination_subnets: !m.destination_subnets.is_empty(),
+    }
+}
+
+fn l4_of_tls(m: &TlsMatchAttributes) -> L4<'_> {
+    L4 {
+        port: m.port,
+        gateways: &m.gateways,
+        source_labels: !m.source_labels.is_empty(),
+        source_namespace: !m.source_namespace.is_empty(),
+        destination_subnets: !m.destination_subnets.is_empty(),
+    }
+}
+
+fn l4_match(field: &str, m: &L4<'_>, e: &mut Errors) {
+    if let Some(p) = m.port {
+        check_port(&format!("{field}.port"), p, e);
+    }
+    for (k, gw) in m.gateways.iter().enumerate() {
+        gateway(&format!("{field}.gateways[{k}]"), gw, e);
+    }
+    for (name, set) in [
+        ("sourceLabels", m.source_labels),
+        ("sourceNamespace", m.source_namespace),
+        ("destinationSubnets", m.destination_subnets),
+    ] {
+        if set {
+            e.add(
+                format!("{field}.{name}"),
+                "is not applied on gateways (Istio ignores it there) and TCP/TLS routes are only served on gateways by this istiod (remove it; match by port or gateways)",
+            );
+        }
+    }
+}
+
+fn route(field: &str, kind: &str, route: &[super::super::istio::RouteDestination], e: &mut Errors) {
+    if route.is_empty() {
+        e.add(
+            format!("{field}.route"),
+            format!("{kind} route is required (add a destination)"),
+        );
+    }
+    let dests: Vec<(&Destination, Option<i32>)> =
+        route.iter().map(|d| (&d.destination, d.weight)).collect();
+    destinations(&format!("{field}.route"), &dests, e);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support;
+
+    const VS: &str = "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: r, namespace: demo}\n";
+
+    fn errors(spec: &str) -> Vec<String> {
+        test_support::errors("mesh/vs.yaml", VS, spec)
+    }
+
+    #[track_caller]
+    fn refused(spec: &str, field: &str, needle: &str) {
+        test_support::refused(&errors(spec), field, needle);
+    }
+
+    #[test]
+    fn gateway_bound_tcp_and_tls_routes_are_accepted() {
+        for spec in [
+            "{hosts: ['*'], gateways: [istio-system/gw], tcp: [{match: [{port: 31400}], route: [{destination: {host: echo, port: {number: 9000}}}]}]}",
+            "{hosts: ['*.example.com'], gateways: [gw], tls: [{match: [{sniHosts: [a.example.com], port: 443, gateways: [gw]}], route: [{destination: {host: a.example.com}}]}]}",
+            "{hosts: [a.example.com], gateways: [gw], tcp: [{route: [{destination: {host: a}, weight: 60}, {destination: {host: b}, weight: 40}]}]}",
+        ] {
+            assert!(errors(spec).is_empty(), "{spec}: {:?}", errors(spec));
+        }
+    }
+
+    #[test]
+    fn sidecar_routes_are_refused_by_field() {
+        refused(
+            "{hosts: [a], tcp: [{route: [{destination: {host: b}}]}]}",
+            "spec.tcp",
+            "only supported on gateways",
+        );
+        refused(
+            "{hosts: [a], gateways: [gw, mesh], tls: [{match: [{sniHosts: [a]}], route: [{destination: {host: b}}]}]}",
+            "spec.tls",
+            "only supported on gateways",
+        );
+        refused(
+            "{hosts: [a], gateways: [gw], tcp: [{match: [{sourceLabels: {app: x}}], route: [{destination: {host: b}}]}]}",
+            "spec.tcp[0].match[0].sourceLabels",
+            "not applied",
+        );
+        refused(
+            "{hosts: [a.com], gateways: [gw], tls: [{match: [{sniHosts: [a.com], destinationSubnets: [10.0.0.0/8]}], route: [{destination: {host: b}}]}]}",
+            "spec.tls[0].match[0].destinationSubnets",
+            "not applied",
+        );
+    }
+
+    #[test]
+    fn istio_rules_apply() {
+        refused(
+            "{hosts: [a.com], gateways: [gw], tls: [{route: [{destination: {host: b}}]}]}",
+            "spec.tls[0].match",
+            "at least one match",
+        );
+        refused(
+            "{hosts: [a.com], gateways: [gw], tls: [{match: [{port: 443}], route: [{destination: {host: b}}]}]}",
+            "spec.tls[0].match[0].sniHosts",
+            "at least one SNI host",
+        );
+        refused(
+            "{hosts: ['*.example.com'], gateways: [gw], tls: [{match: [{sniHosts: [b.other.com]}], route: [{destination: {host: b}}]}]}",
+            "spec.tls[0].match[0].sniHosts[0]",
+            "not a compatible subset",
+        );
+        refused(
+            "{hosts: [a.com], gateways: [gw], tls: [{match: [{sniHosts: [a.com]}]}]}",
+            "spec.tls[0].route",
+            "TLS route is required",
+        );
+        refused(
+            "{hosts: [a.com], gateways: [gw], tcp: [{match: [{port: 0}], route: []}]}",
+            "spec.tcp[0].route",
+            "TCP route is required",
+        );
+        refused(
+            "{hosts: [a.com], gateways: [gw], tcp: [{route: [{destination: {host: a}, weight: 60}, {destination: {host: b}, weight: 60}]}]}",
+            "spec.tcp[0].route[1].weight",
+            "add up to 120",
+        );
+        refused(
+            "{hosts: [a.com], gateways: [gw], tcp: [{match: [{gateways: ['a/b/c']}], route: [{destination: {host: b}}]}]}",
+            "spec.tcp[0].match[0].gateways[0]",
+            "not a gateway reference",
+        );
+    }
+}
