@@ -15,7 +15,7 @@ use super::super::Proxy;
 use super::super::context::{IstioContext, Named, resolve_host};
 use super::super::gateway::{binds, intersect, route_name, server_host_for, servers_by_port};
 use super::super::util::u32v;
-use super::translate::{Clusters, route_match, source_matches, vs_route};
+use super::translate::{Clusters, gateway_semantics, route_match, source_matches, vs_route};
 use crate::model::istio::{HttpMatchRequest, VirtualService};
 use crate::model::route::MAX_DIRECT_RESPONSE_BODY_BYTES;
 use crate::model::service::is_exported_to;
@@ -92,7 +92,9 @@ fn virtual_host(
             ctx,
             vs_ns: &vs.namespace,
             port,
+            gateway_semantics: vs.spec.gateway_semantics,
         };
+        let start = routes.len();
         for r in &vs.spec.http {
             // A match naming gateways names only `mesh` (validation refuses
             // the others for now), so it is not for a gateway.
@@ -108,6 +110,9 @@ fn virtual_host(
                     routes.push(vs_route(&clusters, host, r, Some(m)));
                 }
             }
+        }
+        if vs.spec.gateway_semantics {
+            routes[start..].iter_mut().for_each(gateway_semantics);
         }
     }
     VirtualHost {
