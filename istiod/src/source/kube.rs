@@ -17,6 +17,7 @@
 
 pub mod informer;
 pub mod kubemesh;
+pub mod status;
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
