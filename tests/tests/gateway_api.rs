@@ -117,7 +117,7 @@ fn a_gateway_api_gateway_routes_outside_clients_into_the_mesh() {
     let _serial = tests::mesh::one_mesh_at_a_time();
     let tmp = tempfile::tempdir().unwrap();
     let mesh = LocalMesh::start(tmp.path(), &[]);
-    std::fs::write(mesh.config_dir.join("versions.yaml"), VERSION_SERVICES).unwrap();
+    write_atomically(&mesh.config_dir.join("versions.yaml"), VERSION_SERVICES);
     write_atomically(
         &mesh.config_dir.join("gateway-api.yaml"),
         &format!("{GATEWAY}---\n{ROUTE}"),

@@ -98,9 +98,14 @@ impl Denied {
 /// The routes of one generated VirtualService, before sorting.
 type Bucket = Vec<(SortKey, crate::model::istio::HttpRoute)>;
 
-/// Translates every Gateway API object in `snapshot`.
-pub fn convert(snapshot: &Snapshot, domain: &str) -> Output {
-    let mut out = Output::default();
+/// Istio's Gateways (of a class of Istio's controller): the Istio Gateway
+/// generated for each listener (into `out`, with the classes' status), the
+/// listeners routes attach to, and each Gateway's own conditions.
+fn gateways<'a>(
+    snapshot: &'a Snapshot,
+    domain: &str,
+    out: &mut Output,
+) -> (Vec<ParentListener<'a>>, Vec<(ObjectKey, Vec<Condition>)>) {
     let classes: HashMap<&str, &str> = snapshot
         .list::<GatewayClass>()
         .map(|c| {
@@ -137,7 +142,7 @@ pub fn convert(snapshot: &Snapshot, domain: &str) -> Output {
     // to report on).
     let mut parents: Vec<ParentListener<'_>> = Vec::new();
     let mut gateway_status: Vec<(ObjectKey, Vec<Condition>)> = Vec::new();
-    for g in &gateways {
+    for g in gateways {
         let ns = g.object.metadata.namespace.as_str();
         let name = g.object.metadata.name.as_str();
         let (selector, programmed) = deployment(snapshot, g.spec, ns, name, domain);
@@ -182,6 +187,13 @@ pub fn convert(snapshot: &Snapshot, domain: &str) -> Output {
             });
         }
     }
+    (parents, gateway_status)
+}
+
+/// Translates every Gateway API object in `snapshot`.
+pub fn convert(snapshot: &Snapshot, domain: &str) -> Output {
+    let mut out = Output::default();
+    let (mut parents, gateway_status) = gateways(snapshot, domain, &mut out);
     let all_gateways: Vec<ObjectKey> = snapshot
         .objects(Kind::KubernetesGateway)
         .map(|o| o.key())
@@ -256,31 +268,9 @@ pub fn convert(snapshot: &Snapshot, domain: &str) -> Output {
                     }
                 }
             }
-            let accepted = if bound > 0 {
-                let message = if bound > 1 {
-                    format!("Route was valid, bound to {bound} parents")
-                } else {
-                    "Route was valid".to_string()
-                };
-                Condition::ok("Accepted", message)
-            } else {
-                // The most relevant reason, its messages joined (Istio's
-                // `createRouteStatus`).
-                let best = denied
-                    .iter()
-                    .map(|(d, _)| *d)
-                    .min()
-                    .unwrap_or(Denied::NotAccepted);
-                let message: Vec<&str> = denied
-                    .iter()
-                    .filter(|(d, _)| *d == best)
-                    .map(|(_, m)| m.as_str())
-                    .collect();
-                Condition::new("Accepted", false, best.reason(), message.join("; "))
-            };
             parent_status.push(RouteParentStatus {
                 parent_ref: p.clone(),
-                conditions: vec![accepted, resolved.clone()],
+                conditions: vec![accepted(bound, &denied), resolved.clone()],
             });
         }
         if !parent_status.is_empty() {
@@ -326,6 +316,30 @@ pub fn convert(snapshot: &Snapshot, domain: &str) -> Output {
         );
     }
     out
+}
+
+/// A route parent's `Accepted`: valid when bound to any listener, else the
+/// most relevant reason with its messages joined (Istio's `createRouteStatus`).
+fn accepted(bound: usize, denied: &[(Denied, String)]) -> Condition {
+    if bound > 0 {
+        let message = if bound > 1 {
+            format!("Route was valid, bound to {bound} parents")
+        } else {
+            "Route was valid".to_string()
+        };
+        return Condition::ok("Accepted", message);
+    }
+    let best = denied
+        .iter()
+        .map(|(d, _)| *d)
+        .min()
+        .unwrap_or(Denied::NotAccepted);
+    let message: Vec<&str> = denied
+        .iter()
+        .filter(|(d, _)| *d == best)
+        .map(|(_, m)| m.as_str())
+        .collect();
+    Condition::new("Accepted", false, best.reason(), message.join("; "))
 }
 
 /// The workloads a Gateway selects and its `Programmed` condition: a
