@@ -460,6 +460,7 @@ impl Config {
                 discovery_selectors: self.discovery_selectors.clone(),
                 injection: self.mesh_injection.clone(),
             },
+            domain: self.domain.clone(),
             mesh_file_found: self.mesh_file_found,
         }
     }

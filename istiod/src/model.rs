@@ -17,6 +17,7 @@ pub const ROOT_NAMESPACE: &str = "istio-system";
 
 pub mod error;
 pub mod gateway;
+pub mod gateway_api;
 pub mod istio;
 pub mod kube;
 pub mod meta;

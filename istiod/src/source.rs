@@ -33,6 +33,8 @@ pub struct Settings {
     /// The mesh config istiod starts with: the `--meshConfig` file's, or
     /// Istio's defaults without one.
     pub mesh: Mesh,
+    /// The DNS domain of services (`cluster.local`).
+    pub domain: String,
     /// Whether the `--meshConfig` file exists; when it does not, istiod on
     /// Kubernetes watches the `istio` ConfigMap instead, as Istio does.
     pub mesh_file_found: bool,
@@ -113,6 +115,14 @@ pub async fn start(
                     shutdown.clone(),
                 );
             }
+            // The Gateway API's status, written back as Istio's gateway
+            // controller does.
+            tokio::spawn(self::kube::status::run(
+                client.clone(),
+                store.slice(self::kube::SLICE),
+                config.domain.clone(),
+                shutdown.clone(),
+            ));
             let ks = KubeSource::start(
                 client,
                 store.slice(self::kube::SLICE),
@@ -131,6 +141,7 @@ pub async fn start(
 
     let batches = store.subscribe();
     let configz_store = store.clone();
+    let domain = config.domain.clone();
     let configz: Arc<dyn Fn() -> Value + Send + Sync> = Arc::new(move || {
         let snapshot = configz_store.snapshot();
         let mut errors: Vec<String> = source
@@ -148,8 +159,17 @@ pub async fn start(
             .into_iter()
             .map(|(file, k)| json!({"file": file, "apiVersion": k.api_version, "kind": k.kind}))
             .collect();
+        // The Gateway API's status (written back on Kubernetes; a file has
+        // no status to write, so this is where its conditions show).
+        let gateway_api: serde_json::Map<String, Value> =
+            crate::model::gateway_api::convert::convert(&snapshot, &domain)
+                .status
+                .iter()
+                .map(|(k, s)| (k.to_string(), json!(s.lines())))
+                .collect();
         json!({
             "version": snapshot.version(),
+            "gatewayApiStatus": gateway_api,
             "objects": kinds.iter().flat_map(|k| snapshot.objects(*k).map(|o| o.key().to_string()).collect::<Vec<_>>()).collect::<Vec<_>>(),
             "errors": errors,
             "unimplemented": unimplemented,

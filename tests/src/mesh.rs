@@ -286,7 +286,22 @@ pub fn http_request(
     host: &str,
     path: &str,
 ) -> std::io::Result<(u16, String)> {
+    http_request_with(ns, addr, host, path, &[])
+}
+
+/// [`http_request`] with extra request headers.
+pub fn http_request_with(
+    ns: &Netns,
+    addr: SocketAddr,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> std::io::Result<(u16, String)> {
     let (host, path) = (host.to_string(), path.to_string());
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
     ns.run(move || {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2))?;
@@ -295,7 +310,8 @@ pub fn http_request(
         // One write, as HTTP clients send a request: Envoy's HTTP inspector
         // (on Istio's outbound `0.0.0.0_<port>` listeners) can misjudge a
         // request line that arrives in pieces and pass it on as TCP.
-        let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n");
         s.write_all(request.as_bytes())?;
         let mut buf = String::new();
         s.read_to_string(&mut buf)?;

@@ -218,6 +218,12 @@ pub struct VirtualService {
     pub tcp: Vec<TcpRoute>,
     /// Namespaces the rules are visible to.
     pub export_to: Vec<String>,
+    /// Istio's `internal.istio.io/route-semantics: gateway`: set only on the
+    /// VirtualServices translated from Gateway API routes (never read from
+    /// a document): a backend without a cluster answers 500, and a path
+    /// prefix matches whole segments.
+    #[serde(skip)]
+    pub gateway_semantics: bool,
 }
 
 impl VirtualService {

@@ -8,6 +8,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::gateway::Gateway;
+use super::gateway_api::{GatewayClass, HttpRoute, KubernetesGateway};
 use super::istio::{
     DestinationRule, PeerAuthentication, ServiceEntry, Sidecar, VirtualService, WorkloadEntry,
 };
@@ -18,6 +19,8 @@ use super::security::{AuthorizationPolicy, RequestAuthentication};
 pub const NETWORKING_GROUP: &str = "networking.istio.io";
 /// Istio's security API group.
 pub const SECURITY_GROUP: &str = "security.istio.io";
+/// The Kubernetes Gateway API group.
+pub const GATEWAY_API_GROUP: &str = super::gateway_api::GROUP;
 /// The Kubernetes discovery API group (EndpointSlice).
 pub const DISCOVERY_GROUP: &str = "discovery.k8s.io";
 /// The namespace an object of a namespaced kind gets when its metadata names none
@@ -55,11 +58,17 @@ pub enum Kind {
     Namespace,
     /// Kubernetes `v1` Node (cluster-scoped): the locality of its Pods.
     Node,
+    /// Gateway API `GatewayClass` (cluster-scoped).
+    GatewayClass,
+    /// Gateway API `Gateway` (Istio's `KubernetesGateway`, apart from its own Gateway).
+    KubernetesGateway,
+    /// Gateway API `HTTPRoute`.
+    HttpRoute,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 14] = [
+    pub const ALL: [Kind; 17] = [
         Kind::ServiceEntry,
         Kind::WorkloadEntry,
         Kind::VirtualService,
@@ -74,6 +83,9 @@ impl Kind {
         Kind::Pod,
         Kind::Namespace,
         Kind::Node,
+        Kind::GatewayClass,
+        Kind::KubernetesGateway,
+        Kind::HttpRoute,
     ];
 
     /// The kind's name as written in `kind:`.
@@ -93,6 +105,9 @@ impl Kind {
             Kind::Pod => "Pod",
             Kind::Namespace => "Namespace",
             Kind::Node => "Node",
+            Kind::GatewayClass => "GatewayClass",
+            Kind::KubernetesGateway => "Gateway",
+            Kind::HttpRoute => "HTTPRoute",
         }
     }
 
@@ -109,6 +124,7 @@ impl Kind {
                 SECURITY_GROUP
             }
             Kind::EndpointSlice => DISCOVERY_GROUP,
+            Kind::GatewayClass | Kind::KubernetesGateway | Kind::HttpRoute => GATEWAY_API_GROUP,
             Kind::Service | Kind::Pod | Kind::Namespace | Kind::Node => "",
         }
     }
@@ -117,7 +133,7 @@ impl Kind {
     pub fn versions(self) -> &'static [&'static str] {
         match self.group() {
             NETWORKING_GROUP => &["v1", "v1beta1", "v1alpha3"],
-            SECURITY_GROUP => &["v1", "v1beta1"],
+            SECURITY_GROUP | GATEWAY_API_GROUP => &["v1", "v1beta1"],
             _ => &["v1"],
         }
     }
@@ -132,7 +148,24 @@ impl Kind {
 
     /// Whether objects of this kind live in a namespace.
     pub fn is_namespaced(self) -> bool {
-        !matches!(self, Kind::Namespace | Kind::Node)
+        !matches!(self, Kind::Namespace | Kind::Node | Kind::GatewayClass)
+    }
+
+    /// Whether this is a Gateway API kind.
+    pub fn is_gateway_api(self) -> bool {
+        self.group() == GATEWAY_API_GROUP
+    }
+
+    /// Whether objects of this kind are a `spec` (and a `status` istiod
+    /// does not read): Istio's CRDs and the Gateway API's.
+    pub fn has_spec_body(self) -> bool {
+        self.is_istio() || self.is_gateway_api()
+    }
+
+    /// Whether the kind is served by a CustomResourceDefinition that may
+    /// not be installed (Istio's and the Gateway API's).
+    pub fn is_custom_resource(self) -> bool {
+        self.has_spec_body()
     }
 
     /// Whether this is one of Istio's CRDs (whose `spec` is validated strictly).
@@ -279,6 +312,12 @@ pub enum Spec {
     Namespace(Namespace),
     /// A Node (everything istiod uses is in the metadata).
     Node(Node),
+    /// A GatewayClass's `spec`.
+    GatewayClass(GatewayClass),
+    /// A Gateway API Gateway's `spec`.
+    KubernetesGateway(KubernetesGateway),
+    /// An HTTPRoute's `spec`.
+    HttpRoute(HttpRoute),
 }
 
 impl Spec {
@@ -299,6 +338,9 @@ impl Spec {
             Spec::Pod(_) => Kind::Pod,
             Spec::Namespace(_) => Kind::Namespace,
             Spec::Node(_) => Kind::Node,
+            Spec::GatewayClass(_) => Kind::GatewayClass,
+            Spec::KubernetesGateway(_) => Kind::KubernetesGateway,
+            Spec::HttpRoute(_) => Kind::HttpRoute,
         }
     }
 }
@@ -325,7 +367,7 @@ impl Serialize for Object {
         map.serialize_entry("apiVersion", &self.api_version)?;
         map.serialize_entry("kind", self.kind().as_str())?;
         map.serialize_entry("metadata", &self.metadata)?;
-        if self.kind().is_istio() {
+        if self.kind().has_spec_body() {
             map.serialize_entry("spec", &self.spec)?;
         } else {
             // Kubernetes kinds keep their own top-level fields (`spec`,
@@ -396,6 +438,9 @@ kind_spec!(
     Pod,
     Namespace,
     Node,
+    GatewayClass,
+    KubernetesGateway,
+    HttpRoute,
 );
 
 #[cfg(test)]

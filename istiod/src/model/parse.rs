@@ -169,7 +169,11 @@ pub fn decode(value: Value) -> Result<Decoded, DecodeError> {
             });
         }
         Err(message) => {
-            let Some(kind) = Kind::ALL.into_iter().find(|k| k.as_str() == kind_name) else {
+            let group = api_version.split_once('/').map_or("", |(g, _)| g);
+            let Some(kind) = Kind::ALL
+                .into_iter()
+                .find(|k| k.as_str() == kind_name && k.group() == group)
+            else {
                 return Err(DecodeError::Document(message));
             };
             return Err(DecodeError::Object {
@@ -231,6 +235,10 @@ fn decode_body(kind: Kind, map: Map<String, Value>) -> Result<Spec, FieldError> 
         Kind::Pod => Spec::Pod(typed(body)?),
         Kind::Namespace => Spec::Namespace(typed(body)?),
         Kind::Node => Spec::Node(typed(body)?),
+        // Istio reads the Gateway API's `spec` and writes its `status`.
+        Kind::GatewayClass => Spec::GatewayClass(istio(body)?),
+        Kind::KubernetesGateway => Spec::KubernetesGateway(istio(body)?),
+        Kind::HttpRoute => Spec::HttpRoute(istio(body)?),
     })
 }
 

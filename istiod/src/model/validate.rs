@@ -20,6 +20,7 @@ mod authn;
 mod authz;
 mod destination_rule;
 mod gateway;
+mod gateway_api;
 mod gateway_tcp;
 #[cfg(test)]
 mod test_support;
@@ -56,6 +57,9 @@ pub fn validate(object: &Object) -> Vec<FieldError> {
         Spec::EndpointSlice(slice) => endpoint_slice(slice, &mut e),
         Spec::Pod(pod) => self::pod(pod, &mut e),
         Spec::Namespace(_) | Spec::Node(_) => {}
+        Spec::GatewayClass(gc) => gateway_api::gateway_class(gc, &mut e),
+        Spec::KubernetesGateway(gw) => gateway_api::gateway(gw, &mut e),
+        Spec::HttpRoute(r) => gateway_api::http_route(r, &object.metadata.namespace, &mut e),
     }
     e.0
 }

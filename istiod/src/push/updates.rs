@@ -264,6 +264,12 @@ impl Resolved {
                     Types::LDS,
                 ));
             }
+            // The Gateway API becomes Gateways and VirtualServices bound to
+            // them: only routers see them (Istio pushes gateways for these).
+            Kind::GatewayClass | Kind::KubernetesGateway | Kind::HttpRoute => {
+                self.changes
+                    .push(change(&reason, Audience::Routers, Types::LDS | Types::RDS));
+            }
             // Handled before: every proxy.
             Kind::Namespace => {}
         }

@@ -17,6 +17,7 @@
 
 pub mod informer;
 pub mod kubemesh;
+pub mod status;
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -38,7 +39,7 @@ pub const SLICE: &str = "kubernetes";
 const CRD_RECHECK: Duration = Duration::from_secs(60);
 
 /// The kinds the source watches: all of them.
-pub const KINDS: [Kind; 14] = Kind::ALL;
+pub const KINDS: [Kind; Kind::ALL.len()] = Kind::ALL;
 
 /// The resource name (plural) of a kind.
 pub fn plural(kind: Kind) -> &'static str {
@@ -57,6 +58,9 @@ pub fn plural(kind: Kind) -> &'static str {
         Kind::Pod => "pods",
         Kind::Namespace => "namespaces",
         Kind::Node => "nodes",
+        Kind::GatewayClass => "gatewayclasses",
+        Kind::KubernetesGateway => "gateways",
+        Kind::HttpRoute => "httproutes",
     }
 }
 
@@ -274,7 +278,7 @@ async fn served_version(
     kind: Kind,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<Option<&'static str>, Stopped> {
-    if !kind.is_istio() {
+    if !kind.is_custom_resource() {
         return Ok(Some(kind.versions()[0]));
     }
     let mut delay = Duration::from_millis(500);

@@ -256,7 +256,22 @@ impl IstioContext {
     ) -> Self {
         let registry = ServiceRegistry::build(snapshot, options);
         let destination_rules = collect(snapshot);
-        let virtual_services = collect(snapshot);
+        // The Gateway API's Gateways and HTTPRoutes join Istio's own, as
+        // Istio's gateway controller feeds its config store.
+        let gateway_api = crate::model::gateway_api::convert::convert(snapshot, &options.domain);
+        let named = |g: crate::model::gateway_api::convert::Generated<_>| Named {
+            namespace: g.namespace,
+            name: g.name,
+            spec: g.spec,
+        };
+        let mut virtual_services: Vec<Named<VirtualService>> = collect(snapshot);
+        virtual_services.extend(gateway_api.virtual_services.into_iter().map(named));
+        let mut gateways: Vec<Named<crate::model::gateway::Gateway>> = collect(snapshot);
+        gateways.extend(gateway_api.gateways.into_iter().map(|g| Named {
+            namespace: g.namespace,
+            name: g.name,
+            spec: g.spec,
+        }));
         let index = Index::new(
             &options.domain,
             &registry,
@@ -276,7 +291,7 @@ impl IstioContext {
             scopes: Mutex::default(),
             peer_authentications: oldest_first(snapshot),
             sidecars: collect(snapshot),
-            gateways: collect(snapshot),
+            gateways,
             authorization_policies: collect(snapshot),
             request_authentications: collect(snapshot),
             pod_labels: snapshot

@@ -125,6 +125,7 @@ fn virtual_host(
             ctx,
             vs_ns: &vs.namespace,
             port,
+            gateway_semantics: false,
         };
         for r in &vs.spec.http {
             let applies = |m: &&HttpMatchRequest| {

@@ -62,9 +62,19 @@ impl Resource {
         self.versions.contains(&version)
     }
 
-    /// Whether the Istio CRD table built this (an Istio custom resource).
+    /// Whether a CustomResourceDefinition serves this (Istio's or the
+    /// Gateway API's).
     fn is_custom(&self) -> bool {
-        self.group.ends_with(".istio.io")
+        self.group.ends_with(".istio.io") || self.group == GATEWAY_API_GROUP
+    }
+
+    /// The CRD's categories.
+    fn categories(&self) -> Vec<String> {
+        if self.group == GATEWAY_API_GROUP {
+            vec!["gateway-api".into()]
+        } else {
+            vec!["istio-io".into(), self.group.replace('.', "-")]
+        }
     }
 
     fn verbs(&self) -> Value {
@@ -141,6 +151,34 @@ const fn istio(
         singular,
         kind,
         namespaced: true,
+        status: true,
+        generation: true,
+        writable: true,
+        short_names,
+        fields: &[],
+    }
+}
+
+/// The Kubernetes Gateway API's group.
+pub const GATEWAY_API_GROUP: &str = "gateway.networking.k8s.io";
+
+/// A Gateway API resource (v1.6 CRDs: v1 stored, v1beta1 served too), with
+/// a `/status` subresource and `generation` as every CRD has.
+const fn gateway_api(
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+    short_names: &'static [&'static str],
+) -> Resource {
+    Resource {
+        group: GATEWAY_API_GROUP,
+        versions: &["v1", "v1beta1"],
+        storage: "v1",
+        plural,
+        singular,
+        kind,
+        namespaced,
         status: true,
         generation: true,
         writable: true,
@@ -380,6 +418,15 @@ pub static RESOURCES: &[Resource] = &[
         "RequestAuthentication",
         &["ra"],
     ),
+    gateway_api(
+        "gatewayclasses",
+        "gatewayclass",
+        "GatewayClass",
+        false,
+        &["gc"],
+    ),
+    gateway_api("gateways", "gateway", "Gateway", true, &["gtw"]),
+    gateway_api("httproutes", "httproute", "HTTPRoute", true, &[]),
     istio(
         "telemetry.istio.io",
         &["v1", "v1alpha1"],
@@ -530,7 +577,7 @@ pub fn api_resource_list(group: &str, version: &str) -> Option<Value> {
             entry["shortNames"] = json!(r.short_names);
         }
         if r.is_custom() {
-            entry["categories"] = json!(["istio-io", r.group.replace('.', "-")]);
+            entry["categories"] = json!(r.categories());
         }
         resources.push(entry);
         if r.status {
@@ -581,7 +628,7 @@ pub fn aggregated_discovery(core: bool, api_version: &str) -> Value {
                         "verbs": r.verbs(), "shortNames": r.short_names,
                     });
                     if r.is_custom() {
-                        entry["categories"] = json!(["istio-io", r.group.replace('.', "-")]);
+                        entry["categories"] = json!(r.categories());
                     }
                     if r.status {
                         entry["subresources"] = json!([{
@@ -634,7 +681,7 @@ pub fn crds() -> Vec<Value> {
             let names = json!({
                 "plural": r.plural, "singular": r.singular, "kind": r.kind,
                 "listKind": format!("{}List", r.kind), "shortNames": r.short_names,
-                "categories": ["istio-io", r.group.replace('.', "-")],
+                "categories": r.categories(),
             });
             let versions: Vec<Value> = r
                 .versions

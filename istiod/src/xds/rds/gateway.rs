@@ -17,7 +17,7 @@ use super::super::gateway::{
     BoundServer, binds, intersect, names_gateway, route_name, server_host_for, servers_by_port,
 };
 use super::super::util::u32v;
-use super::translate::{Clusters, route_match, source_matches, vs_route};
+use super::translate::{Clusters, gateway_semantics, route_match, source_matches, vs_route};
 use crate::model::istio::{HttpMatchRequest, VirtualService};
 use crate::model::route::MAX_DIRECT_RESPONSE_BODY_BYTES;
 use crate::model::service::is_exported_to;
@@ -95,7 +95,9 @@ fn virtual_host(
             ctx,
             vs_ns: &vs.namespace,
             port,
+            gateway_semantics: vs.spec.gateway_semantics,
         };
+        let start = routes.len();
         for r in &vs.spec.http {
             // Istio's `sourceMatchHTTP` on a gateway: a match naming
             // gateways applies on those (of this port) only, else by the
@@ -124,6 +126,9 @@ fn virtual_host(
                     routes.push(vs_route(&clusters, host, r, Some(m)));
                 }
             }
+        }
+        if vs.spec.gateway_semantics {
+            routes[start..].iter_mut().for_each(gateway_semantics);
         }
     }
     VirtualHost {

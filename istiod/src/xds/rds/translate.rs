@@ -174,6 +174,10 @@ pub(crate) struct Clusters<'a> {
     pub ctx: &'a IstioContext,
     pub vs_ns: &'a str,
     pub port: u16,
+    /// A Gateway API route's VirtualService: an unknown host keeps its
+    /// `outbound|<port>||<host>` name (no such cluster: a 500, see
+    /// [`gateway_semantics`]) instead of `BlackHoleCluster`.
+    pub gateway_semantics: bool,
 }
 
 impl Clusters<'_> {
@@ -181,6 +185,10 @@ impl Clusters<'_> {
         let ctx = self.ctx;
         let host = resolve_host(&dest.host, self.vs_ns, &ctx.domain);
         let Some(svc) = ctx.registry.by_hostname(&host).next() else {
+            if self.gateway_semantics {
+                let port = dest.port.as_ref().map_or(self.port, |p| p.number as u16);
+                return outbound_name(port, &dest.subset, &host);
+            }
             return "BlackHoleCluster".to_string();
         };
         let dport = dest
@@ -426,4 +434,23 @@ pub(super) fn vs_route(
             .insert(ops::CORS_FILTER.into(), any(&ops::cors(c)));
     }
     out
+}
+
+/// Istio's route semantics for Gateway API routes
+/// (`internal.istio.io/route-semantics: gateway`): a destination whose
+/// cluster does not exist answers 500 (`INTERNAL_SERVER_ERROR`, the Gateway
+/// API's answer for an invalid backend), and a path prefix other than `/`
+/// matches whole path segments (`path_separated_prefix`).
+pub(super) fn gateway_semantics(route: &mut Route) {
+    if let Some(m) = route.r#match.as_mut()
+        && let Some(route_match::PathSpecifier::Prefix(p)) = &m.path_specifier
+        && p != "/"
+    {
+        let p = p.trim_end_matches('/').to_string();
+        m.path_specifier = Some(route_match::PathSpecifier::PathSeparatedPrefix(p));
+    }
+    if let Some(route::Action::Route(action)) = route.action.as_mut() {
+        action.cluster_not_found_response_code =
+            route_action::ClusterNotFoundResponseCode::InternalServerError.into();
+    }
 }
