@@ -220,6 +220,7 @@ fn route_filters(
         ctx,
         vs_ns: &vs.namespace,
         port: bound.server.port_number(),
+        gateway_semantics: vs.spec.gateway_semantics,
     };
     let max_duration = {
         let host = resolve_host(&route[0].destination.host, &vs.namespace, &ctx.domain);
