@@ -12,6 +12,7 @@ use super::istio::{
     DestinationRule, PeerAuthentication, ServiceEntry, Sidecar, VirtualService, WorkloadEntry,
 };
 use super::kube::{EndpointSlice, Namespace, Node, Pod, Service};
+use super::secret::Secret;
 use super::security::{AuthorizationPolicy, RequestAuthentication};
 
 /// Istio's networking API group.
@@ -55,11 +56,13 @@ pub enum Kind {
     Namespace,
     /// Kubernetes `v1` Node (cluster-scoped): the locality of its Pods.
     Node,
+    /// Kubernetes `v1` Secret: gateway credentials (`credentialName`).
+    Secret,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 14] = [
+    pub const ALL: [Kind; 15] = [
         Kind::ServiceEntry,
         Kind::WorkloadEntry,
         Kind::VirtualService,
@@ -74,6 +77,7 @@ impl Kind {
         Kind::Pod,
         Kind::Namespace,
         Kind::Node,
+        Kind::Secret,
     ];
 
     /// The kind's name as written in `kind:`.
@@ -93,6 +97,7 @@ impl Kind {
             Kind::Pod => "Pod",
             Kind::Namespace => "Namespace",
             Kind::Node => "Node",
+            Kind::Secret => "Secret",
         }
     }
 
@@ -109,7 +114,7 @@ impl Kind {
                 SECURITY_GROUP
             }
             Kind::EndpointSlice => DISCOVERY_GROUP,
-            Kind::Service | Kind::Pod | Kind::Namespace | Kind::Node => "",
+            Kind::Service | Kind::Pod | Kind::Namespace | Kind::Node | Kind::Secret => "",
         }
     }
 
@@ -279,6 +284,8 @@ pub enum Spec {
     Namespace(Namespace),
     /// A Node (everything istiod uses is in the metadata).
     Node(Node),
+    /// A Secret (its data redacted whenever shown).
+    Secret(Secret),
 }
 
 impl Spec {
@@ -299,6 +306,7 @@ impl Spec {
             Spec::Pod(_) => Kind::Pod,
             Spec::Namespace(_) => Kind::Namespace,
             Spec::Node(_) => Kind::Node,
+            Spec::Secret(_) => Kind::Secret,
         }
     }
 }
@@ -396,6 +404,7 @@ kind_spec!(
     Pod,
     Namespace,
     Node,
+    Secret,
 );
 
 #[cfg(test)]

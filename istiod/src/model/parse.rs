@@ -231,6 +231,7 @@ fn decode_body(kind: Kind, map: Map<String, Value>) -> Result<Spec, FieldError> 
         Kind::Pod => Spec::Pod(typed(body)?),
         Kind::Namespace => Spec::Namespace(typed(body)?),
         Kind::Node => Spec::Node(typed(body)?),
+        Kind::Secret => Spec::Secret(typed(body)?),
     })
 }
 

@@ -53,9 +53,21 @@ pub fn validate(object: &Object) -> Vec<FieldError> {
         Spec::Service(svc) => service(svc, &mut e),
         Spec::EndpointSlice(slice) => endpoint_slice(slice, &mut e),
         Spec::Pod(pod) => self::pod(pod, &mut e),
+        Spec::Secret(secret) => self::secret(secret, &mut e),
         Spec::Namespace(_) | Spec::Node(_) => {}
     }
     e.0
+}
+
+/// The credentials of a Secret parse as PEM (Istio finds out when a
+/// gateway asks for them; here the Secret is reported, naming its key, and
+/// the last good version stays served).
+fn secret(s: &super::secret::Secret, e: &mut Errors) {
+    for (key, kind) in s.pem_keys() {
+        if let Err(reason) = super::secret::check_pem(&s.data[key], kind) {
+            e.add(format!("data.{key}"), reason);
+        }
+    }
 }
 
 fn validate_metadata(object: &Object, e: &mut Errors) {

@@ -38,7 +38,7 @@ pub const SLICE: &str = "kubernetes";
 const CRD_RECHECK: Duration = Duration::from_secs(60);
 
 /// The kinds the source watches: all of them.
-pub const KINDS: [Kind; 14] = Kind::ALL;
+pub const KINDS: [Kind; 15] = Kind::ALL;
 
 /// The resource name (plural) of a kind.
 pub fn plural(kind: Kind) -> &'static str {
@@ -57,6 +57,7 @@ pub fn plural(kind: Kind) -> &'static str {
         Kind::Pod => "pods",
         Kind::Namespace => "namespaces",
         Kind::Node => "nodes",
+        Kind::Secret => "secrets",
     }
 }
 
