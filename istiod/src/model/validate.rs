@@ -20,6 +20,7 @@ mod authn;
 mod authz;
 mod destination_rule;
 mod gateway;
+mod gateway_tls;
 #[cfg(test)]
 mod test_support;
 mod virtual_service;

@@ -10,6 +10,7 @@ use super::Proxy;
 use super::context::{IstioContext, Named};
 use crate::model::gateway::{Gateway, Server, split_host};
 use crate::model::istio::VirtualService;
+use crate::model::service::Protocol;
 
 /// One server of one Gateway.
 #[derive(Debug, Clone, Copy)]
@@ -37,8 +38,43 @@ pub fn gateways_for<'a>(ctx: &'a IstioContext, proxy: &Proxy) -> Vec<&'a Named<G
         .collect()
 }
 
+impl BoundServer<'_> {
+    /// Whether the server terminates TLS (an `HTTPS` server: validation
+    /// admits only terminating modes there).
+    pub fn is_https(&self) -> bool {
+        terminates_tls(self.server)
+    }
+
+    /// Istio's `gatewayRDSRouteName`: `http.<port>` for plain HTTP servers
+    /// (shared by every such server on the port),
+    /// `https.<port>.<portName>.<gateway>.<namespace>` for HTTPS servers.
+    pub fn route_name(&self) -> String {
+        let port = self.server.port_number();
+        if self.is_https() {
+            let port_name = self.server.port.as_ref().map_or("", |p| p.name.as_str());
+            format!(
+                "https.{port}.{port_name}.{}.{}",
+                self.gateway.name, self.gateway.namespace
+            )
+        } else {
+            route_name(port)
+        }
+    }
+}
+
+/// Whether a server terminates TLS.
+pub fn terminates_tls(server: &Server) -> bool {
+    server
+        .port
+        .as_ref()
+        .is_some_and(|p| Protocol::parse(&p.protocol) == Protocol::Https)
+}
+
 /// The servers of the proxy's Gateways by port: servers of several
-/// Gateways on one port share its listener and route configuration.
+/// Gateways on one port share its listener (and, for plain HTTP, its route
+/// configuration). As in Istio's `MergedGateway`, a port is either plain
+/// text or TLS: the first server on it decides, and a server of the other
+/// kind is left out (with a warning).
 pub fn servers_by_port<'a>(
     ctx: &'a IstioContext,
     proxy: &Proxy,
@@ -47,14 +83,46 @@ pub fn servers_by_port<'a>(
     for gateway in gateways_for(ctx, proxy) {
         for server in &gateway.spec.servers {
             let port = server.port_number();
-            if port != 0 {
-                out.entry(port)
-                    .or_default()
-                    .push(BoundServer { gateway, server });
+            if port == 0 {
+                continue;
             }
+            let list = out.entry(port).or_default();
+            let bound = BoundServer { gateway, server };
+            if let Some(first) = list.first()
+                && first.is_https() != bound.is_https()
+            {
+                tracing::warn!(
+                    target: "model",
+                    "gateway {}/{}: a {} server on port {port} conflicts with the {} server of {}/{} there: skipped",
+                    gateway.namespace,
+                    gateway.name,
+                    if bound.is_https() { "TLS" } else { "plain text" },
+                    if first.is_https() { "TLS" } else { "plain text" },
+                    first.gateway.namespace,
+                    first.gateway.name,
+                );
+                continue;
+            }
+            list.push(bound);
         }
     }
     out
+}
+
+/// The servers whose route configuration is `name` (`http.<port>` or
+/// `https.<port>...`), and their port.
+pub fn servers_for_route<'a>(
+    ctx: &'a IstioContext,
+    proxy: &Proxy,
+    name: &str,
+) -> Option<(u16, Vec<BoundServer<'a>>)> {
+    let port: u16 = name.split('.').nth(1)?.parse().ok()?;
+    let servers: Vec<BoundServer<'a>> = servers_by_port(ctx, proxy)
+        .remove(&port)?
+        .into_iter()
+        .filter(|b| b.route_name() == name)
+        .collect();
+    (!servers.is_empty()).then_some((port, servers))
 }
 
 /// Whether a VirtualService of `vs_ns` binds to the Gateway `gw_ns/gw_name`

@@ -12,6 +12,7 @@
 //! are left out.
 
 mod gateway;
+mod gateway_tls;
 mod inbound;
 mod outbound;
 

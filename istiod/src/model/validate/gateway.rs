@@ -1,11 +1,12 @@
 //! Gateway validation: Istio's rules (`ValidateGateway`), and a refusal
-//! naming the field for every part this istiod does not serve yet (TLS,
-//! non-HTTP protocols, `bind`, `defaultEndpoint`), so that nothing is
-//! accepted and then ignored.
+//! naming the field for every part this istiod does not serve yet
+//! (protocols other than HTTP, HTTP2, GRPC and HTTPS, `bind`,
+//! `defaultEndpoint`; for `tls` see [`super::gateway_tls`]), so that
+//! nothing is accepted and then ignored.
 
 use std::collections::BTreeSet;
 
-use super::{Errors, check_egress_host, check_host, check_port};
+use super::{Errors, check_egress_host, check_host, check_port, gateway_tls};
 use crate::model::gateway::{Gateway, Server};
 use crate::model::service::Protocol;
 
@@ -52,10 +53,13 @@ fn server(field: &str, s: &Server, e: &mut Errors) {
                         p.protocol
                     ),
                 );
-            } else if !matches!(protocol, Protocol::Http | Protocol::Http2 | Protocol::Grpc) {
+            } else if !matches!(
+                protocol,
+                Protocol::Http | Protocol::Http2 | Protocol::Grpc | Protocol::Https
+            ) {
                 e.add(
                     format!("{field}.port.protocol"),
-                    format!("{:?} servers are not supported by this istiod yet (use HTTP, HTTP2 or GRPC)", p.protocol),
+                    format!("{:?} servers are not supported by this istiod yet (use HTTP, HTTP2, GRPC or HTTPS)", p.protocol),
                 );
             }
         }
@@ -69,11 +73,15 @@ fn server(field: &str, s: &Server, e: &mut Errors) {
     for (i, host) in s.hosts.iter().enumerate() {
         check_server_host(&format!("{field}.hosts[{i}]"), host, e);
     }
-    if s.tls.is_some() {
-        e.add(
-            format!("{field}.tls"),
-            "TLS on gateway servers is not supported by this istiod yet (serve plain HTTP, or leave this server out)",
-        );
+    let https = s
+        .port
+        .as_ref()
+        .is_some_and(|p| Protocol::parse(&p.protocol) == Protocol::Https);
+    let tls_field = format!("{field}.tls");
+    if https {
+        gateway_tls::https_server_tls(&tls_field, s.tls.as_ref(), e);
+    } else if let Some(tls) = &s.tls {
+        gateway_tls::plain_server_tls(&tls_field, tls, e);
     }
     if !s.bind.is_empty() {
         e.add(
@@ -145,14 +153,14 @@ mod tests {
     #[test]
     fn what_is_not_served_yet_is_refused_by_field() {
         refused(
-            "{servers: [{port: {number: 443, name: https, protocol: HTTPS}, hosts: ['*'], tls: {mode: SIMPLE, credentialName: c}}]}",
-            "spec.servers[0].tls",
+            "{servers: [{port: {number: 443, name: https, protocol: HTTPS}, hosts: ['*'], tls: {mode: PASSTHROUGH}}]}",
+            "spec.servers[0].tls.mode",
             "not supported",
         );
         refused(
             "{servers: [{port: {number: 443, name: https, protocol: HTTPS}, hosts: ['*']}]}",
-            "spec.servers[0].port.protocol",
-            "not supported",
+            "spec.servers[0].tls",
+            "must have TLS settings",
         );
         for protocol in ["TCP", "TLS", "MONGO"] {
             refused(

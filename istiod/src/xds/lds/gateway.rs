@@ -1,10 +1,14 @@
 //! LDS for routers, as Istio's `buildGatewayListeners`: one listener per
 //! port the proxy's Gateways ask for, `0.0.0.0_<port>` bound to that port
 //! (no `virtualOutbound`, no `virtualInbound`: a gateway's traffic is not
-//! captured), whose HTTP connection manager routes by `http.<port>`.
+//! captured). A plain HTTP port has one chain routing by `http.<port>`; an
+//! HTTPS port has one chain per server, matched by SNI from its hosts,
+//! terminating TLS (see [`super::gateway_tls`]) and routing by
+//! `https.<port>.<portName>.<gateway>.<namespace>`, with the
+//! `tls_inspector` listener filter.
 
 use proto::pb::envoy::config::core::v3::TrafficDirection;
-use proto::pb::envoy::config::listener::v3::{FilterChain, Listener};
+use proto::pb::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener};
 use proto::pb::envoy::extensions::filters::http::cors::v3::Cors;
 use proto::pb::envoy::extensions::filters::http::fault::v3::HttpFault;
 use proto::pb::envoy::extensions::filters::http::router::v3::Router;
@@ -14,25 +18,36 @@ use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3:
 use proto::pb::google::protobuf::BoolValue;
 
 use super::super::context::IstioContext;
-use super::super::gateway::{listener_name, route_name, servers_by_port};
-use super::super::util::{IpMode, ads_source, socket};
+use super::super::gateway::{BoundServer, listener_name, route_name, servers_by_port};
+use super::super::util::{IpMode, ads_source, socket, transport_socket};
 use super::super::{Proxy, rds};
-use super::{http_filter, network_filter};
+use super::{gateway_tls, http_filter, network_filter, tls_inspector};
+use crate::model::gateway::{Server, split_host};
 
 /// The listeners of a router.
 pub(super) fn listeners(ctx: &IstioContext, proxy: &Proxy) -> Vec<Listener> {
     let ip = IpMode::of(&proxy.ips);
     servers_by_port(ctx, proxy)
-        .into_keys()
-        .map(|port| Listener {
-            name: listener_name(port),
-            address: Some(socket(ip.wildcard(), port.into())),
-            traffic_direction: TrafficDirection::Outbound.into(),
-            filter_chains: vec![FilterChain {
-                filters: vec![gateway_hcm(port)],
+        .into_iter()
+        .map(|(port, servers)| {
+            let filter_chains = if servers.first().is_some_and(BoundServer::is_https) {
+                https_chains(port, &servers)
+            } else {
+                vec![http_chain(port)]
+            };
+            let tls = filter_chains.iter().any(|c| c.transport_socket.is_some());
+            Listener {
+                name: listener_name(port),
+                address: Some(socket(ip.wildcard(), port.into())),
+                traffic_direction: TrafficDirection::Outbound.into(),
+                filter_chains,
+                listener_filters: if tls {
+                    vec![tls_inspector()]
+                } else {
+                    Vec::new()
+                },
                 ..Default::default()
-            }],
-            ..Default::default()
+            }
         })
         .collect()
 }
@@ -40,22 +55,90 @@ pub(super) fn listeners(ctx: &IstioContext, proxy: &Proxy) -> Vec<Listener> {
 /// The route configuration names of a router's listeners.
 pub fn route_names(ctx: &IstioContext, proxy: &Proxy) -> std::collections::BTreeSet<String> {
     servers_by_port(ctx, proxy)
-        .into_keys()
-        .map(route_name)
+        .into_values()
+        .flatten()
+        .map(|b| b.route_name())
         .collect()
+}
+
+/// The one chain of a plain HTTP port: every server there shares `http.<port>`.
+fn http_chain(port: u16) -> FilterChain {
+    FilterChain {
+        filters: vec![gateway_hcm(port, &route_name(port))],
+        ..Default::default()
+    }
+}
+
+/// One chain per HTTPS server, matched by SNI from its hosts (none when a
+/// host is `*`); a server whose SNI names a chain before it already has
+/// is left out (Envoy refuses two chains with the same match).
+fn https_chains(port: u16, servers: &[BoundServer<'_>]) -> Vec<FilterChain> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut chains = Vec::new();
+    for bound in servers {
+        let names = sni_hosts(bound.server);
+        if !seen.insert(names.clone()) {
+            tracing::warn!(
+                target: "model",
+                "gateway {}/{}: a server on port {port} with SNI hosts {names:?} duplicates another: skipped",
+                bound.gateway.namespace,
+                bound.gateway.name,
+            );
+            continue;
+        }
+        if let Some(chain) = https_chain(port, bound, names) {
+            chains.push(chain);
+        }
+    }
+    chains
+}
+
+/// The chain of one HTTPS server.
+fn https_chain(port: u16, bound: &BoundServer<'_>, names: Vec<String>) -> Option<FilterChain> {
+    let tls = bound.server.tls.as_ref()?;
+    Some(FilterChain {
+        filter_chain_match: Some(FilterChainMatch {
+            server_names: names,
+            ..Default::default()
+        }),
+        filters: vec![gateway_hcm(port, &bound.route_name())],
+        transport_socket: Some(transport_socket(
+            "envoy.transport_sockets.tls",
+            &gateway_tls::downstream_tls_context(tls),
+        )),
+        ..Default::default()
+    })
+}
+
+/// Istio's `getSNIHostsForServer`: the host parts, sorted and unique; none
+/// when one is `*` (the chain matches any SNI, and none).
+fn sni_hosts(server: &Server) -> Vec<String> {
+    let hosts: std::collections::BTreeSet<String> = server
+        .hosts
+        .iter()
+        .map(|h| split_host(h).1.to_string())
+        .collect();
+    if hosts.contains("*") {
+        Vec::new()
+    } else {
+        hosts.into_iter().collect()
+    }
 }
 
 /// The gateway's HTTP connection manager: the client's address is the
 /// remote address (Istio sets `use_remote_address` on gateways, which face
 /// clients directly), with the sidecars' HTTP filters.
-fn gateway_hcm(port: u16) -> proto::pb::envoy::config::listener::v3::Filter {
+fn gateway_hcm(
+    port: u16,
+    route_config_name: &str,
+) -> proto::pb::envoy::config::listener::v3::Filter {
     network_filter(
         "envoy.filters.network.http_connection_manager",
         &HttpConnectionManager {
             stat_prefix: format!("outbound_0.0.0.0_{port}"),
             route_specifier: Some(http_connection_manager::RouteSpecifier::Rds(Rds {
                 config_source: Some(ads_source()),
-                route_config_name: route_name(port),
+                route_config_name: route_config_name.to_string(),
             })),
             use_remote_address: Some(BoolValue { value: true }),
             http_filters: vec![
