@@ -310,4 +310,21 @@ mod tests {
         assert!(check_pem(b"garbage", PemKind::Certificates).is_err());
         assert!(check_pem(cert.pem().as_bytes(), PemKind::PrivateKey).is_err());
     }
+
+    #[test]
+    fn unparsable_pem_is_reported_by_namespace_name_and_key() {
+        let yaml = "apiVersion: v1\nkind: Secret\nmetadata: {name: cred, namespace: gw}\ntype: kubernetes.io/tls\nstringData: {tls.crt: not-pem, tls.key: not-pem}\n";
+        let errors = crate::model::parse_file("s.yaml", yaml).unwrap_err();
+        let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert_eq!(text.len(), 2, "{text:?}");
+        assert!(
+            text[0].contains("Secret/gw/cred") && text[0].contains("data.tls.crt"),
+            "{text:?}"
+        );
+        assert!(text[1].contains("data.tls.key"), "{text:?}");
+        assert!(!text.iter().any(|t| t.contains("not-pem")), "{text:?}");
+        // Generic keys of a Secret that is no credential are not checked.
+        let other = "apiVersion: v1\nkind: Secret\nmetadata: {name: api, namespace: gw}\nstringData: {key: abc}\n";
+        assert!(crate::model::parse_file("s.yaml", other).is_ok());
+    }
 }

@@ -103,10 +103,38 @@ pub fn servers_by_port<'a>(
                 );
                 continue;
             }
+            if bound.is_https()
+                && let Some(first) = list
+                    .iter()
+                    .find(|b| sni_hosts(b.server) == sni_hosts(server))
+            {
+                // Envoy refuses two chains with the same match: the first wins.
+                tracing::warn!(
+                    target: "model",
+                    "gateway {}/{}: a TLS server on port {port} with the SNI hosts of a server of {}/{}: skipped",
+                    gateway.namespace,
+                    gateway.name,
+                    first.gateway.namespace,
+                    first.gateway.name,
+                );
+                continue;
+            }
             list.push(bound);
         }
     }
     out
+}
+
+/// Istio's `getSNIHostsForServer`: the host parts, sorted and unique; none
+/// when one is `*` (the chain then matches any SNI, and none).
+pub fn sni_hosts(server: &Server) -> Vec<String> {
+    let hosts: std::collections::BTreeSet<&str> =
+        server.hosts.iter().map(|h| split_host(h).1).collect();
+    if hosts.contains("*") {
+        Vec::new()
+    } else {
+        hosts.into_iter().map(String::from).collect()
+    }
 }
 
 /// The servers whose route configuration is `name` (`http.<port>` or

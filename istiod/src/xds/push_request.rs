@@ -379,4 +379,21 @@ mod tests {
         assert!((Types::CDS | Types::EDS).has(ENDPOINT_TYPE));
         assert!(!Types::EDS.has(CLUSTER_TYPE));
     }
+
+    #[test]
+    fn secrets_narrow_sds_until_everything_is_sent() {
+        let mut p = PushPlan::default();
+        p.add_secret("ns/a".into());
+        p.add_secret("ns/b".into());
+        assert_eq!(p.types, Types::SDS);
+        assert_eq!(p.secrets, Some(hosts(&["ns/a", "ns/b"])));
+        p.add(Types::ALL, None);
+        assert_eq!(p.secrets, None);
+        p.add_secret("ns/c".into());
+        assert_eq!(
+            p.secrets, None,
+            "once every resource, always every resource"
+        );
+        assert!(Types::SDS.has(SECRET_TYPE) && !Types::SDS.has(CLUSTER_TYPE));
+    }
 }

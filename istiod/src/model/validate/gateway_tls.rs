@@ -262,3 +262,160 @@ fn parameters(field: &str, tls: &ServerTlsSettings, e: &mut Errors) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support;
+
+    const GW: &str = "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {name: ingress, namespace: istio-system}\n";
+
+    fn errors(tls: &str) -> Vec<String> {
+        test_support::errors(
+            "mesh/gw.yaml",
+            GW,
+            &format!(
+                "{{servers: [{{port: {{number: 443, name: https, protocol: HTTPS}}, hosts: ['*'], tls: {tls}}}]}}"
+            ),
+        )
+    }
+
+    #[track_caller]
+    fn refused(tls: &str, field: &str, needle: &str) {
+        test_support::refused(
+            &errors(tls),
+            &format!("spec.servers[0].tls.{field}"),
+            needle,
+        );
+    }
+
+    #[test]
+    fn what_is_applied_is_accepted() {
+        for tls in [
+            "{mode: SIMPLE, credentialName: c}",
+            "{mode: SIMPLE, credentialName: ns/c, minProtocolVersion: TLSV1_2, maxProtocolVersion: TLSV1_3, cipherSuites: [ECDHE-RSA-AES128-GCM-SHA256], ecdhCurves: [P-256]}",
+            "{mode: SIMPLE, credentialNames: [a, b]}",
+            "{mode: MUTUAL, credentialName: c, subjectAltNames: [a.example.com], verifyCertificateSpki: [x], verifyCertificateHash: [y]}",
+            "{mode: MUTUAL, credentialName: c, caCertCredentialName: ca}",
+            "{mode: OPTIONAL_MUTUAL, credentialName: c}",
+            "{mode: SIMPLE, serverCertificate: /c, privateKey: /k}",
+            "{mode: MUTUAL, serverCertificate: /c, privateKey: /k, caCertificates: /ca}",
+            "{mode: ISTIO_MUTUAL, subjectAltNames: ['spiffe://cluster.local/ns/a/sa/b']}",
+            "{mode: SIMPLE, credentialName: c, httpsRedirect: true}",
+        ] {
+            assert!(errors(tls).is_empty(), "{tls}: {:?}", errors(tls));
+        }
+        // A plain server may only redirect.
+        let plain = test_support::errors(
+            "mesh/gw.yaml",
+            GW,
+            "{servers: [{port: {number: 80, name: http, protocol: HTTP}, hosts: ['*'], tls: {httpsRedirect: true}}]}",
+        );
+        assert!(plain.is_empty(), "{plain:?}");
+    }
+
+    #[test]
+    fn what_is_not_applied_is_refused_by_field() {
+        refused("{mode: PASSTHROUGH}", "mode", "not supported");
+        refused("{mode: AUTO_PASSTHROUGH}", "mode", "not supported");
+        refused(
+            "{mode: SIMPLE, credentialName: c, tlsCertificates: [{serverCertificate: /a}]}",
+            "tlsCertificates",
+            "not supported",
+        );
+        refused(
+            "{mode: SIMPLE, credentialName: c, caCrl: /crl}",
+            "caCrl",
+            "not supported",
+        );
+        refused(
+            "{mode: SIMPLE, credentialName: c, subjectAltNames: [a]}",
+            "subjectAltNames",
+            "MUTUAL",
+        );
+        refused(
+            "{mode: SIMPLE, credentialName: c, verifyCertificateHash: [a]}",
+            "verifyCertificateHash",
+            "MUTUAL",
+        );
+        refused(
+            "{mode: SIMPLE, credentialName: c, caCertCredentialName: ca}",
+            "caCertCredentialName",
+            "MUTUAL",
+        );
+        refused(
+            "{mode: ISTIO_MUTUAL, credentialName: c}",
+            "credentialName",
+            "cannot have associated credentials",
+        );
+        refused(
+            "{mode: ISTIO_MUTUAL, cipherSuites: [AES128-SHA]}",
+            "cipherSuites",
+            "not applied",
+        );
+        refused(
+            "{mode: ISTIO_MUTUAL, minProtocolVersion: TLSV1_3}",
+            "minProtocolVersion",
+            "not applied",
+        );
+        let plain = test_support::errors(
+            "mesh/gw.yaml",
+            GW,
+            "{servers: [{port: {number: 80, name: http, protocol: HTTP}, hosts: ['*'], tls: {mode: SIMPLE, credentialName: c}}]}",
+        );
+        test_support::refused(&plain, "spec.servers[0].tls", "plain text");
+    }
+
+    #[test]
+    fn istio_rules_apply() {
+        refused(
+            "{mode: SIMPLE}",
+            "serverCertificate",
+            "requires a server certificate",
+        );
+        refused(
+            "{mode: SIMPLE, serverCertificate: /c}",
+            "privateKey",
+            "requires a private key",
+        );
+        refused(
+            "{mode: MUTUAL, serverCertificate: /c, privateKey: /k}",
+            "caCertificates",
+            "client CA bundle",
+        );
+        refused(
+            "{mode: SIMPLE, serverCertificate: /c, privateKey: /k, caCertificates: /ca}",
+            "caCertificates",
+            "MUTUAL",
+        );
+        refused(
+            "{mode: SIMPLE, credentialName: a, credentialNames: [b]}",
+            "credentialNames",
+            "only one of",
+        );
+        refused(
+            "{mode: SIMPLE, credentialNames: [a, b, c]}",
+            "credentialNames",
+            "at most 2",
+        );
+        refused(
+            "{mode: SIMPLE, credentialName: a, privateKey: /k}",
+            "privateKey",
+            "cannot be combined",
+        );
+        refused(
+            "{mode: SIMPLE, credentialName: a, minProtocolVersion: TLSV1_3, maxProtocolVersion: TLSV1_2}",
+            "minProtocolVersion",
+            "greater",
+        );
+        refused(
+            "{mode: SIMPLE, credentialName: a, cipherSuites: [BOGUS]}",
+            "cipherSuites[0]",
+            "unknown cipher suite",
+        );
+        refused(
+            "{mode: SIMPLE, credentialName: a, ecdhCurves: [P-1]}",
+            "ecdhCurves[0]",
+            "unknown ECDH curve",
+        );
+    }
+}

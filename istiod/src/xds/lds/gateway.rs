@@ -18,11 +18,10 @@ use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3:
 use proto::pb::google::protobuf::BoolValue;
 
 use super::super::context::IstioContext;
-use super::super::gateway::{BoundServer, listener_name, route_name, servers_by_port};
+use super::super::gateway::{BoundServer, listener_name, route_name, servers_by_port, sni_hosts};
 use super::super::util::{IpMode, ads_source, socket, transport_socket};
 use super::super::{Proxy, rds};
 use super::{gateway_tls, http_filter, network_filter, tls_inspector};
-use crate::model::gateway::{Server, split_host};
 
 /// The listeners of a router.
 pub(super) fn listeners(ctx: &IstioContext, proxy: &Proxy) -> Vec<Listener> {
@@ -70,27 +69,12 @@ fn http_chain(port: u16) -> FilterChain {
 }
 
 /// One chain per HTTPS server, matched by SNI from its hosts (none when a
-/// host is `*`); a server whose SNI names a chain before it already has
-/// is left out (Envoy refuses two chains with the same match).
+/// host is `*`; servers with the same SNI hosts are merged away before).
 fn https_chains(port: u16, servers: &[BoundServer<'_>]) -> Vec<FilterChain> {
-    let mut seen = std::collections::BTreeSet::new();
-    let mut chains = Vec::new();
-    for bound in servers {
-        let names = sni_hosts(bound.server);
-        if !seen.insert(names.clone()) {
-            tracing::warn!(
-                target: "model",
-                "gateway {}/{}: a server on port {port} with SNI hosts {names:?} duplicates another: skipped",
-                bound.gateway.namespace,
-                bound.gateway.name,
-            );
-            continue;
-        }
-        if let Some(chain) = https_chain(port, bound, names) {
-            chains.push(chain);
-        }
-    }
-    chains
+    servers
+        .iter()
+        .filter_map(|bound| https_chain(port, bound, sni_hosts(bound.server)))
+        .collect()
 }
 
 /// The chain of one HTTPS server.
@@ -108,21 +92,6 @@ fn https_chain(port: u16, bound: &BoundServer<'_>, names: Vec<String>) -> Option
         )),
         ..Default::default()
     })
-}
-
-/// Istio's `getSNIHostsForServer`: the host parts, sorted and unique; none
-/// when one is `*` (the chain matches any SNI, and none).
-fn sni_hosts(server: &Server) -> Vec<String> {
-    let hosts: std::collections::BTreeSet<String> = server
-        .hosts
-        .iter()
-        .map(|h| split_host(h).1.to_string())
-        .collect();
-    if hosts.contains("*") {
-        Vec::new()
-    } else {
-        hosts.into_iter().collect()
-    }
 }
 
 /// The gateway's HTTP connection manager: the client's address is the

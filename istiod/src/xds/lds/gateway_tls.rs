@@ -203,3 +203,6 @@ fn file(path: &str) -> DataSource {
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests;
