@@ -311,6 +311,17 @@ fn an_ingress_gateway_terminates_tls_with_certificates_from_secrets() {
     );
     assert!(agent.alive(), "{}", agent.log());
 
+    other_namespace_gateway_cannot_read_the_secret(&mesh, &client.ns, &server_ca.pem, &second.0);
+}
+
+/// A gateway in another namespace, selected by the same Gateway, gets no
+/// Secret of istio-system: its handshakes fail and istiod says why.
+fn other_namespace_gateway_cannot_read_the_secret(
+    mesh: &LocalMesh,
+    client: &tests::netns::Netns,
+    root: &str,
+    served_cert: &str,
+) {
     // A gateway in another namespace, selected by the same Gateway: no
     // Secret of istio-system for it, its handshakes fail.
     let other_net = mesh.hub.pod("gw-other", OTHER_GATEWAY_IP);
@@ -338,7 +349,7 @@ fn an_ingress_gateway_terminates_tls_with_certificates_from_secrets() {
             "the other gateway's agent exited:\n{}",
             other.log()
         );
-        match https_from(&client.ns, OTHER_GATEWAY_IP, 8444, &server_ca.pem, None) {
+        match https_from(client, OTHER_GATEWAY_IP, 8444, root, None) {
             Err(HttpsError::Io(k))
                 if k == std::io::ErrorKind::WouldBlock || k == std::io::ErrorKind::TimedOut =>
             {
@@ -367,10 +378,10 @@ fn an_ingress_gateway_terminates_tls_with_certificates_from_secrets() {
     );
     // The plain name resolves to its own namespace, where there is none.
     assert!(matches!(
-        https_from(&client.ns, OTHER_GATEWAY_IP, 8443, &server_ca.pem, None),
+        https_from(client, OTHER_GATEWAY_IP, 8443, root, None),
         Err(HttpsError::Io(std::io::ErrorKind::ConnectionReset))
     ));
     // The first gateway is unaffected.
-    let resp = https(&client.ns, 8444, &server_ca.pem, None).unwrap();
-    assert_eq!((resp.status, resp.leaf), (200, der(&second.0)));
+    let resp = https(client, 8444, root, None).unwrap();
+    assert_eq!((resp.status, resp.leaf), (200, der(served_cert)));
 }
