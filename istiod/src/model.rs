@@ -23,6 +23,7 @@ pub mod kube;
 pub mod meta;
 pub mod parse;
 pub mod route;
+pub mod secret;
 pub mod security;
 pub mod service;
 pub mod store;

@@ -510,4 +510,31 @@ mod tests {
                 .any(|c| c.audience == Audience::Routers && c.types == Types::LDS)
         );
     }
+
+    #[tokio::test]
+    async fn a_secret_change_reaches_its_resources_only() {
+        let mut p = start(Duration::from_millis(50), Duration::from_secs(10));
+        p.next().await;
+        p.apply("apiVersion: v1\nkind: Secret\nmetadata: {name: cred, namespace: istio-system}\nstringData: {other: x}\n");
+        let push = p.next().await;
+        let audiences: Vec<(&Audience, Types)> = push
+            .updates
+            .changes
+            .iter()
+            .map(|c| (&c.audience, c.types))
+            .collect();
+        let secret = Audience::Secret {
+            namespace: "istio-system".into(),
+            name: "cred".into(),
+        };
+        assert_eq!(audiences, [(&secret, Types::SDS)]);
+        let plan = crate::xds::push_request::plan_without_scopes(&[push.updates.clone()]);
+        assert_eq!(plan.types, Types::SDS);
+        assert_eq!(
+            plan.secrets,
+            Some(std::collections::BTreeSet::from([
+                "istio-system/cred".to_string()
+            ]))
+        );
+    }
 }

@@ -23,6 +23,7 @@ pub mod rate_limit;
 pub mod rds;
 pub mod requests;
 pub mod scope;
+pub mod sds;
 pub mod security;
 pub mod server;
 mod sotw;
@@ -39,14 +40,17 @@ pub use push_request::{PushPlan, PushRequest, Types, Updates};
 
 /// The type URLs istiod serves (CDS, EDS, LDS, RDS, NDS), defined once in
 /// `common` with the agent's.
-pub use common::xds::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, ROUTE_TYPE};
+pub use common::xds::{
+    CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, ROUTE_TYPE, SECRET_TYPE,
+};
 
 /// Server-driven pushes send types in Istio's `PushOrder`.
-pub const PUSH_ORDER: [&str; 5] = [
+pub const PUSH_ORDER: [&str; 6] = [
     CLUSTER_TYPE,
     ENDPOINT_TYPE,
     LISTENER_TYPE,
     ROUTE_TYPE,
+    SECRET_TYPE,
     NAME_TABLE_TYPE,
 ];
 
@@ -58,6 +62,7 @@ pub fn short_name(type_url: &str) -> &'static str {
         LISTENER_TYPE => "LDS",
         ROUTE_TYPE => "RDS",
         NAME_TABLE_TYPE => "NDS",
+        SECRET_TYPE => "SDS",
         _ => "UNKNOWN",
     }
 }

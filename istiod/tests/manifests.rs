@@ -926,6 +926,19 @@ fn rbac_grants_what_istiod_uses_to_its_service_account() {
             );
         }
     }
+    // The Gateway API status the Kubernetes source writes back.
+    for resource in [
+        "gatewayclasses/status",
+        "gateways/status",
+        "httproutes/status",
+    ] {
+        for verb in ["update", "patch"] {
+            assert!(
+                allows(&rules, "gateway.networking.k8s.io", resource, verb, None),
+                "{resource}: {verb}"
+            );
+        }
+    }
     // No write to anything cluster-wide beyond those.
     for r in &rules {
         let writes = r
@@ -941,6 +954,8 @@ fn rbac_grants_what_istiod_uses_to_its_service_account() {
                         | ["tokenreviews"]
                         | ["mutatingwebhookconfigurations"]
                         | ["validatingwebhookconfigurations"]
+                        // The Gateway API status istiod writes back.
+                        | ["gatewayclasses/status", "gateways/status", "httproutes/status"]
                 ) && (r.resource_names.is_some()
                     || !resources[0].ends_with("webhookconfigurations")),
                 "unexpected cluster-wide write: {r:?}"

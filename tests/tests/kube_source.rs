@@ -878,3 +878,56 @@ fn the_cacerts_secret_is_the_plug_in_ca() {
     });
     assert_eq!(cm["data"]["root-cert.pem"], root.as_str());
 }
+
+#[test]
+fn secrets_are_read_redacted_and_a_bad_one_is_reported() {
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["a.example.com".into()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let key_pem = key.serialize_pem();
+    let api = Cluster::api();
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": "good", "namespace": "istio-system"},
+        "data": {"tls.crt": b64(&cert.pem()), "tls.key": b64(&key_pem)},
+    }))
+    .unwrap();
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": "bad", "namespace": "istio-system"},
+        "data": {"tls.crt": b64("SECRET-NOT-PEM"), "tls.key": b64(&key_pem)},
+    }))
+    .unwrap();
+    let c = Cluster::start(api, Options::default());
+    let configz = wait_for("the good Secret read", WAIT, || {
+        let configz = c.configz();
+        configz["objects"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("Secret/istio-system/good"))
+            .then_some(configz)
+    });
+    let text = configz.to_string();
+    assert!(
+        text.contains("Secret/istio-system/bad: data.tls.crt"),
+        "the bad Secret is reported by name and key: {}",
+        configz["errors"]
+    );
+    assert!(
+        !configz["objects"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("Secret/istio-system/bad"))
+    );
+    let key_body = key_pem.lines().nth(1).unwrap();
+    for (what, shown) in [("configz", text), ("istiod's log", c.istiod.log())] {
+        assert!(
+            !shown.contains(key_body) && !shown.contains("SECRET-NOT-PEM"),
+            "{what} shows Secret data"
+        );
+    }
+}

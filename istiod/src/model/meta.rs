@@ -13,6 +13,7 @@ use super::istio::{
     DestinationRule, PeerAuthentication, ServiceEntry, Sidecar, VirtualService, WorkloadEntry,
 };
 use super::kube::{EndpointSlice, Namespace, Node, Pod, Service};
+use super::secret::Secret;
 use super::security::{AuthorizationPolicy, RequestAuthentication};
 
 /// Istio's networking API group.
@@ -64,11 +65,13 @@ pub enum Kind {
     KubernetesGateway,
     /// Gateway API `HTTPRoute`.
     HttpRoute,
+    /// Kubernetes `v1` Secret: gateway credentials (`credentialName`).
+    Secret,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 17] = [
+    pub const ALL: [Kind; 18] = [
         Kind::ServiceEntry,
         Kind::WorkloadEntry,
         Kind::VirtualService,
@@ -86,6 +89,7 @@ impl Kind {
         Kind::GatewayClass,
         Kind::KubernetesGateway,
         Kind::HttpRoute,
+        Kind::Secret,
     ];
 
     /// The kind's name as written in `kind:`.
@@ -108,6 +112,7 @@ impl Kind {
             Kind::GatewayClass => "GatewayClass",
             Kind::KubernetesGateway => "Gateway",
             Kind::HttpRoute => "HTTPRoute",
+            Kind::Secret => "Secret",
         }
     }
 
@@ -125,7 +130,7 @@ impl Kind {
             }
             Kind::EndpointSlice => DISCOVERY_GROUP,
             Kind::GatewayClass | Kind::KubernetesGateway | Kind::HttpRoute => GATEWAY_API_GROUP,
-            Kind::Service | Kind::Pod | Kind::Namespace | Kind::Node => "",
+            Kind::Service | Kind::Pod | Kind::Namespace | Kind::Node | Kind::Secret => "",
         }
     }
 
@@ -318,6 +323,8 @@ pub enum Spec {
     KubernetesGateway(KubernetesGateway),
     /// An HTTPRoute's `spec`.
     HttpRoute(HttpRoute),
+    /// A Secret (its data redacted whenever shown).
+    Secret(Secret),
 }
 
 impl Spec {
@@ -341,6 +348,7 @@ impl Spec {
             Spec::GatewayClass(_) => Kind::GatewayClass,
             Spec::KubernetesGateway(_) => Kind::KubernetesGateway,
             Spec::HttpRoute(_) => Kind::HttpRoute,
+            Spec::Secret(_) => Kind::Secret,
         }
     }
 }
@@ -441,6 +449,7 @@ kind_spec!(
     GatewayClass,
     KubernetesGateway,
     HttpRoute,
+    Secret,
 );
 
 #[cfg(test)]

@@ -239,6 +239,7 @@ fn decode_body(kind: Kind, map: Map<String, Value>) -> Result<Spec, FieldError> 
         Kind::GatewayClass => Spec::GatewayClass(istio(body)?),
         Kind::KubernetesGateway => Spec::KubernetesGateway(istio(body)?),
         Kind::HttpRoute => Spec::HttpRoute(istio(body)?),
+        Kind::Secret => Spec::Secret(typed(body)?),
     })
 }
 

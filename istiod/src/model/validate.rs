@@ -22,6 +22,7 @@ mod destination_rule;
 mod gateway;
 mod gateway_api;
 mod gateway_tcp;
+mod gateway_tls;
 #[cfg(test)]
 mod test_support;
 mod virtual_service;
@@ -56,12 +57,24 @@ pub fn validate(object: &Object) -> Vec<FieldError> {
         Spec::Service(svc) => service(svc, &mut e),
         Spec::EndpointSlice(slice) => endpoint_slice(slice, &mut e),
         Spec::Pod(pod) => self::pod(pod, &mut e),
+        Spec::Secret(secret) => self::secret(secret, &mut e),
         Spec::Namespace(_) | Spec::Node(_) => {}
         Spec::GatewayClass(gc) => gateway_api::gateway_class(gc, &mut e),
         Spec::KubernetesGateway(gw) => gateway_api::gateway(gw, &mut e),
         Spec::HttpRoute(r) => gateway_api::http_route(r, &object.metadata.namespace, &mut e),
     }
     e.0
+}
+
+/// The credentials of a Secret parse as PEM (Istio finds out when a
+/// gateway asks for them; here the Secret is reported, naming its key, and
+/// the last good version stays served).
+fn secret(s: &super::secret::Secret, e: &mut Errors) {
+    for (key, kind) in s.pem_keys() {
+        if let Err(reason) = super::secret::check_pem(&s.data[key], kind) {
+            e.add(format!("data.{key}"), reason);
+        }
+    }
 }
 
 fn validate_metadata(object: &Object, e: &mut Errors) {

@@ -14,6 +14,7 @@
 //! | DestinationRule | proxies it is exported to that see its host | CDS, EDS |
 //! | VirtualService bound to gateways | every router | RDS |
 //! | Gateway | every router (sidecars ignore Gateways) | LDS, RDS |
+//! | Secret | routers of its namespace that watch it | SDS, its own resources only |
 //! | Sidecar | proxies in its namespace (every proxy from the root namespace) | all |
 //! | PeerAuthentication | proxies in its namespace (LDS); proxies that see its namespace's services (CDS, auto mTLS) | LDS, CDS |
 //! | AuthorizationPolicy, RequestAuthentication, changed JWKS | proxies in its namespace (every proxy from the root namespace) | LDS |
@@ -214,6 +215,18 @@ impl Resolved {
                     self.changes
                         .push(change(&reason, Audience::Routers, Types::LDS | Types::RDS));
                 }
+            }
+            Kind::Secret => {
+                // Only the Secret's own resources, to the gateways that may
+                // read it and watch it (Istio's SDS `needsUpdate`).
+                self.changes.push(change(
+                    &reason,
+                    Audience::Secret {
+                        namespace: key.namespace.clone(),
+                        name: key.name.clone(),
+                    },
+                    Types::SDS,
+                ));
             }
             Kind::Gateway => {
                 // Sidecars ignore Gateways (Istio's `UnAffectedConfigKinds`).

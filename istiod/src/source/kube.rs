@@ -61,6 +61,7 @@ pub fn plural(kind: Kind) -> &'static str {
         Kind::GatewayClass => "gatewayclasses",
         Kind::KubernetesGateway => "gateways",
         Kind::HttpRoute => "httproutes",
+        Kind::Secret => "secrets",
     }
 }
 

@@ -54,6 +54,8 @@ pub struct IstioContext {
     pub authorization_policies: Vec<Named<AuthorizationPolicy>>,
     /// RequestAuthentications.
     pub request_authentications: Vec<Named<RequestAuthentication>>,
+    /// Secrets by (namespace, name), for gateway credentials (SDS).
+    pub secrets: HashMap<(String, String), Arc<crate::model::Object>>,
     /// Pod labels by Pod IP, for proxies whose Pod no Service lists yet.
     pub pod_labels: std::collections::HashMap<String, Labels>,
     /// What the generators apply from the mesh config.
@@ -294,6 +296,15 @@ impl IstioContext {
             gateways,
             authorization_policies: collect(snapshot),
             request_authentications: collect(snapshot),
+            secrets: snapshot
+                .objects(crate::model::Kind::Secret)
+                .map(|o| {
+                    (
+                        (o.metadata.namespace.clone(), o.metadata.name.clone()),
+                        o.clone(),
+                    )
+                })
+                .collect(),
             pod_labels: snapshot
                 .list::<crate::model::kube::Pod>()
                 .filter_map(|p| {
@@ -306,6 +317,13 @@ impl IstioContext {
             mesh: MeshConfig::default(),
             jwks: Arc::default(),
         }
+    }
+
+    /// The Secret `namespace/name`, if there is one.
+    pub fn secret(&self, namespace: &str, name: &str) -> Option<&crate::model::secret::Secret> {
+        self.secrets
+            .get(&(namespace.to_string(), name.to_string()))
+            .and_then(|o| o.spec_as())
     }
 
     /// The context with this JWKS resolver (shared by every push context).

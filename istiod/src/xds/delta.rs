@@ -16,8 +16,8 @@ use super::outbox::{Closed, Outbox};
 use super::server::{DiscoveryServer, Identities, names_digest, nonce};
 use super::wire::Encoded;
 use super::{
-    CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, PushPlan, PushRequest, Resource, cluster_host,
-    is_wildcard, name_hash, short_name,
+    CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, PushPlan, PushRequest, Resource, SECRET_TYPE,
+    cluster_host, is_wildcard, name_hash, sds, short_name,
 };
 
 /// One resource the client holds.
@@ -418,6 +418,20 @@ impl Protocol for DeltaConn {
                 (_, CLUSTER_TYPE) => {
                     let changed = self.respond(req, t, None, false).await?;
                     self.forget_endpoints(&changed);
+                }
+                (_, SECRET_TYPE) => {
+                    // Only the resources naming a changed Secret (delta
+                    // would leave the others out as unchanged anyway).
+                    let subscribed: BTreeSet<String> = w.subscribed.iter().cloned().collect();
+                    let names = match &plan.secrets {
+                        Some(changed) => {
+                            sds::watching(&subscribed, &self.stream.proxy.namespace, changed)
+                        }
+                        None => subscribed,
+                    };
+                    if !names.is_empty() {
+                        self.respond(req, t, Some(&names), false).await?;
+                    }
                 }
                 (Some(hosts), ENDPOINT_TYPE) => {
                     let names: BTreeSet<String> = if w.wildcard {

@@ -8,8 +8,9 @@ use std::collections::BTreeMap;
 
 use super::Proxy;
 use super::context::{IstioContext, Named};
-use crate::model::gateway::{Gateway, Server, split_host};
+use crate::model::gateway::{Gateway, Server, ServerTlsMode, split_host};
 use crate::model::istio::VirtualService;
+use crate::model::service::Protocol;
 
 /// One server of one Gateway.
 #[derive(Debug, Clone, Copy)]
@@ -37,8 +38,65 @@ pub fn gateways_for<'a>(ctx: &'a IstioContext, proxy: &Proxy) -> Vec<&'a Named<G
         .collect()
 }
 
+impl BoundServer<'_> {
+    /// Whether the server terminates TLS and serves HTTP: an `HTTPS` server
+    /// that is not PASSTHROUGH (Istio's `IsHTTPServer` for HTTPS).
+    pub fn is_https(&self) -> bool {
+        terminates_tls(self.server)
+    }
+
+    /// Whether the server serves HTTP (Istio's `IsHTTPServer`): a plain
+    /// HTTP, HTTP2 or GRPC server, or one that terminates TLS.
+    pub fn is_http(&self) -> bool {
+        protocol(self.server).is_http() || self.is_https()
+    }
+
+    /// Istio's `gatewayRDSRouteName`: `http.<port>` for plain HTTP servers
+    /// (shared by every such server on the port),
+    /// `https.<port>.<portName>.<gateway>.<namespace>` for HTTPS servers.
+    pub fn route_name(&self) -> String {
+        let port = self.server.port_number();
+        if self.is_https() {
+            let port_name = self.server.port.as_ref().map_or("", |p| p.name.as_str());
+            format!(
+                "https.{port}.{port_name}.{}.{}",
+                self.gateway.name, self.gateway.namespace
+            )
+        } else {
+            route_name(port)
+        }
+    }
+}
+
+/// Whether a server terminates TLS: `HTTPS`, not PASSTHROUGH.
+pub fn terminates_tls(server: &Server) -> bool {
+    protocol(server) == Protocol::Https
+        && !server.tls.as_ref().is_some_and(|t| {
+            matches!(
+                t.mode,
+                ServerTlsMode::Passthrough | ServerTlsMode::AutoPassthrough
+            )
+        })
+}
+
+/// Istio's `IsTLSServer`: TLS settings on a server that is not plain HTTP
+/// (terminating or forwarding by SNI).
+pub fn is_tls_server(server: &Server) -> bool {
+    server.tls.is_some() && !protocol(server).is_http()
+}
+
+fn protocol(server: &Server) -> Protocol {
+    server
+        .port
+        .as_ref()
+        .map_or(Protocol::Unsupported, |p| Protocol::parse(&p.protocol))
+}
+
 /// The servers of the proxy's Gateways by port: servers of several
-/// Gateways on one port share its listener and route configuration.
+/// Gateways on one port share its listener (and, for plain HTTP, its route
+/// configuration). As in Istio's `MergedGateway`, a port is either plain
+/// text or TLS: the first server on it decides, and a server of the other
+/// kind is left out (with a warning).
 pub fn servers_by_port<'a>(
     ctx: &'a IstioContext,
     proxy: &Proxy,
@@ -47,14 +105,95 @@ pub fn servers_by_port<'a>(
     for gateway in gateways_for(ctx, proxy) {
         for server in &gateway.spec.servers {
             let port = server.port_number();
-            if port != 0 {
-                out.entry(port)
-                    .or_default()
-                    .push(BoundServer { gateway, server });
+            if port == 0 {
+                continue;
             }
+            let list = out.entry(port).or_default();
+            let bound = BoundServer { gateway, server };
+            if let Some(first) = list.first()
+                && conflicts(first.server, server)
+            {
+                let kind = |s: &Server| {
+                    if is_tls_server(s) {
+                        "TLS".to_string()
+                    } else {
+                        format!("plain text {}", protocol(s).as_str())
+                    }
+                };
+                tracing::warn!(
+                    target: "model",
+                    "gateway {}/{}: a {} server on port {port} conflicts with the {} server of {}/{} there: skipped",
+                    gateway.namespace,
+                    gateway.name,
+                    kind(server),
+                    kind(first.server),
+                    first.gateway.namespace,
+                    first.gateway.name,
+                );
+                continue;
+            }
+            if is_tls_server(server)
+                && let Some(first) = list
+                    .iter()
+                    .find(|b| is_tls_server(b.server) && sni_hosts(b.server) == sni_hosts(server))
+            {
+                // Envoy refuses two chains with the same match: the first wins.
+                tracing::warn!(
+                    target: "model",
+                    "gateway {}/{}: a TLS server on port {port} with the SNI hosts of a server of {}/{}: skipped",
+                    gateway.namespace,
+                    gateway.name,
+                    first.gateway.namespace,
+                    first.gateway.name,
+                );
+                continue;
+            }
+            list.push(bound);
         }
     }
     out
+}
+
+/// Istio's merge rule for a second server on a port: plain text servers
+/// merge only when both are HTTP of the same protocol; TLS servers merge
+/// with TLS servers (told apart by SNI); plain text and TLS do not.
+fn conflicts(first: &Server, next: &Server) -> bool {
+    match (is_tls_server(first), is_tls_server(next)) {
+        (false, false) => {
+            let (a, b) = (protocol(first), protocol(next));
+            a != b || !a.is_http()
+        }
+        (true, true) => false,
+        _ => true,
+    }
+}
+
+/// Istio's `getSNIHostsForServer`: the host parts, sorted and unique; none
+/// when one is `*` (the chain then matches any SNI, and none).
+pub fn sni_hosts(server: &Server) -> Vec<String> {
+    let hosts: std::collections::BTreeSet<&str> =
+        server.hosts.iter().map(|h| split_host(h).1).collect();
+    if hosts.contains("*") {
+        Vec::new()
+    } else {
+        hosts.into_iter().map(String::from).collect()
+    }
+}
+
+/// The servers whose route configuration is `name` (`http.<port>` or
+/// `https.<port>...`), and their port.
+pub fn servers_for_route<'a>(
+    ctx: &'a IstioContext,
+    proxy: &Proxy,
+    name: &str,
+) -> Option<(u16, Vec<BoundServer<'a>>)> {
+    let port: u16 = name.split('.').nth(1)?.parse().ok()?;
+    let servers: Vec<BoundServer<'a>> = servers_by_port(ctx, proxy)
+        .remove(&port)?
+        .into_iter()
+        .filter(|b| b.route_name() == name)
+        .collect();
+    (!servers.is_empty()).then_some((port, servers))
 }
 
 /// Whether a VirtualService of `vs_ns` binds to the Gateway `gw_ns/gw_name`

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::context::IstioContext;
 use super::{
     CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, Proxy, PushContext, PushPlan,
-    ROUTE_TYPE, Resource, Updates, cds, eds, lds, nds, proxy_dependencies, rds,
+    ROUTE_TYPE, Resource, SECRET_TYPE, Updates, cds, eds, lds, nds, proxy_dependencies, rds, sds,
 };
 
 /// Why a proxy's request could not be generated.
@@ -38,9 +38,10 @@ impl PushContext for IstioContext {
             LISTENER_TYPE => lds::build(self, &proxy),
             ROUTE_TYPE => rds::build(self, &proxy, names),
             NAME_TABLE_TYPE => nds::build(self, &proxy),
+            SECRET_TYPE => sds::build(self, &proxy, names),
             other => return Err(GenerateError::UnknownType(other.to_string())),
         };
-        // EDS and RDS build the names asked for, and only those.
+        // EDS, RDS and SDS build the names asked for, and only those.
         Ok(all)
     }
 

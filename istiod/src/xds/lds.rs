@@ -13,6 +13,7 @@
 
 mod gateway;
 mod gateway_tcp;
+mod gateway_tls;
 mod inbound;
 mod outbound;
 

@@ -38,6 +38,10 @@ pub struct Proxy {
     pub dns_capture: bool,
     /// Metadata `DNS_AUTO_ALLOCATE`.
     pub dns_auto_allocate: bool,
+    /// Whether the connection proved an identity of the proxy's namespace
+    /// (Istio's `VerifiedIdentity`): set on the authenticated port only,
+    /// where [`Proxy::authorize`] passed. Credentials are served only then.
+    pub verified: bool,
 }
 
 impl Proxy {
@@ -98,6 +102,7 @@ impl Proxy {
             interception_mode: meta.interception_mode.unwrap_or_default(),
             dns_capture: meta.dns_capture.unwrap_or_default(),
             dns_auto_allocate: meta.dns_auto_allocate.unwrap_or_default(),
+            verified: false,
         })
     }
 

@@ -22,8 +22,12 @@ pub fn plan(ctx: &IstioContext, proxy: &Proxy, updates: &[Arc<Updates>]) -> Push
     let scope = ctx.scope(&proxy);
     let mut plan = PushPlan::default();
     for change in updates.iter().flat_map(|u| &u.changes) {
-        if reaches(&change.audience, &proxy, &scope) {
-            plan.add(change.types, change.eds_hosts.as_ref());
+        if !reaches(&change.audience, &proxy, &scope) {
+            continue;
+        }
+        match &change.audience {
+            Audience::Secret { namespace, name } => plan.add_secret(format!("{namespace}/{name}")),
+            _ => plan.add(change.types, change.eds_hosts.as_ref()),
         }
     }
     plan
@@ -48,5 +52,8 @@ fn reaches(audience: &Audience, proxy: &Proxy, scope: &SidecarScope) -> bool {
         }
         Audience::Workloads(ips) => proxy.ips.iter().any(|ip| ips.contains(ip)),
         Audience::Routers => proxy.proxy_type == common::ProxyType::Router,
+        Audience::Secret { namespace, .. } => {
+            proxy.proxy_type == common::ProxyType::Router && proxy.namespace == *namespace
+        }
     }
 }

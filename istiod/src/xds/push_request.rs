@@ -9,7 +9,10 @@ use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, PushContext, ROUTE_TYPE};
+use super::{
+    CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, PushContext, ROUTE_TYPE,
+    SECRET_TYPE,
+};
 use crate::model::service::ExportTo;
 
 /// A set of the xDS types a push can send.
@@ -29,8 +32,10 @@ impl Types {
     pub const RDS: Types = Types(8);
     /// The DNS name table.
     pub const NDS: Types = Types(16);
+    /// Gateway credentials (SDS over ADS).
+    pub const SDS: Types = Types(32);
     /// Every type.
-    pub const ALL: Types = Types(31);
+    pub const ALL: Types = Types(63);
 
     /// The bit of one type URL (none for types no generator serves).
     pub fn of(type_url: &str) -> Types {
@@ -40,6 +45,7 @@ impl Types {
             LISTENER_TYPE => Types::LDS,
             ROUTE_TYPE => Types::RDS,
             NAME_TABLE_TYPE => Types::NDS,
+            SECRET_TYPE => Types::SDS,
             _ => Types::NONE,
         }
     }
@@ -117,6 +123,15 @@ pub enum Audience {
     /// Every gateway (`router` proxy): a Gateway, or a VirtualService
     /// that binds to gateways.
     Routers,
+    /// The gateways allowed to read this Secret (those of its namespace,
+    /// Istio's default authorization); of them, only those that watch it
+    /// get it (see [`PushPlan::secrets`]).
+    Secret {
+        /// The Secret's namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
 }
 
 /// One change of a push: who it reaches and what it alters there.
@@ -173,6 +188,9 @@ pub struct PushPlan {
     pub types: Types,
     /// For EDS, only the clusters of these hosts; `None`: every cluster.
     pub eds_hosts: Option<BTreeSet<String>>,
+    /// For SDS, only the watched resources naming these Secrets
+    /// (`namespace/name`); `None`: every watched resource.
+    pub secrets: Option<BTreeSet<String>>,
 }
 
 impl PushPlan {
@@ -181,7 +199,22 @@ impl PushPlan {
         Self {
             types: Types::ALL,
             eds_hosts: None,
+            secrets: None,
         }
+    }
+
+    /// Adds a change of one Secret (`namespace/name`): SDS, for the
+    /// resources naming it only (unless every resource is sent already).
+    pub fn add_secret(&mut self, secret: String) {
+        self.secrets = match (self.types.contains(Types::SDS), self.secrets.take()) {
+            (false, _) => Some(BTreeSet::from([secret])),
+            (true, None) => None,
+            (true, Some(mut set)) => {
+                set.insert(secret);
+                Some(set)
+            }
+        };
+        self.types |= Types::SDS;
     }
 
     /// Adds one change's effect. Changed clusters take their endpoints
@@ -193,6 +226,9 @@ impl PushPlan {
         if types.contains(Types::CDS) {
             types |= Types::EDS;
             eds_hosts = None;
+        }
+        if types.contains(Types::SDS) {
+            self.secrets = None;
         }
         if types.contains(Types::EDS) {
             self.eds_hosts = match (self.types.contains(Types::EDS), &self.eds_hosts, eds_hosts) {
@@ -224,7 +260,12 @@ pub fn plan_without_scopes(updates: &[Arc<Updates>]) -> PushPlan {
             return PushPlan::everything();
         }
         for c in &u.changes {
-            plan.add(c.types, c.eds_hosts.as_ref());
+            match &c.audience {
+                Audience::Secret { namespace, name } => {
+                    plan.add_secret(format!("{namespace}/{name}"))
+                }
+                _ => plan.add(c.types, c.eds_hosts.as_ref()),
+            }
         }
     }
     plan
@@ -337,5 +378,22 @@ mod tests {
         assert!(!(Types::CDS | Types::EDS).has("type.googleapis.com/other"));
         assert!((Types::CDS | Types::EDS).has(ENDPOINT_TYPE));
         assert!(!Types::EDS.has(CLUSTER_TYPE));
+    }
+
+    #[test]
+    fn secrets_narrow_sds_until_everything_is_sent() {
+        let mut p = PushPlan::default();
+        p.add_secret("ns/a".into());
+        p.add_secret("ns/b".into());
+        assert_eq!(p.types, Types::SDS);
+        assert_eq!(p.secrets, Some(hosts(&["ns/a", "ns/b"])));
+        p.add(Types::ALL, None);
+        assert_eq!(p.secrets, None);
+        p.add_secret("ns/c".into());
+        assert_eq!(
+            p.secrets, None,
+            "once every resource, always every resource"
+        );
+        assert!(Types::SDS.has(SECRET_TYPE) && !Types::SDS.has(CLUSTER_TYPE));
     }
 }

@@ -413,9 +413,10 @@ pub(super) fn init_proxy(
     identities: &Identities,
 ) -> Result<Proxy, Status> {
     let node = node.ok_or_else(|| Status::invalid_argument("missing node information"))?;
-    let proxy = Proxy::from_node(node).map_err(Status::invalid_argument)?;
+    let mut proxy = Proxy::from_node(node).map_err(Status::invalid_argument)?;
     if let Some(ids) = identities {
         proxy.authorize(ids).map_err(Status::permission_denied)?;
+        proxy.verified = true;
     }
     Ok(proxy)
 }

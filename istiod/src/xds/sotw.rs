@@ -15,8 +15,8 @@ use super::outbox::{Closed, Outbox};
 use super::server::{DiscoveryServer, Identities, NamesDigest, names_digest, nonce};
 use super::wire::Encoded;
 use super::{
-    CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, PushPlan, PushRequest, cluster_host, is_wildcard,
-    short_name,
+    CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, PushPlan, PushRequest, SECRET_TYPE, cluster_host,
+    is_wildcard, sds, short_name,
 };
 
 #[derive(Default)]
@@ -195,6 +195,14 @@ impl Protocol for SotwConn {
                         .cloned()
                         .collect(),
                 ),
+                (_, SECRET_TYPE) => match &plan.secrets {
+                    Some(changed) => Arc::new(sds::watching(
+                        &w.names,
+                        &self.stream.proxy.namespace,
+                        changed,
+                    )),
+                    None => w.names.clone(),
+                },
                 _ => w.names.clone(),
             };
             if !is_wildcard(t) && names.is_empty() {

@@ -1,11 +1,12 @@
 //! Gateway validation: Istio's rules (`ValidateGateway`), and a refusal
-//! naming the field for every part this istiod does not serve yet (TLS,
-//! non-HTTP protocols, `bind`, `defaultEndpoint`), so that nothing is
-//! accepted and then ignored.
+//! naming the field for every part this istiod does not serve yet
+//! (protocols other than HTTP, HTTP2, GRPC and HTTPS, `bind`,
+//! `defaultEndpoint`; for `tls` see [`super::gateway_tls`]), so that
+//! nothing is accepted and then ignored.
 
 use std::collections::BTreeSet;
 
-use super::{Errors, check_egress_host, check_host, check_port, gateway_tcp};
+use super::{Errors, check_egress_host, check_host, check_port, gateway_tcp, gateway_tls};
 use crate::model::gateway::{Gateway, Server};
 use crate::model::service::Protocol;
 
@@ -52,12 +53,14 @@ fn server(field: &str, s: &Server, e: &mut Errors) {
                         p.protocol
                     ),
                 );
-            } else if !matches!(protocol, Protocol::Http | Protocol::Http2 | Protocol::Grpc)
-                && !gateway_tcp::serves(protocol, s)
+            } else if !matches!(
+                protocol,
+                Protocol::Http | Protocol::Http2 | Protocol::Grpc | Protocol::Https
+            ) && !gateway_tcp::serves(protocol, s)
             {
                 e.add(
                     format!("{field}.port.protocol"),
-                    format!("{:?} servers are not supported by this istiod yet (use HTTP, HTTP2, GRPC, TCP or TLS)", p.protocol),
+                    format!("{:?} servers are not supported by this istiod yet (use HTTP, HTTP2, GRPC, HTTPS, TCP or TLS)", p.protocol),
                 );
             }
         }
@@ -72,14 +75,23 @@ fn server(field: &str, s: &Server, e: &mut Errors) {
         check_server_host(&format!("{field}.hosts[{i}]"), host, e);
     }
     let protocol = s.port.as_ref().map(|p| Protocol::parse(&p.protocol));
-    let forwarded = protocol
-        .filter(|p| gateway_tcp::serves(*p, s))
-        .is_some_and(|p| gateway_tcp::server_tls(field, s, p, e));
-    if s.tls.is_some() && !forwarded {
-        e.add(
-            format!("{field}.tls"),
-            "TLS on gateway servers is not supported by this istiod yet (serve plain HTTP, or leave this server out)",
-        );
+    let tls_field = format!("{field}.tls");
+    match protocol {
+        // TCP, TLS and HTTPS PASSTHROUGH: forwarded without terminating.
+        Some(p) if gateway_tcp::serves(p, s) => {
+            if !gateway_tcp::server_tls(field, s, p, e) {
+                e.add(
+                    tls_field,
+                    "terminating TLS on TCP or TLS servers is not supported by this istiod yet (use protocol HTTPS to terminate, or mode PASSTHROUGH to route by SNI)",
+                );
+            }
+        }
+        Some(Protocol::Https) => gateway_tls::https_server_tls(&tls_field, s.tls.as_ref(), e),
+        _ => {
+            if let Some(tls) = &s.tls {
+                gateway_tls::plain_server_tls(&tls_field, tls, e);
+            }
+        }
     }
     if !s.bind.is_empty() {
         e.add(
@@ -151,14 +163,9 @@ mod tests {
     #[test]
     fn what_is_not_served_yet_is_refused_by_field() {
         refused(
-            "{servers: [{port: {number: 443, name: https, protocol: HTTPS}, hosts: ['*'], tls: {mode: SIMPLE, credentialName: c}}]}",
-            "spec.servers[0].tls",
-            "not supported",
-        );
-        refused(
             "{servers: [{port: {number: 443, name: https, protocol: HTTPS}, hosts: ['*']}]}",
-            "spec.servers[0].port.protocol",
-            "not supported",
+            "spec.servers[0].tls",
+            "must have TLS settings",
         );
         {
             refused(

@@ -15,33 +15,18 @@
 
 use std::collections::BTreeSet;
 
-use proto::pb::envoy::config::core::v3::TrafficDirection;
-use proto::pb::envoy::config::listener::v3::{Filter, FilterChain, FilterChainMatch, Listener};
+use proto::pb::envoy::config::listener::v3::{Filter, FilterChain, FilterChainMatch};
 use proto::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
 
 use super::super::Proxy;
 use super::super::context::{IstioContext, Named, resolve_host};
-use super::super::gateway::{
-    BoundServer, binds, intersect, listener_name, names_gateway, server_host_for,
-};
+use super::super::gateway::{BoundServer, binds, intersect, names_gateway, server_host_for};
 use super::super::rds::Clusters;
-use super::super::util::{IpMode, duration, socket};
-use super::{network_filter, tcp_proxy_to, tls_inspector};
+use super::super::util::duration;
+use super::{network_filter, tcp_proxy_to};
 use crate::model::gateway::{Server, ServerTlsMode};
 use crate::model::istio::{RouteDestination, VirtualService};
 use crate::model::service::{Protocol, is_exported_to};
-
-/// Whether a port's servers are forwarded by this file: the port's
-/// protocol is its first server's (as Istio's merged gateway), TCP or TLS,
-/// or HTTPS when every server on it is `PASSTHROUGH` (Istio forwards those
-/// as TLS; HTTPS servers that terminate are not this file's).
-pub(super) fn serves(servers: &[BoundServer<'_>]) -> bool {
-    match servers.first().map(|b| protocol(b.server)) {
-        Some(Protocol::Tcp | Protocol::Tls) => true,
-        Some(Protocol::Https) => servers.iter().all(|b| passthrough(b.server)),
-        _ => false,
-    }
-}
 
 fn passthrough(s: &Server) -> bool {
     s.tls
@@ -55,14 +40,14 @@ fn protocol(s: &Server) -> Protocol {
         .map_or(Protocol::Unsupported, |p| Protocol::parse(&p.protocol))
 }
 
-/// The listener of a TCP or TLS port; `None` when no VirtualService gives
-/// it a route (Istio omits such a listener).
-pub(super) fn listener(
+/// The chains of a port's TCP and TLS PASSTHROUGH servers; none for a
+/// server no VirtualService gives a route.
+pub(super) fn chains(
     ctx: &IstioContext,
     proxy: &Proxy,
     port: u16,
     servers: &[BoundServer<'_>],
-) -> Option<Listener> {
+) -> Vec<FilterChain> {
     let mut chains: Vec<FilterChain> = Vec::new();
     let mut sni_seen: BTreeSet<String> = BTreeSet::new();
     let mut opaque = false;
@@ -97,18 +82,7 @@ pub(super) fn listener(
             }
         }
     }
-    if chains.is_empty() {
-        return None;
-    }
-    let sni = chains.iter().any(|c| c.filter_chain_match.is_some());
-    Some(Listener {
-        name: listener_name(port),
-        address: Some(socket(IpMode::of(&proxy.ips).wildcard(), port.into())),
-        traffic_direction: TrafficDirection::Outbound.into(),
-        filter_chains: chains,
-        listener_filters: if sni { vec![tls_inspector()] } else { vec![] },
-        ..Default::default()
-    })
+    chains
 }
 
 /// The VirtualServices bound to this server's Gateway, visible to the

@@ -1,5 +1,6 @@
 //! RDS for routers, as Istio's `buildGatewayHTTPRouteConfig`: one route
-//! configuration per HTTP port, `http.<port>`, with a `<host>:<port>`
+//! configuration per plain HTTP port, `http.<port>`, and one per HTTPS
+//! server, `https.<port>.<portName>.<gateway>.<namespace>`, with a `<host>:<port>`
 //! virtual host for every host where a bound VirtualService's hosts meet
 //! the port's server hosts, its routes built as for sidecars; a port no
 //! VirtualService reaches answers 404 (`blackhole:<port>`).
@@ -7,30 +8,30 @@
 use std::collections::BTreeMap;
 
 use proto::pb::envoy::config::route::v3::{
-    DirectResponseAction, Route, RouteConfiguration, VirtualHost, route,
+    DirectResponseAction, Route, RouteConfiguration, VirtualHost, route, virtual_host,
 };
 use proto::pb::google::protobuf::BoolValue;
 
 use super::super::Proxy;
 use super::super::context::{IstioContext, Named, resolve_host};
 use super::super::gateway::{
-    BoundServer, binds, intersect, names_gateway, route_name, server_host_for, servers_by_port,
+    BoundServer, binds, intersect, names_gateway, server_host_for, servers_for_route,
 };
 use super::super::util::u32v;
 use super::translate::{Clusters, gateway_semantics, route_match, source_matches, vs_route};
+use crate::model::gateway::{Server, split_host};
 use crate::model::istio::{HttpMatchRequest, VirtualService};
 use crate::model::route::MAX_DIRECT_RESPONSE_BODY_BYTES;
 use crate::model::service::is_exported_to;
 
-/// The route configuration `http.<port>` of a router; `None` when no
-/// server of its Gateways is on that port.
+/// The route configuration `http.<port>` or `https.<port>.<portName>.<gateway>.<namespace>`
+/// of a router; `None` when no server of its Gateways has that name.
 pub(super) fn route_config(
     ctx: &IstioContext,
     proxy: &Proxy,
     name: &str,
 ) -> Option<RouteConfiguration> {
-    let port: u16 = name.strip_prefix("http.")?.parse().ok()?;
-    let servers = servers_by_port(ctx, proxy).remove(&port)?;
+    let (port, servers) = servers_for_route(ctx, proxy, name)?;
     // Hosts sorted by name, each with its VirtualServices in the push
     // context's order.
     let mut hosts: BTreeMap<String, Vec<&Named<VirtualService>>> = BTreeMap::new();
@@ -62,21 +63,63 @@ pub(super) fn route_config(
         }
     }
     let mut virtual_hosts: Vec<VirtualHost> = hosts
-        .into_iter()
-        .map(|(host, vss)| virtual_host(ctx, proxy, &host, port, &vss, &servers))
+        .iter()
+        .map(|(host, vss)| virtual_host(ctx, proxy, host, port, vss, &servers))
         .filter(|vh| !vh.routes.is_empty())
+        .map(|vh| with_redirect(vh, &servers))
         .collect();
+    // Istio: a host of an `httpsRedirect` server no VirtualService reaches
+    // still redirects.
+    for bound in servers.iter().filter(|b| https_redirect(b.server)) {
+        for host in &bound.server.hosts {
+            let (_, host) = split_host(host);
+            if !virtual_hosts
+                .iter()
+                .any(|vh| vh.domains.iter().any(|d| d == host))
+            {
+                virtual_hosts.push(VirtualHost {
+                    name: format!("{host}:{port}"),
+                    domains: vec![host.to_string()],
+                    include_request_attempt_count: true,
+                    require_tls: virtual_host::TlsRequirementType::All.into(),
+                    ..Default::default()
+                });
+            }
+        }
+    }
     if virtual_hosts.is_empty() {
         virtual_hosts.push(blackhole(port));
     }
     Some(RouteConfiguration {
-        name: route_name(port),
+        name: name.to_string(),
         virtual_hosts,
         validate_clusters: Some(BoolValue { value: false }),
         max_direct_response_body_size_bytes: Some(u32v(MAX_DIRECT_RESPONSE_BODY_BYTES)),
         ignore_port_in_host_matching: true,
         ..Default::default()
     })
+}
+
+fn https_redirect(server: &Server) -> bool {
+    server.tls.as_ref().is_some_and(|t| t.https_redirect)
+}
+
+/// Istio's `httpsRedirect`: the virtual host of a host served by a server
+/// with it answers plain HTTP with a 301 to https (`require_tls: ALL`).
+fn with_redirect(mut vh: VirtualHost, servers: &[BoundServer<'_>]) -> VirtualHost {
+    let redirected = servers
+        .iter()
+        .filter(|b| https_redirect(b.server))
+        .any(|b| {
+            b.server.hosts.iter().any(|h| {
+                let (_, h) = split_host(h);
+                vh.domains.iter().any(|d| intersect(d, h).is_some())
+            })
+        });
+    if redirected {
+        vh.require_tls = virtual_host::TlsRequirementType::All.into();
+    }
+    vh
 }
 
 /// One host's virtual host: the HTTP routes of its VirtualServices whose

@@ -1,0 +1,221 @@
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+
+use prost::Message;
+
+use super::*;
+use crate::model::{ConfigStore, RegistryOptions, Update, parse_file};
+
+fn pem_pair(cn: &str) -> (String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec![cn.to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+fn indent(pem: &str) -> String {
+    pem.lines().map(|l| format!("    {l}\n")).collect()
+}
+
+/// `gw/tls-cred` (kubernetes.io/tls with ca.crt), `gw/generic` (generic),
+/// `gw/generic-cacert` (CA only), `other/theirs`.
+fn context() -> (IstioContext, String, String) {
+    let (cert, key) = pem_pair("a.example.com");
+    let (ca, _) = pem_pair("ca");
+    let secret = |ns: &str, name: &str, data: &[(&str, &str)]| {
+        let mut s = format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: {ns}}}\nstringData:\n"
+        );
+        for (k, v) in data {
+            s.push_str(&format!("  {k}: |\n{}", indent(v)));
+        }
+        s
+    };
+    let yaml = [
+        secret(
+            "gw",
+            "tls-cred",
+            &[("tls.crt", &cert), ("tls.key", &key), ("ca.crt", &ca)],
+        ),
+        secret("gw", "generic", &[("cert", &cert), ("key", &key)]),
+        secret("gw", "generic-cacert", &[("cacert", &ca)]),
+        secret("gw", "no-ca", &[("tls.crt", &cert), ("tls.key", &key)]),
+        secret("other", "theirs", &[("tls.crt", &cert), ("tls.key", &key)]),
+    ]
+    .join("---\n");
+    let store = ConfigStore::new();
+    let parsed = parse_file("secrets.yaml", &yaml).unwrap();
+    store.apply(
+        parsed
+            .objects
+            .into_iter()
+            .map(|o| Update::Upsert(std::sync::Arc::new(o))),
+    );
+    let ctx = IstioContext::new("t/1".into(), &store.snapshot(), &RegistryOptions::default());
+    (ctx, cert, ca)
+}
+
+fn gateway(ns: &str) -> Proxy {
+    Proxy {
+        proxy_type: common::ProxyType::Router,
+        id: format!("gw-1.{ns}"),
+        namespace: ns.into(),
+        verified: true,
+        ..Default::default()
+    }
+}
+
+fn names(n: &[&str]) -> BTreeSet<String> {
+    n.iter().map(|s| s.to_string()).collect()
+}
+
+fn secrets(ctx: &IstioContext, proxy: &Proxy, n: &[&str]) -> Vec<EnvoySecret> {
+    build(ctx, proxy, &names(n))
+        .iter()
+        .map(|r| {
+            assert_eq!(r.resource.type_url, crate::xds::SECRET_TYPE);
+            EnvoySecret::decode(r.resource.value.as_slice()).unwrap()
+        })
+        .collect()
+}
+
+fn inline_text(d: &Option<DataSource>) -> String {
+    match d.as_ref().and_then(|d| d.specifier.as_ref()) {
+        Some(data_source::Specifier::InlineBytes(b)) => String::from_utf8(b.clone()).unwrap(),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn resource_names_as_istio_parses_them() {
+    let sr = |n| parse_resource_name(n, "gw");
+    assert_eq!(sr("kubernetes://a").unwrap().key(), "gw/a");
+    assert_eq!(sr("kubernetes://ns/a").unwrap().key(), "ns/a");
+    assert!(sr("kubernetes://a-cacert").unwrap().ca_only());
+    for bad in [
+        "a",
+        "kubernetes://",
+        "kubernetes://a/b/c",
+        "file-cert:/x~/y",
+    ] {
+        assert!(matches!(sr(bad), Err(SdsError::InvalidName(_))), "{bad}");
+    }
+    assert_eq!(credential_resource("a"), "kubernetes://a");
+    assert_eq!(credential_resource("ns/a"), "kubernetes://ns/a");
+    assert_eq!(credential_resource("kubernetes://a"), "kubernetes://a");
+    assert_eq!(ca_resource("a"), "kubernetes://a-cacert");
+    // A CA resource reads the `-cacert` Secret, else the one without it.
+    let ca = sr("kubernetes://a-cacert").unwrap();
+    assert!(ca.depends_on("gw/a-cacert") && ca.depends_on("gw/a"));
+    assert!(!ca.depends_on("other/a"));
+}
+
+#[test]
+fn certificates_and_cas_from_both_layouts() {
+    let (ctx, cert, ca) = context();
+    let got = secrets(
+        &ctx,
+        &gateway("gw"),
+        &[
+            "kubernetes://tls-cred",
+            "kubernetes://gw/generic",
+            "kubernetes://tls-cred-cacert",
+            "kubernetes://generic-cacert",
+        ],
+    );
+    let by_name: std::collections::BTreeMap<&str, &EnvoySecret> =
+        got.iter().map(|s| (s.name.as_str(), s)).collect();
+    assert_eq!(by_name.len(), 4, "{:?}", by_name.keys());
+    for name in ["kubernetes://tls-cred", "kubernetes://gw/generic"] {
+        let Some(secret::Type::TlsCertificate(t)) = &by_name[name].r#type else {
+            panic!("{name}");
+        };
+        assert_eq!(inline_text(&t.certificate_chain), cert);
+        assert!(inline_text(&t.private_key).contains("PRIVATE KEY"));
+    }
+    // `tls-cred-cacert` has no Secret of its own: the CA of `tls-cred`.
+    for name in [
+        "kubernetes://tls-cred-cacert",
+        "kubernetes://generic-cacert",
+    ] {
+        let Some(secret::Type::ValidationContext(v)) = &by_name[name].r#type else {
+            panic!("{name}");
+        };
+        assert_eq!(inline_text(&v.trusted_ca), ca);
+    }
+}
+
+#[test]
+fn missing_secrets_and_cas_are_left_out() {
+    let (ctx, _, _) = context();
+    let p = gateway("gw");
+    assert!(
+        secrets(
+            &ctx,
+            &p,
+            &["kubernetes://nothing", "kubernetes://no-ca-cacert"]
+        )
+        .is_empty()
+    );
+    // A CA-only Secret is no certificate.
+    assert!(secrets(&ctx, &p, &["kubernetes://generic-cacert-x"]).is_empty());
+    let err = generate(&ctx, &p, "kubernetes://no-ca-cacert").unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("expected \"ca.crt\" or \"cacert\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn only_verified_gateways_of_the_secret_namespace_get_it() {
+    let (ctx, _, _) = context();
+    // Another namespace, named explicitly or not.
+    let other = gateway("other");
+    assert!(secrets(&ctx, &other, &["kubernetes://gw/tls-cred"]).is_empty());
+    assert!(matches!(
+        generate(&ctx, &other, "kubernetes://gw/tls-cred"),
+        Err(SdsError::OtherNamespace { .. })
+    ));
+    assert_eq!(secrets(&ctx, &other, &["kubernetes://theirs"]).len(), 1);
+    assert!(secrets(&ctx, &gateway("gw"), &["kubernetes://other/theirs"]).is_empty());
+    // A sidecar, and a connection without a proven identity.
+    let sidecar = Proxy {
+        proxy_type: common::ProxyType::Sidecar,
+        ..gateway("gw")
+    };
+    assert_eq!(
+        generate(&ctx, &sidecar, "kubernetes://tls-cred").unwrap_err(),
+        SdsError::NotGateway
+    );
+    let plaintext = Proxy {
+        verified: false,
+        ..gateway("gw")
+    };
+    assert_eq!(
+        generate(&ctx, &plaintext, "kubernetes://tls-cred").unwrap_err(),
+        SdsError::NotVerified
+    );
+}
+
+#[test]
+fn a_changed_secret_reaches_only_the_resources_that_read_it() {
+    let watched = names(&[
+        "kubernetes://a",
+        "kubernetes://a-cacert",
+        "kubernetes://b",
+        "kubernetes://gw/c",
+    ]);
+    assert_eq!(
+        watching(&watched, "gw", &names(&["gw/a"])),
+        names(&["kubernetes://a", "kubernetes://a-cacert"])
+    );
+    assert_eq!(
+        watching(&watched, "gw", &names(&["gw/c", "other/b"])),
+        names(&["kubernetes://gw/c"])
+    );
+    assert!(watching(&watched, "other", &names(&["gw/a"])).is_empty());
+}
