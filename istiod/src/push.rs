@@ -528,7 +528,8 @@ mod tests {
             name: "cred".into(),
         };
         assert_eq!(audiences, [(&secret, Types::SDS)]);
-        let plan = crate::xds::push_request::plan_without_scopes(&[push.updates.clone()]);
+        let plan =
+            crate::xds::push_request::plan_without_scopes(std::slice::from_ref(&push.updates));
         assert_eq!(plan.types, Types::SDS);
         assert_eq!(
             plan.secrets,

@@ -241,7 +241,7 @@ fn tls_contexts_per_mode() {
     );
     assert_eq!(p.cipher_suites, ["ECDHE-RSA-AES128-GCM-SHA256"]);
     assert_eq!(p.ecdh_curves, ["X25519"]);
-    assert_eq!(simple.require_client_certificate.unwrap().value, false);
+    assert!(!simple.require_client_certificate.unwrap().value);
 
     // MUTUAL with two credentials and a separate CA Secret.
     let mutual = tls_of(&chains[1]);
