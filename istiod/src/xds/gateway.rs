@@ -19,6 +19,9 @@ pub struct BoundServer<'a> {
     pub gateway: &'a Named<Gateway>,
     /// Its server.
     pub server: &'a Server,
+    /// The port the gateway listens on for it: the server's port, or the
+    /// target port of the gateway's Service port of that number.
+    pub port: u16,
 }
 
 /// The Gateways that select `proxy` (empty for proxies that are no router).
@@ -55,7 +58,7 @@ impl BoundServer<'_> {
     /// (shared by every such server on the port),
     /// `https.<port>.<portName>.<gateway>.<namespace>` for HTTPS servers.
     pub fn route_name(&self) -> String {
-        let port = self.server.port_number();
+        let port = self.port;
         if self.is_https() {
             let port_name = self.server.port.as_ref().map_or("", |p| p.name.as_str());
             format!(
@@ -102,14 +105,27 @@ pub fn servers_by_port<'a>(
     proxy: &Proxy,
 ) -> BTreeMap<u16, Vec<BoundServer<'a>>> {
     let mut out: BTreeMap<u16, Vec<BoundServer<'a>>> = BTreeMap::new();
-    for gateway in gateways_for(ctx, proxy) {
+    let gateways = gateways_for(ctx, proxy);
+    let targets: Vec<(u16, u16)> = if gateways.is_empty() {
+        Vec::new()
+    } else {
+        ctx.inbound_for(proxy)
+            .into_iter()
+            .map(|(_, service_port, target)| (service_port, target))
+            .collect()
+    };
+    for gateway in gateways {
         for server in &gateway.spec.servers {
-            let port = server.port_number();
+            let port = listen_port(server.port_number(), &targets);
             if port == 0 {
                 continue;
             }
             let list = out.entry(port).or_default();
-            let bound = BoundServer { gateway, server };
+            let bound = BoundServer {
+                gateway,
+                server,
+                port,
+            };
             if let Some(first) = list.first()
                 && conflicts(first.server, server)
             {
@@ -154,6 +170,19 @@ pub fn servers_by_port<'a>(
     out
 }
 
+/// The port a gateway listens on for a server port, as Istio's
+/// `resolvePorts` for Gateways that select their workload by labels: the
+/// target port of the first Service port of that number among the Services
+/// that select the gateway's Pod (Istio's ingress gateway Service maps 80 to
+/// 8080 and 443 to 8443, so that Envoy need not bind privileged ports), else
+/// the server's port itself.
+fn listen_port(server_port: u16, targets: &[(u16, u16)]) -> u16 {
+    targets
+        .iter()
+        .find(|(service_port, target)| *service_port == server_port && *target != 0)
+        .map_or(server_port, |(_, target)| *target)
+}
+
 /// Istio's merge rule for a second server on a port: plain text servers
 /// merge only when both are HTTP of the same protocol; TLS servers merge
 /// with TLS servers (told apart by SNI); plain text and TLS do not.
@@ -181,7 +210,8 @@ pub fn sni_hosts(server: &Server) -> Vec<String> {
 }
 
 /// The servers whose route configuration is `name` (`http.<port>` or
-/// `https.<port>...`), and their port.
+/// `https.<port>...`, the port being the one listened on), and their
+/// Gateway port.
 pub fn servers_for_route<'a>(
     ctx: &'a IstioContext,
     proxy: &Proxy,
@@ -193,7 +223,10 @@ pub fn servers_for_route<'a>(
         .into_iter()
         .filter(|b| b.route_name() == name)
         .collect();
-    (!servers.is_empty()).then_some((port, servers))
+    // Routes match on the Gateway's own port number (`match.port`), not on
+    // the target port the gateway listens on.
+    let server_port = servers.first()?.server.port_number();
+    Some((server_port, servers))
 }
 
 /// Whether a VirtualService of `vs_ns` binds to the Gateway `gw_ns/gw_name`
@@ -378,6 +411,65 @@ spec:
                     "outbound|8000||httpbin.demo.svc.cluster.local".into()
                 )
             )
+        );
+    }
+
+    #[test]
+    fn a_server_port_of_the_gateway_service_listens_on_its_target_port() {
+        // Istio's ingress gateway Service: 80 -> 8080, selecting the Pod
+        // (its EndpointSlice holds the router's address).
+        let extra = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: istio-ingressgateway, namespace: istio-system}
+spec:
+  clusterIP: 198.19.0.20
+  selector: {istio: ingressgateway}
+  ports: [{name: http2, port: 80, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: istio-ingressgateway-1
+  namespace: istio-system
+  labels: {kubernetes.io/service-name: istio-ingressgateway}
+addressType: IPv4
+ports: [{name: http2, port: 8080}]
+endpoints: [{addresses: [198.18.0.20]}]
+---
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: public, namespace: istio-system}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 80, name: http, protocol: HTTP}
+    hosts: ["*"]
+  - port: {number: 9090, name: other, protocol: HTTP}
+    hosts: ["*"]
+"#;
+        let store = ConfigStore::new();
+        for text in [CONFIG, extra] {
+            let parsed = parse_file("test.yaml", text).unwrap();
+            store.apply(
+                parsed
+                    .objects
+                    .into_iter()
+                    .map(|o| Update::Upsert(std::sync::Arc::new(o))),
+            );
+        }
+        let ctx = IstioContext::new("t/1".into(), &store.snapshot(), &RegistryOptions::default());
+        let router = proxy(common::ProxyType::Router, &[("istio", "ingressgateway")]);
+        // Port 80 merges into 8080 with the server already there; 9090 is
+        // no Service port and is bound as written.
+        assert_eq!(
+            listener_names(&ctx, &router),
+            ["0.0.0.0_8080", "0.0.0.0_9090"]
+        );
+        let names = crate::xds::lds::route_names(&ctx, &router);
+        assert_eq!(
+            names,
+            BTreeSet::from(["http.8080".to_string(), "http.9090".to_string()])
         );
     }
 
