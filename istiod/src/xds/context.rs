@@ -719,3 +719,21 @@ impl IstioContext {
             .unwrap_or_else(|| proxy.labels.clone())
     }
 }
+
+/// The push context of some YAML config, as the unit tests build it.
+#[cfg(test)]
+pub(crate) fn context_of_yaml(yaml: &str) -> IstioContext {
+    let store = crate::model::ConfigStore::new();
+    let parsed = crate::model::parse_file("test.yaml", yaml).expect("the test config parses");
+    store.apply(
+        parsed
+            .objects
+            .into_iter()
+            .map(|o| crate::model::Update::Upsert(Arc::new(o))),
+    );
+    IstioContext::new(
+        "t/1".into(),
+        &store.snapshot(),
+        &crate::model::RegistryOptions::default(),
+    )
+}

@@ -290,7 +290,6 @@ mod tests {
     use proto::pb::envoy::config::route::v3::{RouteConfiguration, route};
 
     use super::*;
-    use crate::model::{ConfigStore, RegistryOptions, Update, parse_file};
 
     const CONFIG: &str = r#"
 apiVersion: v1
@@ -341,15 +340,7 @@ spec:
 "#;
 
     fn context() -> IstioContext {
-        let store = ConfigStore::new();
-        let parsed = parse_file("test.yaml", CONFIG).unwrap();
-        store.apply(
-            parsed
-                .objects
-                .into_iter()
-                .map(|o| Update::Upsert(std::sync::Arc::new(o))),
-        );
-        IstioContext::new("t/1".into(), &store.snapshot(), &RegistryOptions::default())
+        crate::xds::context::context_of_yaml(CONFIG)
     }
 
     fn proxy(proxy_type: common::ProxyType, labels: &[(&str, &str)]) -> Proxy {
@@ -448,17 +439,7 @@ spec:
   - port: {number: 9090, name: other, protocol: HTTP}
     hosts: ["*"]
 "#;
-        let store = ConfigStore::new();
-        for text in [CONFIG, extra] {
-            let parsed = parse_file("test.yaml", text).unwrap();
-            store.apply(
-                parsed
-                    .objects
-                    .into_iter()
-                    .map(|o| Update::Upsert(std::sync::Arc::new(o))),
-            );
-        }
-        let ctx = IstioContext::new("t/1".into(), &store.snapshot(), &RegistryOptions::default());
+        let ctx = crate::xds::context::context_of_yaml(&format!("{CONFIG}---\n{extra}"));
         let router = proxy(common::ProxyType::Router, &[("istio", "ingressgateway")]);
         // Port 80 merges into 8080 with the server already there; 9090 is
         // no Service port and is bound as written.
@@ -589,15 +570,7 @@ spec:
 
     #[test]
     fn match_gateways_pick_the_routes_of_a_gateway_as_in_istios_egress_task() {
-        let store = ConfigStore::new();
-        let parsed = parse_file("test.yaml", EGRESS_TASK).unwrap();
-        store.apply(
-            parsed
-                .objects
-                .into_iter()
-                .map(|o| Update::Upsert(std::sync::Arc::new(o))),
-        );
-        let ctx = IstioContext::new("t/1".into(), &store.snapshot(), &RegistryOptions::default());
+        let ctx = crate::xds::context::context_of_yaml(EGRESS_TASK);
         let router = proxy(common::ProxyType::Router, &[("istio", "egressgateway")]);
         let names = BTreeSet::from(["http.80".to_string()]);
         let r = crate::xds::rds::build(&ctx, &router, &names).remove(0);

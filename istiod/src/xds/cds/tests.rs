@@ -3,7 +3,6 @@
 use prost::Message;
 
 use super::*;
-use crate::model::{ConfigStore, RegistryOptions, Update, parse_file};
 
 const HTTPBIN: &str = "outbound|8000||httpbin.demo.svc.cluster.local";
 
@@ -18,15 +17,7 @@ spec:
 "#;
 
 fn cluster(extra: &str, name: &str) -> Cluster {
-    let store = ConfigStore::new();
-    let parsed = parse_file("test.yaml", &format!("{MESH}\n---\n{extra}")).unwrap();
-    store.apply(
-        parsed
-            .objects
-            .into_iter()
-            .map(|o| Update::Upsert(std::sync::Arc::new(o))),
-    );
-    let ctx = IstioContext::new("t/1".into(), &store.snapshot(), &RegistryOptions::default());
+    let ctx = crate::xds::context::context_of_yaml(&format!("{MESH}\n---\n{extra}"));
     let proxy = Proxy {
         proxy_type: common::ProxyType::Sidecar,
         ip: "198.18.0.2".into(),

@@ -14,7 +14,6 @@ use proto::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
 use proto::pb::envoy::r#type::v3::fractional_percent::DenominatorType;
 
 use super::*;
-use crate::model::{ConfigStore, RegistryOptions, Update, parse_file};
 
 const HTTPBIN: &str = "httpbin.demo.svc.cluster.local";
 
@@ -58,15 +57,7 @@ fn routes_for(http: &str, proxy: &Proxy) -> Vec<Route> {
     let vs = format!(
         "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: vs, namespace: demo}}\nspec:\n  hosts: [httpbin]\n  http: {http}\n"
     );
-    let store = ConfigStore::new();
-    let parsed = parse_file("test.yaml", &format!("{MESH}\n---\n{vs}")).unwrap();
-    store.apply(
-        parsed
-            .objects
-            .into_iter()
-            .map(|o| Update::Upsert(std::sync::Arc::new(o))),
-    );
-    let ctx = IstioContext::new("t/1".into(), &store.snapshot(), &RegistryOptions::default());
+    let ctx = crate::xds::context::context_of_yaml(&format!("{MESH}\n---\n{vs}"));
     let names = BTreeSet::from(["8000".to_string()]);
     let r = build(&ctx, proxy, &names).remove(0);
     let rc = RouteConfiguration::decode(r.resource.value.as_slice()).unwrap();

@@ -5,7 +5,6 @@ use std::collections::BTreeSet;
 use prost::Message;
 
 use super::*;
-use crate::model::{ConfigStore, RegistryOptions, Update, parse_file};
 
 fn pem_pair(cn: &str) -> (String, String) {
     let key = rcgen::KeyPair::generate().unwrap();
@@ -46,15 +45,7 @@ fn context() -> (IstioContext, String, String) {
         secret("other", "theirs", &[("tls.crt", &cert), ("tls.key", &key)]),
     ]
     .join("---\n");
-    let store = ConfigStore::new();
-    let parsed = parse_file("secrets.yaml", &yaml).unwrap();
-    store.apply(
-        parsed
-            .objects
-            .into_iter()
-            .map(|o| Update::Upsert(std::sync::Arc::new(o))),
-    );
-    let ctx = IstioContext::new("t/1".into(), &store.snapshot(), &RegistryOptions::default());
+    let ctx = crate::xds::context::context_of_yaml(&yaml);
     (ctx, cert, ca)
 }
 

@@ -4,7 +4,6 @@ use prost::Message;
 use proto::pb::envoy::config::listener::v3::{Filter, Listener, filter};
 use proto::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
 
-use crate::model::{ConfigStore, RegistryOptions, Update, parse_file};
 use crate::xds::Proxy;
 use crate::xds::context::IstioContext;
 
@@ -77,15 +76,7 @@ spec:
 "#;
 
 fn context(extra: &str) -> IstioContext {
-    let store = ConfigStore::new();
-    let parsed = parse_file("test.yaml", &format!("{CONFIG}{extra}")).unwrap();
-    store.apply(
-        parsed
-            .objects
-            .into_iter()
-            .map(|o| Update::Upsert(std::sync::Arc::new(o))),
-    );
-    IstioContext::new("t/1".into(), &store.snapshot(), &RegistryOptions::default())
+    crate::xds::context::context_of_yaml(&format!("{CONFIG}{extra}"))
 }
 
 fn router() -> Proxy {

@@ -12,7 +12,6 @@ use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3:
 };
 
 use super::*;
-use crate::model::{ConfigStore, RegistryOptions, Update, parse_file};
 use crate::xds::Proxy;
 use crate::xds::context::IstioContext;
 
@@ -75,15 +74,7 @@ spec:
 "#;
 
 fn context() -> IstioContext {
-    let store = ConfigStore::new();
-    let parsed = parse_file("test.yaml", CONFIG).unwrap();
-    store.apply(
-        parsed
-            .objects
-            .into_iter()
-            .map(|o| Update::Upsert(std::sync::Arc::new(o))),
-    );
-    IstioContext::new("t/1".into(), &store.snapshot(), &RegistryOptions::default())
+    crate::xds::context::context_of_yaml(CONFIG)
 }
 
 fn router() -> Proxy {
