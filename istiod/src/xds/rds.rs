@@ -12,6 +12,8 @@
 //! `outbound|<port>||<host>`.
 
 mod gateway;
+#[cfg(test)]
+mod gateway_api_tests;
 mod ops;
 #[cfg(test)]
 mod tests;

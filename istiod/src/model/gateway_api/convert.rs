@@ -714,4 +714,4 @@ fn sort_key(h: &crate::model::istio::HttpRoute, order: usize) -> SortKey {
 
 #[cfg(test)]
 #[path = "convert_tests.rs"]
-mod tests;
+pub(crate) mod tests;

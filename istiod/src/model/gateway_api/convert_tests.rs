@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::*;
 use crate::model::{ConfigStore, Update, parse_file};
 
-const BASE: &str = r#"
+pub(crate) const BASE: &str = r#"
 apiVersion: v1
 kind: Namespace
 metadata: {name: demo, labels: {gw-access: "yes"}}
@@ -74,7 +74,7 @@ fn route_status(out: &Output, name: &str) -> Vec<String> {
     out.status[&ObjectKey::new(Kind::HttpRoute, "demo", name)].lines()
 }
 
-const SPLIT: &str = r#"
+pub(crate) const SPLIT: &str = r#"
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: {name: split, namespace: demo}
@@ -375,92 +375,5 @@ spec:
     assert!(
         !out.status
             .contains_key(&ObjectKey::new(Kind::GatewayClass, "", "someone-else"))
-    );
-}
-
-/// What a router labelled for the Gateway receives over RDS.
-#[test]
-fn the_router_gets_segment_prefixes_weights_and_500_for_missing_backends() {
-    use prost::Message;
-    use proto::pb::envoy::config::route::v3::{
-        RouteConfiguration, route, route_action, route_match,
-    };
-    let store = ConfigStore::new();
-    let parsed = parse_file("test.yaml", &format!("{BASE}---\n{SPLIT}")).unwrap();
-    store.apply(
-        parsed
-            .objects
-            .into_iter()
-            .map(|o| Update::Upsert(Arc::new(o))),
-    );
-    let ctx = crate::xds::context::IstioContext::new(
-        "t/1".into(),
-        &store.snapshot(),
-        &crate::model::RegistryOptions::default(),
-    );
-    let router = crate::xds::Proxy {
-        proxy_type: common::ProxyType::Router,
-        ip: "198.18.0.20".into(),
-        ips: vec!["198.18.0.20".into()],
-        namespace: "demo".into(),
-        labels: [(GATEWAY_NAME_LABEL.to_string(), "ingress".to_string())].into(),
-        ..Default::default()
-    };
-    let names = crate::xds::lds::route_names(&ctx, &router);
-    assert_eq!(
-        names.iter().map(String::as_str).collect::<Vec<_>>(),
-        ["http.8080", "http.8081"]
-    );
-    let r = crate::xds::rds::build(&ctx, &router, &names).remove(0);
-    let rc = RouteConfiguration::decode(r.resource.value.as_slice()).unwrap();
-    assert_eq!(rc.virtual_hosts.len(), 1, "{rc:#?}");
-    assert_eq!(rc.virtual_hosts[0].domains, ["*"]);
-    let routes = &rc.virtual_hosts[0].routes;
-    let action = |i: usize| match &routes[i].action {
-        Some(route::Action::Route(a)) => a.clone(),
-        other => panic!("{other:?}"),
-    };
-    assert_eq!(
-        action(0).cluster_specifier,
-        Some(route_action::ClusterSpecifier::Cluster(
-            "outbound|8000||missing.demo.svc.cluster.local".into()
-        ))
-    );
-    assert_eq!(
-        action(0).cluster_not_found_response_code,
-        route_action::ClusterNotFoundResponseCode::InternalServerError as i32
-    );
-    assert_eq!(
-        routes[1].r#match.as_ref().unwrap().path_specifier,
-        Some(route_match::PathSpecifier::PathSeparatedPrefix(
-            "/v2".into()
-        ))
-    );
-    let Some(route_action::ClusterSpecifier::WeightedClusters(w)) = action(2).cluster_specifier
-    else {
-        panic!("{:?}", action(2))
-    };
-    let weights: Vec<(String, u32)> = w
-        .clusters
-        .iter()
-        .map(|c| (c.name.clone(), c.weight.as_ref().unwrap().value))
-        .collect();
-    assert_eq!(
-        weights,
-        [
-            (
-                "outbound|8000||httpbin-v1.demo.svc.cluster.local".into(),
-                90
-            ),
-            (
-                "outbound|8000||httpbin-v2.demo.svc.cluster.local".into(),
-                10
-            ),
-        ]
-    );
-    // A sidecar sees none of it.
-    assert!(
-        ctx.virtual_services_for("demo", "httpbin-v1.demo.svc.cluster.local")
-            .is_empty()
     );
 }
