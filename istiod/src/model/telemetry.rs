@@ -516,7 +516,7 @@ mod tests {
         assert!(access_logging(&sleep, &d, false, c).is_empty());
         let httpbin = Applicable::find(&all, "demo", &labels("httpbin"));
         assert_eq!(names(&access_logging(&httpbin, &d, false, c)), ["b"]);
-        let elsewhere = Applicable::find(&all, "other", &labels("httpbin"));
+        let elsewhere = Applicable::find(&all, "other", &labels("sleep"));
         assert_eq!(names(&access_logging(&elsewhere, &d, false, c)), ["a"]);
         assert!(Applicable::find(&[], "demo", &labels("x")).is_empty());
     }
@@ -603,12 +603,13 @@ mod tests {
                 server: true
             }
         );
-        let other = vec![tel("demo", "m", "metrics: [{providers: [{name: stackdriver}]}]")];
+        let other = vec![tel(
+            "demo",
+            "m",
+            "metrics: [{providers: [{name: stackdriver}]}]",
+        )];
         let a = Applicable::find(&other, "demo", &labels("x"));
         assert!(!metrics_reporting(&a, &d, &[]).server);
-        assert_eq!(
-            metrics_reporting(&a, &d, &["stackdriver".to_string()]),
-            on
-        );
+        assert_eq!(metrics_reporting(&a, &d, &["stackdriver".to_string()]), on);
     }
 }
