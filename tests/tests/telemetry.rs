@@ -1,0 +1,373 @@
+//! Access logs and tracing, configured by the mesh config and the Telemetry
+//! API, as a user of the mesh sees them: the lines Envoy writes to the
+//! Pod's output, and the spans a Zipkin collector receives.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tests::mesh::{HTTPBIN_VIP, LocalMesh, http_request_with};
+use tests::netns::Netns;
+
+const HTTPBIN_CLUSTER: &str = "outbound|8000||httpbin.demo.svc.cluster.local";
+/// The collector Pod (no sidecar) behind Service `zipkin.istio-system`.
+const ZIPKIN_IP: &str = "198.18.0.9";
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    tests::mesh::one_mesh_at_a_time()
+}
+
+/// Starts the sample mesh with `mesh_config` as istiod's mesh config.
+fn start(dir: &std::path::Path, mesh_config: &str) -> LocalMesh {
+    std::fs::create_dir_all(dir.join("istiod")).unwrap();
+    std::fs::write(dir.join("istiod/mesh.yaml"), mesh_config).unwrap();
+    LocalMesh::start(dir, &[])
+}
+
+fn write_config(mesh: &LocalMesh, file: &str, text: &str) {
+    let tmp = mesh.config_dir.join(format!(".{file}.tmp"));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, mesh.config_dir.join(file)).unwrap();
+}
+
+/// What a Pod's agent and Envoy wrote to their output.
+fn output(mesh: &LocalMesh, pod: &str) -> String {
+    mesh.pods.iter().find(|p| p.0 == pod).unwrap().3.log()
+}
+
+/// The lines of `pod`'s output that mention `marker`.
+fn lines_with(mesh: &LocalMesh, pod: &str, marker: &str) -> Vec<String> {
+    output(mesh, pod)
+        .lines()
+        .filter(|l| l.contains(marker))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A request from sleep's app to httpbin (through sleep's sidecar) for
+/// `path`, with `headers`; returns the status.
+fn call(mesh: &LocalMesh, path: &str, headers: &[(&str, &str)]) -> u16 {
+    let addr: SocketAddr = format!("{HTTPBIN_VIP}:8000").parse().unwrap();
+    http_request_with(&mesh.pod("sleep-1").ns, addr, "httpbin:8000", path, headers)
+        .map(|(code, _)| code)
+        .unwrap_or(0)
+}
+
+/// Polls `f` every 200ms until it returns `Some`, for at most `limit`.
+fn poll<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn access_log_file_logs_each_request_in_istios_format_and_telemetry_turns_it_off_per_workload() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let mesh = start(tmp.path(), "accessLogFile: /dev/stdout\n");
+    const N: usize = 5;
+    for i in 0..N {
+        assert_eq!(call(&mesh, &format!("/text-{i}"), &[]), 200);
+    }
+    // One line per request on the client, in Istio's default TEXT format.
+    let lines = poll("sleep's access log lines", Duration::from_secs(20), || {
+        let l = lines_with(&mesh, "sleep-1", "/text-");
+        (l.len() >= N).then_some(l)
+    });
+    assert_eq!(lines.len(), N, "{lines:#?}");
+    for (i, line) in lines.iter().enumerate() {
+        assert!(line.starts_with('['), "{line}");
+        assert!(
+            line.contains(&format!("\"GET /text-{i} HTTP/1.1\" 200 ")),
+            "{line}"
+        );
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        assert!(fields.contains(&HTTPBIN_CLUSTER), "{line}");
+        assert!(fields.contains(&"\"httpbin:8000\""), "authority: {line}");
+    }
+    // The server side logs the requests it received too.
+    let inbound = poll("httpbin's access log lines", Duration::from_secs(20), || {
+        let l: Vec<String> = ["httpbin-v1", "httpbin-v2"]
+            .iter()
+            .flat_map(|p| lines_with(&mesh, p, "/text-"))
+            .collect();
+        (l.len() >= N).then_some(l)
+    });
+    assert_eq!(inbound.len(), N, "{inbound:#?}");
+    assert!(inbound.iter().all(|l| l.contains("inbound|8080||")), "{inbound:#?}");
+
+    // A Telemetry for sleep only turns its access log off.
+    write_config(
+        &mesh,
+        "telemetry.yaml",
+        "apiVersion: telemetry.istio.io/v1\nkind: Telemetry\nmetadata: {name: quiet-sleep, namespace: demo}\nspec:\n  selector: {matchLabels: {app: sleep}}\n  accessLogging: [{disabled: true}]\n",
+    );
+    let server_logged = |marker: &str| {
+        ["httpbin-v1", "httpbin-v2"]
+            .iter()
+            .any(|p| !lines_with(&mesh, p, marker).is_empty())
+    };
+    let mut k = 0;
+    poll("sleep's access log to stop", Duration::from_secs(30), || {
+        k += 1;
+        let marker = format!("/sync-{k}");
+        assert_eq!(call(&mesh, &marker, &[]), 200);
+        poll("httpbin to log", Duration::from_secs(10), || {
+            server_logged(&marker).then_some(())
+        });
+        lines_with(&mesh, "sleep-1", &marker).is_empty().then_some(())
+    });
+    for i in 0..3 {
+        assert_eq!(call(&mesh, &format!("/quiet-{i}"), &[]), 200);
+    }
+    for i in 0..3 {
+        let marker = format!("/quiet-{i} ");
+        poll("httpbin to log", Duration::from_secs(10), || {
+            server_logged(&marker).then_some(())
+        });
+    }
+    assert!(lines_with(&mesh, "sleep-1", "/quiet-").is_empty());
+}
+
+/// The spans a Zipkin-compatible collector received: one JSON object per
+/// span, from every `POST /api/v2/spans`.
+type Spans = Arc<Mutex<Vec<serde_json::Value>>>;
+
+/// A Zipkin collector: accepts `POST /api/v2/spans` (a JSON array of
+/// spans, HTTP/1.1, fixed length or chunked), answers 202.
+fn zipkin_collector(ns: &Netns, addr: SocketAddr) -> Spans {
+    let listener = ns.run(move || std::net::TcpListener::bind(addr).unwrap());
+    let spans: Spans = Arc::default();
+    let record = spans.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().take(10_000) {
+            let Ok(mut c) = conn else { continue };
+            let record = record.clone();
+            std::thread::spawn(move || {
+                let _ = c.set_read_timeout(Some(Duration::from_secs(60)));
+                let mut buf = Vec::new();
+                for _ in 0..100_000 {
+                    let Some((head, body)) = read_request(&mut c, &mut buf) else {
+                        return;
+                    };
+                    if head.starts_with("POST /api/v2/spans")
+                        && let Ok(serde_json::Value::Array(list)) =
+                            serde_json::from_slice::<serde_json::Value>(&body)
+                    {
+                        record.lock().unwrap().extend(list);
+                    }
+                    let ok = "HTTP/1.1 202 Accepted\r\nContent-Length: 0\r\n\r\n";
+                    if c.write_all(ok.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    spans
+}
+
+/// Reads one request (head and body) from `c`; `None` at the end.
+fn read_request(c: &mut std::net::TcpStream, buf: &mut Vec<u8>) -> Option<(String, Vec<u8>)> {
+    let mut chunk = [0u8; 8192];
+    let mut fill = |buf: &mut Vec<u8>| match c.read(&mut chunk) {
+        Ok(0) | Err(_) => false,
+        Ok(n) => {
+            buf.extend_from_slice(&chunk[..n]);
+            true
+        }
+    };
+    let end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        if !fill(buf) {
+            return None;
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+    buf.drain(..end);
+    let header = |name: &str| {
+        head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            (k.trim() == name).then(|| v.trim().to_string())
+        })
+    };
+    let body = if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+        let mut body = Vec::new();
+        loop {
+            let line_end = loop {
+                if let Some(i) = buf.windows(2).position(|w| w == b"\r\n") {
+                    break i;
+                }
+                if !fill(buf) {
+                    return None;
+                }
+            };
+            let size_line = String::from_utf8_lossy(&buf[..line_end]).to_string();
+            let size = usize::from_str_radix(size_line.split(';').next()?.trim(), 16).ok()?;
+            while buf.len() < line_end + 2 + size + 2 {
+                if !fill(buf) {
+                    return None;
+                }
+            }
+            body.extend_from_slice(&buf[line_end + 2..line_end + 2 + size]);
+            buf.drain(..line_end + 2 + size + 2);
+            if size == 0 {
+                break body;
+            }
+        }
+    } else {
+        let len: usize = header("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
+        while buf.len() < len {
+            if !fill(buf) {
+                return None;
+            }
+        }
+        buf.drain(..len).collect()
+    };
+    Some((head, body))
+}
+
+/// The trace IDs of spans whose tags mention `marker` (the request's path).
+fn traces_with(spans: &Spans, marker: &str) -> BTreeSet<String> {
+    spans
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s["tags"].to_string().contains(marker))
+        .filter_map(|s| s["traceId"].as_str().map(str::to_string))
+        .collect()
+}
+
+const ZIPKIN_SERVICE: &str = "apiVersion: v1
+kind: Service
+metadata: {name: zipkin, namespace: istio-system}
+spec:
+  clusterIP: 198.19.0.50
+  ports:
+  - {name: http-zipkin, port: 9411, targetPort: 9411}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: zipkin-1
+  namespace: istio-system
+  labels: {kubernetes.io/service-name: zipkin}
+addressType: IPv4
+ports:
+- {name: http-zipkin, port: 9411, protocol: TCP}
+endpoints:
+- addresses: [198.18.0.9]
+  conditions: {ready: true}
+";
+
+fn mesh_tracing(percentage: u32) -> String {
+    format!(
+        "apiVersion: telemetry.istio.io/v1\nkind: Telemetry\nmetadata: {{name: mesh-default, namespace: istio-system}}\nspec:\n  tracing:\n  - providers: [{{name: zipkin}}]\n    randomSamplingPercentage: {percentage}\n    customTags: {{suite: {{literal: {{value: telemetry-e2e}}}}}}\n"
+    )
+}
+
+#[test]
+fn json_access_logs_and_zipkin_spans_follow_the_sampling_percentage() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let mesh = start(
+        tmp.path(),
+        "accessLogFile: /dev/stdout\naccessLogEncoding: JSON\nextensionProviders:\n- name: zipkin\n  zipkin: {service: zipkin.istio-system.svc.cluster.local, port: 9411}\n",
+    );
+    let collector_pod = mesh.plain_pod(ZIPKIN_IP);
+    let spans = zipkin_collector(
+        &collector_pod.ns,
+        format!("{ZIPKIN_IP}:9411").parse().unwrap(),
+    );
+    write_config(&mesh, "zipkin.yaml", ZIPKIN_SERVICE);
+
+    // JSON access logs: one valid JSON object per request, Istio's keys.
+    const N: usize = 4;
+    for i in 0..N {
+        assert_eq!(call(&mesh, &format!("/json-{i}"), &[]), 200);
+    }
+    let lines = poll("sleep's JSON access log lines", Duration::from_secs(20), || {
+        let l = lines_with(&mesh, "sleep-1", "/json-");
+        (l.len() >= N).then_some(l)
+    });
+    assert_eq!(lines.len(), N, "{lines:#?}");
+    for (i, line) in lines.iter().enumerate() {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+        assert_eq!(v["method"], "GET", "{v}");
+        assert_eq!(v["path"], format!("/json-{i}"), "{v}");
+        assert!(
+            v["response_code"] == 200 || v["response_code"] == "200",
+            "{v}"
+        );
+        assert_eq!(v["upstream_cluster"], HTTPBIN_CLUSTER, "{v}");
+        assert_eq!(v["authority"], "httpbin:8000", "{v}");
+        for key in ["start_time", "duration", "request_id", "upstream_host"] {
+            assert!(v.get(key).is_some(), "{key} missing: {v}");
+        }
+    }
+
+    // Tracing at 100%: every request's trace reaches the collector.
+    write_config(&mesh, "telemetry.yaml", &mesh_tracing(100));
+    let mut k = 0;
+    poll("the first span", Duration::from_secs(40), || {
+        k += 1;
+        assert_eq!(call(&mesh, &format!("/warmup-{k}"), &[]), 200);
+        std::thread::sleep(Duration::from_millis(500));
+        (!traces_with(&spans, "/warmup-").is_empty()).then_some(())
+    });
+    for i in 0..N {
+        assert_eq!(call(&mesh, &format!("/traced-{i}"), &[]), 200);
+    }
+    let traced = poll("a trace per request", Duration::from_secs(30), || {
+        let t = traces_with(&spans, "/traced-");
+        (t.len() >= N).then_some(t)
+    });
+    assert_eq!(traced.len(), N, "{traced:?}");
+    {
+        let all = spans.lock().unwrap();
+        let ours = all
+            .iter()
+            .find(|s| s["tags"].to_string().contains("/traced-0"))
+            .unwrap();
+        assert_eq!(ours["tags"]["suite"], "telemetry-e2e", "custom tag: {ours}");
+    }
+
+    // At 0%: no request is traced; a request the client asks to trace
+    // (x-client-trace-id, client sampling 100%) is the marker that spans
+    // still flow.
+    write_config(&mesh, "telemetry.yaml", &mesh_tracing(0));
+    poll("sampling to drop to 0", Duration::from_secs(30), || {
+        let (_, dump) = mesh
+            .pod("sleep-1")
+            .ns
+            .run(|| tests::http_get(SocketAddr::from(([127, 0, 0, 1], 15000)), "/config_dump"))
+            .ok()?;
+        dump.contains("\"random_sampling\": {}").then_some(())
+    });
+    for i in 0..N {
+        assert_eq!(call(&mesh, &format!("/unsampled-{i}"), &[]), 200);
+    }
+    assert_eq!(
+        call(&mesh, "/marker", &[("x-client-trace-id", "marker-1")]),
+        200
+    );
+    poll("the marker's span", Duration::from_secs(30), || {
+        (!traces_with(&spans, "/marker").is_empty()).then_some(())
+    });
+    assert!(
+        traces_with(&spans, "/unsampled-").is_empty(),
+        "requests were traced at 0%"
+    );
+}
