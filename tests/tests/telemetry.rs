@@ -34,6 +34,37 @@ fn write_config(mesh: &LocalMesh, file: &str, text: &str) {
     std::fs::rename(&tmp, mesh.config_dir.join(file)).unwrap();
 }
 
+/// Drops the sample's canary VirtualService (requests then go to the
+/// Service's own cluster, `outbound|8000||httpbin...`) and waits until
+/// sleep's access log shows it.
+fn route_to_the_service(mesh: &LocalMesh) {
+    let istio = mesh.config_dir.join("istio.yaml");
+    let text = std::fs::read_to_string(&istio).unwrap();
+    let kept: Vec<&str> = text
+        .split("\n---")
+        .filter(|doc| !doc.contains("kind: VirtualService"))
+        .collect();
+    write_config(mesh, "istio.yaml", &kept.join("\n---"));
+    let mut k = 0;
+    poll("the service's own cluster", Duration::from_secs(30), || {
+        k += 1;
+        let path = format!("/route-{k}");
+        assert_eq!(call(mesh, &path, &[]), 200);
+        // The path ends at a space (TEXT) or a quote (JSON).
+        let this = |l: &String| l.contains(&format!("{path} ")) || l.contains(&format!("{path}\""));
+        poll("sleep to log", Duration::from_secs(10), || {
+            let l: Vec<String> = lines_with(mesh, "sleep-1", &path)
+                .into_iter()
+                .filter(this)
+                .collect();
+            (!l.is_empty()).then_some(l)
+        })
+        .iter()
+        .any(|l| l.contains(HTTPBIN_CLUSTER))
+        .then_some(())
+    });
+}
+
 /// What a Pod's agent and Envoy wrote to their output.
 fn output(mesh: &LocalMesh, pod: &str) -> String {
     mesh.pods.iter().find(|p| p.0 == pod).unwrap().3.log()
@@ -74,6 +105,7 @@ fn access_log_file_logs_each_request_in_istios_format_and_telemetry_turns_it_off
     let _serial = serial();
     let tmp = tempfile::tempdir().unwrap();
     let mesh = start(tmp.path(), "accessLogFile: /dev/stdout\n");
+    route_to_the_service(&mesh);
     const N: usize = 5;
     for i in 0..N {
         assert_eq!(call(&mesh, &format!("/text-{i}"), &[]), 200);
@@ -291,6 +323,7 @@ fn json_access_logs_and_zipkin_spans_follow_the_sampling_percentage() {
         format!("{ZIPKIN_IP}:9411").parse().unwrap(),
     );
     write_config(&mesh, "zipkin.yaml", ZIPKIN_SERVICE);
+    route_to_the_service(&mesh);
 
     // JSON access logs: one valid JSON object per request, Istio's keys.
     const N: usize = 4;
