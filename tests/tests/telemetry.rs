@@ -127,15 +127,22 @@ fn access_log_file_logs_each_request_in_istios_format_and_telemetry_turns_it_off
         assert!(fields.contains(&"\"httpbin:8000\""), "authority: {line}");
     }
     // The server side logs the requests it received too.
-    let inbound = poll("httpbin's access log lines", Duration::from_secs(20), || {
-        let l: Vec<String> = ["httpbin-v1", "httpbin-v2"]
-            .iter()
-            .flat_map(|p| lines_with(&mesh, p, "/text-"))
-            .collect();
-        (l.len() >= N).then_some(l)
-    });
+    let inbound = poll(
+        "httpbin's access log lines",
+        Duration::from_secs(20),
+        || {
+            let l: Vec<String> = ["httpbin-v1", "httpbin-v2"]
+                .iter()
+                .flat_map(|p| lines_with(&mesh, p, "/text-"))
+                .collect();
+            (l.len() >= N).then_some(l)
+        },
+    );
     assert_eq!(inbound.len(), N, "{inbound:#?}");
-    assert!(inbound.iter().all(|l| l.contains("inbound|8080||")), "{inbound:#?}");
+    assert!(
+        inbound.iter().all(|l| l.contains("inbound|8080||")),
+        "{inbound:#?}"
+    );
 
     // A Telemetry for sleep only turns its access log off.
     write_config(
@@ -149,15 +156,21 @@ fn access_log_file_logs_each_request_in_istios_format_and_telemetry_turns_it_off
             .any(|p| !lines_with(&mesh, p, marker).is_empty())
     };
     let mut k = 0;
-    poll("sleep's access log to stop", Duration::from_secs(30), || {
-        k += 1;
-        let marker = format!("/sync-{k}");
-        assert_eq!(call(&mesh, &marker, &[]), 200);
-        poll("httpbin to log", Duration::from_secs(10), || {
-            server_logged(&marker).then_some(())
-        });
-        lines_with(&mesh, "sleep-1", &marker).is_empty().then_some(())
-    });
+    poll(
+        "sleep's access log to stop",
+        Duration::from_secs(30),
+        || {
+            k += 1;
+            let marker = format!("/sync-{k}");
+            assert_eq!(call(&mesh, &marker, &[]), 200);
+            poll("httpbin to log", Duration::from_secs(10), || {
+                server_logged(&marker).then_some(())
+            });
+            lines_with(&mesh, "sleep-1", &marker)
+                .is_empty()
+                .then_some(())
+        },
+    );
     for i in 0..3 {
         assert_eq!(call(&mesh, &format!("/quiet-{i}"), &[]), 200);
     }
@@ -191,7 +204,7 @@ fn zipkin_collector(ns: &Netns, addr: SocketAddr) -> Spans {
                     let Some((head, body)) = read_request(&mut c, &mut buf) else {
                         return;
                     };
-                    if head.starts_with("POST /api/v2/spans")
+                    if head.starts_with("post /api/v2/spans")
                         && let Ok(serde_json::Value::Array(list)) =
                             serde_json::from_slice::<serde_json::Value>(&body)
                     {
@@ -208,7 +221,8 @@ fn zipkin_collector(ns: &Netns, addr: SocketAddr) -> Spans {
     spans
 }
 
-/// Reads one request (head and body) from `c`; `None` at the end.
+/// Reads one request (head, lower-cased, and body) from `c`; `None` at
+/// the end.
 fn read_request(c: &mut std::net::TcpStream, buf: &mut Vec<u8>) -> Option<(String, Vec<u8>)> {
     let mut chunk = [0u8; 8192];
     let mut fill = |buf: &mut Vec<u8>| match c.read(&mut chunk) {
@@ -259,7 +273,9 @@ fn read_request(c: &mut std::net::TcpStream, buf: &mut Vec<u8>) -> Option<(Strin
             }
         }
     } else {
-        let len: usize = header("content-length").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let len: usize = header("content-length")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
         while buf.len() < len {
             if !fill(buf) {
                 return None;
@@ -330,14 +346,18 @@ fn json_access_logs_and_zipkin_spans_follow_the_sampling_percentage() {
     for i in 0..N {
         assert_eq!(call(&mesh, &format!("/json-{i}"), &[]), 200);
     }
-    let lines = poll("sleep's JSON access log lines", Duration::from_secs(20), || {
-        let l = lines_with(&mesh, "sleep-1", "/json-");
-        (l.len() >= N).then_some(l)
-    });
+    let lines = poll(
+        "sleep's JSON access log lines",
+        Duration::from_secs(20),
+        || {
+            let l = lines_with(&mesh, "sleep-1", "/json-");
+            (l.len() >= N).then_some(l)
+        },
+    );
     assert_eq!(lines.len(), N, "{lines:#?}");
     for (i, line) in lines.iter().enumerate() {
-        let v: serde_json::Value = serde_json::from_str(line)
-            .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
         assert_eq!(v["method"], "GET", "{v}");
         assert_eq!(v["path"], format!("/json-{i}"), "{v}");
         assert!(
