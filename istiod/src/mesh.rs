@@ -359,4 +359,52 @@ mod tests {
             "{errors:?}"
         );
     }
+
+    #[test]
+    fn telemetry_fields_are_applied_or_refused() {
+        let m = Mesh::parse(
+            "accessLogFile: /dev/stdout\naccessLogEncoding: JSON\naccessLogFormat: '{\"m\": \"%REQ(:METHOD)%\"}'\nenableTracing: true\ndefaultConfig: {tracing: {sampling: 10}}\ndefaultProviders: {accessLogging: [envoy], metrics: [prometheus], tracing: [z]}\nextensionProviders:\n- {name: z, zipkin: {service: zipkin.istio-system.svc.cluster.local, port: 9411}}\n",
+        )
+        .unwrap();
+        let t = &m.config.telemetry;
+        assert_eq!(t.access_log_file, "/dev/stdout");
+        assert_eq!(t.access_log_encoding, AccessLogEncoding::Json);
+        assert_eq!(t.enable_tracing, Some(true));
+        assert_eq!(t.default_sampling, Some(10.0));
+        assert_eq!(t.default_providers.tracing, ["z"]);
+        let errors = Mesh::parse("accessLogEncoding: XML\n").unwrap_err();
+        assert!(
+            errors[0].contains("accessLogEncoding \"XML\""),
+            "{errors:?}"
+        );
+        let errors = Mesh::parse("defaultProviders: {logging: [x]}\n").unwrap_err();
+        assert!(errors[0].contains("unknown field `logging`"), "{errors:?}");
+        let errors = Mesh::parse(
+            "accessLogEncoding: JSON\naccessLogFormat: '[%START_TIME%]'\ndefaultProviders: {tracing: [missing]}\nenableEnvoyAccessLogService: true\n",
+        )
+        .unwrap_err();
+        let all = errors.join("\n");
+        assert!(
+            all.contains("accessLogFormat is not a JSON object"),
+            "{all}"
+        );
+        assert!(
+            all.contains("defaultProviders.tracing: \"missing\""),
+            "{all}"
+        );
+        assert!(all.contains("enableEnvoyAccessLogService"), "{all}");
+        let errors = Mesh::parse(
+            "extensionProviders:\n- {name: z, zipkin: {service: s, port: 1, headers: {a: b}}}\n- {name: o, opentelemetry: {service: s, port: 1, resourceDetectors: {}}}\n- {name: f, envoyFileAccessLog: {path: ''}}\n- {name: p, prometheus: {x: 1}}\n",
+        )
+        .unwrap_err();
+        let all = errors.join("\n");
+        for needle in [
+            "zipkin: unknown field `headers`",
+            "opentelemetry: unknown field `resourceDetectors`",
+            "envoyFileAccessLog.path is required",
+            "prometheus: unknown field `x`",
+        ] {
+            assert!(all.contains(needle), "{needle}: {all}");
+        }
+    }
 }
