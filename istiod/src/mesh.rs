@@ -30,8 +30,9 @@ pub struct MeshConfig {
     /// `extensionProviders`: what CUSTOM AuthorizationPolicies and
     /// Telemetry resources name.
     pub extension_providers: Vec<ExtensionProvider>,
-    /// Access logging and tracing settings.
-    pub telemetry: MeshTelemetry,
+    /// Access logging and tracing settings (boxed: the mesh config is
+    /// passed by value).
+    pub telemetry: Box<MeshTelemetry>,
 }
 
 /// The mesh config's access logging and tracing fields.
@@ -297,7 +298,7 @@ impl Mesh {
             config: MeshConfig {
                 outbound_traffic_policy,
                 extension_providers,
-                telemetry,
+                telemetry: Box::new(telemetry),
             },
             discovery_selectors,
             injection: MeshInjection {
