@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tests::gateway_pod::GatewaySpec;
 use tests::mesh::{HTTPBIN_VIP, LocalMesh, http_request_with};
 use tests::netns::Netns;
 
@@ -63,6 +64,21 @@ fn route_to_the_service(mesh: &LocalMesh) {
         .any(|l| l.contains(HTTPBIN_CLUSTER))
         .then_some(())
     });
+}
+
+/// The listeners istiod gave `pod`'s Envoy, from its config dump, as JSON.
+fn dynamic_listeners(mesh: &LocalMesh, pod: &str) -> Option<String> {
+    let (_, dump) = mesh
+        .pod(pod)
+        .ns
+        .run(|| tests::http_get(SocketAddr::from(([127, 0, 0, 1], 15000)), "/config_dump"))
+        .ok()?;
+    let dump: serde_json::Value = serde_json::from_str(&dump).ok()?;
+    let listeners = dump["configs"]
+        .as_array()?
+        .iter()
+        .find(|c| c.get("dynamic_listeners").is_some())?;
+    Some(listeners.to_string())
 }
 
 /// What a Pod's agent and Envoy wrote to their output.
@@ -155,20 +171,14 @@ fn access_log_file_logs_each_request_in_istios_format_and_telemetry_turns_it_off
             .iter()
             .any(|p| !lines_with(&mesh, p, marker).is_empty())
     };
-    let mut k = 0;
+    // Envoy writes its access log in batches: wait until sleep's Envoy
+    // has the config without its logger, then call.
     poll(
-        "sleep's access log to stop",
+        "sleep's access logger to go",
         Duration::from_secs(30),
         || {
-            k += 1;
-            let marker = format!("/sync-{k}");
-            assert_eq!(call(&mesh, &marker, &[]), 200);
-            poll("httpbin to log", Duration::from_secs(10), || {
-                server_logged(&marker).then_some(())
-            });
-            lines_with(&mesh, "sleep-1", &marker)
-                .is_empty()
-                .then_some(())
+            let listeners = dynamic_listeners(&mesh, "sleep-1")?;
+            (!listeners.contains("envoy.access_loggers.file")).then_some(())
         },
     );
     for i in 0..3 {
@@ -181,7 +191,53 @@ fn access_log_file_logs_each_request_in_istios_format_and_telemetry_turns_it_off
         });
     }
     assert!(lines_with(&mesh, "sleep-1", "/quiet-").is_empty());
+
+    // An ingress gateway logs what it forwards, with the same format.
+    write_config(&mesh, "gateway.yaml", GATEWAY);
+    let mut gw = mesh.start_gateway(&GatewaySpec::ingress(GATEWAY_IP));
+    let client = mesh.plain_pod(CLIENT_IP);
+    let gateway: SocketAddr = format!("{GATEWAY_IP}:8080").parse().unwrap();
+    poll(
+        "httpbin through the gateway",
+        Duration::from_secs(60),
+        || {
+            gw.assert_alive();
+            let r = http_request_with(&client.ns, gateway, "httpbin.example.com", "/ingress", &[]);
+            matches!(r, Ok((200, _))).then_some(())
+        },
+    );
+    let line = poll("the gateway's access log", Duration::from_secs(20), || {
+        gw.agent
+            .log()
+            .lines()
+            .find(|l| l.contains("\"GET /ingress HTTP/1.1\" 200 "))
+            .map(str::to_string)
+    });
+    assert!(line.contains(HTTPBIN_CLUSTER), "{line}");
+    assert!(line.contains("\"httpbin.example.com\""), "{line}");
 }
+
+const GATEWAY_IP: &str = "198.18.0.20";
+const CLIENT_IP: &str = "198.18.0.30";
+const GATEWAY: &str = r#"apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: ingress, namespace: istio-system}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 8080, name: http, protocol: HTTP}
+    hosts: ["*"]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: httpbin-ingress, namespace: demo}
+spec:
+  hosts: [httpbin.example.com]
+  gateways: [istio-system/ingress]
+  http:
+  - route:
+    - destination: {host: httpbin.demo.svc.cluster.local, port: {number: 8000}}
+"#;
 
 /// The spans a Zipkin-compatible collector received: one JSON object per
 /// span, from every `POST /api/v2/spans`.
@@ -402,12 +458,9 @@ fn json_access_logs_and_zipkin_spans_follow_the_sampling_percentage() {
     // still flow.
     write_config(&mesh, "telemetry.yaml", &mesh_tracing(0));
     poll("sampling to drop to 0", Duration::from_secs(30), || {
-        let (_, dump) = mesh
-            .pod("sleep-1")
-            .ns
-            .run(|| tests::http_get(SocketAddr::from(([127, 0, 0, 1], 15000)), "/config_dump"))
-            .ok()?;
-        dump.contains("\"random_sampling\": {}").then_some(())
+        let l = dynamic_listeners(&mesh, "sleep-1")?;
+        (l.contains("\"random_sampling\":{}") && !l.contains("\"random_sampling\":{\"value\""))
+            .then_some(())
     });
     for i in 0..N {
         assert_eq!(call(&mesh, &format!("/unsampled-{i}"), &[]), 200);
