@@ -68,9 +68,12 @@ fn route_to_the_service(mesh: &LocalMesh) {
 
 /// The listeners istiod gave `pod`'s Envoy, from its config dump, as JSON.
 fn dynamic_listeners(mesh: &LocalMesh, pod: &str) -> Option<String> {
-    let (_, dump) = mesh
-        .pod(pod)
-        .ns
+    listeners_in(&mesh.pod(pod).ns)
+}
+
+/// The listeners istiod gave the Envoy of network namespace `ns`.
+fn listeners_in(ns: &Netns) -> Option<String> {
+    let (_, dump) = ns
         .run(|| tests::http_get(SocketAddr::from(([127, 0, 0, 1], 15000)), "/config_dump"))
         .ok()?;
     let dump: serde_json::Value = serde_json::from_str(&dump).ok()?;
@@ -215,6 +218,45 @@ fn access_log_file_logs_each_request_in_istios_format_and_telemetry_turns_it_off
     });
     assert!(line.contains(HTTPBIN_CLUSTER), "{line}");
     assert!(line.contains("\"httpbin.example.com\""), "{line}");
+
+    // A filter expression: the gateway logs only what failed.
+    write_config(
+        &mesh,
+        "gateway-telemetry.yaml",
+        "apiVersion: telemetry.istio.io/v1\nkind: Telemetry\nmetadata: {name: errors-only, namespace: istio-system}\nspec:\n  selector: {matchLabels: {istio: ingressgateway}}\n  accessLogging: [{filter: {expression: 'response.code >= 400'}}]\n",
+    );
+    poll("the gateway's filter", Duration::from_secs(30), || {
+        listeners_in(&gw.net.ns)?
+            .contains("envoy.access_loggers.extension_filters.cel")
+            .then_some(())
+    });
+    let ok = http_request_with(
+        &client.ns,
+        gateway,
+        "httpbin.example.com",
+        "/filtered-ok",
+        &[],
+    );
+    assert!(matches!(ok, Ok((200, _))), "{ok:?}");
+    let missing = http_request_with(
+        &client.ns,
+        gateway,
+        "nowhere.example.com",
+        "/filtered-404",
+        &[],
+    );
+    assert!(matches!(missing, Ok((404, _))), "{missing:?}");
+    poll(
+        "the 404 in the gateway's log",
+        Duration::from_secs(20),
+        || {
+            gw.agent
+                .log()
+                .contains("\"GET /filtered-404 HTTP/1.1\" 404 ")
+                .then_some(())
+        },
+    );
+    assert!(!gw.agent.log().contains("/filtered-ok"), "a 200 was logged");
 }
 
 const GATEWAY_IP: &str = "198.18.0.20";
