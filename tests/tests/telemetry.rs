@@ -402,6 +402,7 @@ spec:
   clusterIP: 198.19.0.50
   ports:
   - {name: http-zipkin, port: 9411, targetPort: 9411}
+  - {name: grpc-otlp, port: 4317, targetPort: 4317}
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
@@ -412,6 +413,7 @@ metadata:
 addressType: IPv4
 ports:
 - {name: http-zipkin, port: 9411, protocol: TCP}
+- {name: grpc-otlp, port: 4317, protocol: TCP}
 endpoints:
 - addresses: [198.18.0.9]
   conditions: {ready: true}
@@ -429,7 +431,7 @@ fn json_access_logs_and_zipkin_spans_follow_the_sampling_percentage() {
     let tmp = tempfile::tempdir().unwrap();
     let mesh = start(
         tmp.path(),
-        "accessLogFile: /dev/stdout\naccessLogEncoding: JSON\nextensionProviders:\n- name: zipkin\n  zipkin: {service: zipkin.istio-system.svc.cluster.local, port: 9411}\n",
+        "accessLogFile: /dev/stdout\naccessLogEncoding: JSON\nextensionProviders:\n- name: zipkin\n  zipkin: {service: zipkin.istio-system.svc.cluster.local, port: 9411}\n- name: otel\n  opentelemetry: {service: zipkin.istio-system.svc.cluster.local, port: 4317, maxTagLength: 100, grpc: {timeout: 2s}}\n",
     );
     let collector_pod = mesh.plain_pod(ZIPKIN_IP);
     let spans = zipkin_collector(
@@ -518,4 +520,37 @@ fn json_access_logs_and_zipkin_spans_follow_the_sampling_percentage() {
         traces_with(&spans, "/unsampled-").is_empty(),
         "requests were traced at 0%"
     );
+
+    // An OpenTelemetry provider for httpbin only: its Envoy takes the
+    // tracer (a rejected listener would stay on the previous config), and
+    // requests still flow.
+    write_config(
+        &mesh,
+        "otel.yaml",
+        "apiVersion: telemetry.istio.io/v1\nkind: Telemetry\nmetadata: {name: otel, namespace: demo}\nspec:\n  selector: {matchLabels: {app: httpbin}}\n  tracing: [{providers: [{name: otel}], randomSamplingPercentage: 100}]\n",
+    );
+    poll(
+        "httpbin's OpenTelemetry tracer",
+        Duration::from_secs(30),
+        || {
+            let l = dynamic_listeners(&mesh, "httpbin-v1")?;
+            let v: serde_json::Value = serde_json::from_str(&l).ok()?;
+            let active: Vec<String> = v["dynamic_listeners"]
+                .as_array()?
+                .iter()
+                .map(|d| d["active_state"].to_string())
+                .collect();
+            let errors = v["dynamic_listeners"]
+                .as_array()?
+                .iter()
+                .filter(|d| d.get("error_state").is_some())
+                .count();
+            assert_eq!(errors, 0, "httpbin rejected a listener: {l}");
+            active
+                .iter()
+                .any(|a| a.contains("envoy.tracers.opentelemetry"))
+                .then_some(())
+        },
+    );
+    assert_eq!(call(&mesh, "/after-otel", &[]), 200);
 }
