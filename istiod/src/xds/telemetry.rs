@@ -300,6 +300,16 @@ mod tests {
     }
 
     #[test]
+    fn a_collector_outside_the_sidecar_scope_is_left_out() {
+        let config = "---\napiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {name: default, namespace: demo}\nspec:\n  egress: [{hosts: [\"./*\"]}]\n---\napiVersion: telemetry.istio.io/v1\nkind: Telemetry\nmetadata: {name: mesh, namespace: istio-system}\nspec:\n  tracing: [{providers: [{name: zipkin}]}]\n";
+        let mesh = "extensionProviders:\n- name: zipkin\n  zipkin: {service: istio-system/zipkin, port: 9411}\n";
+        let t = for_proxy(&ctx(config, mesh), &proxy("sleep"));
+        assert!(t.client.tracing.is_none());
+        let visible = for_proxy(&ctx(&config.replace("./*", "*/*"), mesh), &proxy("sleep"));
+        assert!(visible.client.tracing.is_some());
+    }
+
+    #[test]
     fn metrics_reporting_follows_telemetry_overrides() {
         let off = "---\napiVersion: telemetry.istio.io/v1\nkind: Telemetry\nmetadata: {name: m, namespace: istio-system}\nspec:\n  metrics: [{overrides: [{match: {mode: SERVER}, disabled: true}]}]\n";
         let r = metrics_reporting(&ctx(off, ""), &proxy("sleep"));

@@ -106,8 +106,17 @@ fn provider(
         }
     };
     let host = service_host(service, &ctx.domain);
-    if ctx.registry.by_hostname(&host).next().is_none() {
-        return Err(format!("no service {host} in the registry"));
+    // The collector's cluster must be one the proxy has, or Envoy rejects
+    // the listener: a sidecar's Sidecar scope must see the service.
+    let visible = if proxy.proxy_type == common::ProxyType::Router {
+        ctx.registry.by_hostname(&host).next().is_some()
+    } else {
+        ctx.scope(proxy).service(&host).is_some()
+    };
+    if !visible {
+        return Err(format!(
+            "no service {host} in the registry visible to this proxy"
+        ));
     }
     let cluster = crate::xds::cds::outbound_name(port as u16, "", &host);
     Ok(match &p.kind {
