@@ -15,20 +15,62 @@ use crate::model::kube::LabelSelector;
 mod providers;
 pub use providers::{
     BodyInCheck, ExtAuthzGrpc, ExtAuthzHttp, ExtensionProvider, ExtensionProviderKind,
-    extension_providers,
+    FileAccessLog, LogFormat, OpenTelemetry, OtelGrpc, OtelHttp, Zipkin, extension_providers,
 };
 
 /// The parts of Istio's `MeshConfig` that the xDS generators apply;
 /// `trustDomain` is [`Mesh::trust_domain`]. Read from the `--meshConfig`
 /// file at start-up, or live from the `istio` ConfigMap.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct MeshConfig {
     /// `outboundTrafficPolicy.mode`: where traffic to destinations outside
     /// the registry goes (`ALLOW_ANY`, the default, or `REGISTRY_ONLY`). A
     /// Sidecar's `outboundTrafficPolicy` overrides it for its workloads.
     pub outbound_traffic_policy: OutboundMode,
-    /// `extensionProviders`: what CUSTOM AuthorizationPolicies name.
+    /// `extensionProviders`: what CUSTOM AuthorizationPolicies and
+    /// Telemetry resources name.
     pub extension_providers: Vec<ExtensionProvider>,
+    /// Access logging and tracing settings (boxed: the mesh config is
+    /// passed by value).
+    pub telemetry: Box<MeshTelemetry>,
+}
+
+/// The mesh config's access logging and tracing fields.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MeshTelemetry {
+    /// `accessLogFile`: every proxy logs here when no Telemetry says
+    /// otherwise (empty: off).
+    pub access_log_file: String,
+    /// `accessLogEncoding`.
+    pub access_log_encoding: AccessLogEncoding,
+    /// `accessLogFormat` (Istio's default format when empty).
+    pub access_log_format: String,
+    /// `enableTracing` as written (Istio's default: true).
+    pub enable_tracing: Option<bool>,
+    /// `defaultConfig.tracing.sampling`: the sampling percentage when a
+    /// Telemetry sets none (Istio's default: 1).
+    pub default_sampling: Option<f64>,
+    /// `defaultProviders`.
+    pub default_providers: crate::model::telemetry::TelemetryDefaults,
+}
+
+/// `accessLogEncoding`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AccessLogEncoding {
+    /// Lines of text (the default).
+    #[default]
+    Text,
+    /// JSON objects, one a line.
+    Json,
+}
+
+/// `defaultProviders` as written.
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+struct MeshDefaultProviders {
+    tracing: Vec<String>,
+    metrics: Vec<String>,
+    access_logging: Vec<String>,
 }
 
 /// The ConfigMap Istio keeps the mesh config in (in istiod's namespace).
@@ -37,7 +79,7 @@ pub const MESH_CONFIGMAP: &str = "istio";
 pub const MESH_CONFIGMAP_KEY: &str = "mesh";
 
 /// The mesh config istiod applies.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Mesh {
     /// `trustDomain`, when set.
     pub trust_domain: Option<String>,
@@ -89,6 +131,77 @@ struct MeshConfigFile {
     extension_providers: Vec<serde_json::Value>,
     #[serde(default)]
     root_namespace: Option<String>,
+    #[serde(default)]
+    access_log_file: Option<String>,
+    #[serde(default)]
+    access_log_encoding: Option<String>,
+    #[serde(default)]
+    access_log_format: Option<String>,
+    #[serde(default)]
+    enable_tracing: Option<bool>,
+    #[serde(default)]
+    default_providers: Option<MeshDefaultProviders>,
+    #[serde(default)]
+    enable_envoy_access_log_service: Option<bool>,
+}
+
+/// The telemetry fields of the mesh config, every problem added to `errors`.
+fn telemetry(file: &MeshConfigFile, errors: &mut Vec<String>) -> MeshTelemetry {
+    let access_log_encoding = match file.access_log_encoding.as_deref() {
+        None | Some("TEXT") => AccessLogEncoding::Text,
+        Some("JSON") => AccessLogEncoding::Json,
+        Some(other) => {
+            errors.push(format!(
+                "accessLogEncoding {other:?} is not an encoding (use TEXT or JSON)"
+            ));
+            AccessLogEncoding::Text
+        }
+    };
+    if file.enable_envoy_access_log_service == Some(true) {
+        errors.push(
+            "enableEnvoyAccessLogService is not supported (it needs defaultConfig.envoyAccessLogService; use accessLogFile or an envoyFileAccessLog provider)".into(),
+        );
+    }
+    if access_log_encoding == AccessLogEncoding::Json
+        && let Some(format) = file.access_log_format.as_deref().filter(|f| !f.is_empty())
+        && serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(format).is_err()
+    {
+        errors.push(
+            "accessLogFormat is not a JSON object, as accessLogEncoding JSON needs (give {\"key\": \"%FORMAT%\", ...})".into(),
+        );
+    }
+    let default_sampling = file
+        .default_config
+        .as_ref()
+        .and_then(|c| c.get("tracing"))
+        .and_then(|t| t.get("sampling"));
+    let default_sampling = match default_sampling {
+        None => None,
+        Some(v) => match v.as_f64() {
+            Some(p) if (0.0..=100.0).contains(&p) => Some(p),
+            _ => {
+                errors.push(format!(
+                    "defaultConfig.tracing.sampling {v} is not a percentage (use 0.0 to 100.0)"
+                ));
+                None
+            }
+        },
+    };
+    let providers = file.default_providers.as_ref();
+    MeshTelemetry {
+        access_log_file: file.access_log_file.clone().unwrap_or_default(),
+        access_log_encoding,
+        access_log_format: file.access_log_format.clone().unwrap_or_default(),
+        enable_tracing: file.enable_tracing,
+        default_sampling,
+        default_providers: crate::model::telemetry::TelemetryDefaults {
+            access_logging: providers
+                .map(|p| p.access_logging.clone())
+                .unwrap_or_default(),
+            tracing: providers.map(|p| p.tracing.clone()).unwrap_or_default(),
+            metrics: providers.map(|p| p.metrics.clone()).unwrap_or_default(),
+        },
+    }
 }
 
 /// Istio's `MeshConfig.InboundTrafficPolicy`: only `mode` exists there.
@@ -138,6 +251,7 @@ impl Mesh {
             errors.push(e);
             OutboundMode::AllowAny
         });
+        let telemetry = telemetry(&file, &mut errors);
         let discovery_selectors = file.discovery_selectors.unwrap_or_default();
         for (i, s) in discovery_selectors.iter().enumerate() {
             if let Err(e) = s.validate(&format!("discoverySelectors[{i}]")) {
@@ -145,6 +259,25 @@ impl Mesh {
             }
         }
         let extension_providers = extension_providers(&file.extension_providers, &mut errors);
+        let defaults = &telemetry.default_providers;
+        for (field, names) in [
+            ("accessLogging", &defaults.access_logging),
+            ("tracing", &defaults.tracing),
+            ("metrics", &defaults.metrics),
+        ] {
+            for name in names {
+                let builtin = matches!(
+                    name.as_str(),
+                    crate::model::telemetry::BUILTIN_ENVOY_PROVIDER
+                        | crate::model::telemetry::BUILTIN_PROMETHEUS_PROVIDER
+                );
+                if !builtin && !extension_providers.iter().any(|p| &p.name == name) {
+                    errors.push(format!(
+                        "defaultProviders.{field}: {name:?} is not an extensionProviders[].name"
+                    ));
+                }
+            }
+        }
         // The root namespace decides which policies (Sidecar, PeerAuthentication,
         // AuthorizationPolicy, RequestAuthentication) apply mesh-wide: one that
         // is not applied must not be accepted.
@@ -165,6 +298,7 @@ impl Mesh {
             config: MeshConfig {
                 outbound_traffic_policy,
                 extension_providers,
+                telemetry: Box::new(telemetry),
             },
             discovery_selectors,
             injection: MeshInjection {
@@ -225,5 +359,53 @@ mod tests {
             errors[0].contains("rootNamespace \"mesh-root\" is not supported"),
             "{errors:?}"
         );
+    }
+
+    #[test]
+    fn telemetry_fields_are_applied_or_refused() {
+        let m = Mesh::parse(
+            "accessLogFile: /dev/stdout\naccessLogEncoding: JSON\naccessLogFormat: '{\"m\": \"%REQ(:METHOD)%\"}'\nenableTracing: true\ndefaultConfig: {tracing: {sampling: 10}}\ndefaultProviders: {accessLogging: [envoy], metrics: [prometheus], tracing: [z]}\nextensionProviders:\n- {name: z, zipkin: {service: zipkin.istio-system.svc.cluster.local, port: 9411}}\n",
+        )
+        .unwrap();
+        let t = &m.config.telemetry;
+        assert_eq!(t.access_log_file, "/dev/stdout");
+        assert_eq!(t.access_log_encoding, AccessLogEncoding::Json);
+        assert_eq!(t.enable_tracing, Some(true));
+        assert_eq!(t.default_sampling, Some(10.0));
+        assert_eq!(t.default_providers.tracing, ["z"]);
+        let errors = Mesh::parse("accessLogEncoding: XML\n").unwrap_err();
+        assert!(
+            errors[0].contains("accessLogEncoding \"XML\""),
+            "{errors:?}"
+        );
+        let errors = Mesh::parse("defaultProviders: {logging: [x]}\n").unwrap_err();
+        assert!(errors[0].contains("unknown field `logging`"), "{errors:?}");
+        let errors = Mesh::parse(
+            "accessLogEncoding: JSON\naccessLogFormat: '[%START_TIME%]'\ndefaultProviders: {tracing: [missing]}\nenableEnvoyAccessLogService: true\n",
+        )
+        .unwrap_err();
+        let all = errors.join("\n");
+        assert!(
+            all.contains("accessLogFormat is not a JSON object"),
+            "{all}"
+        );
+        assert!(
+            all.contains("defaultProviders.tracing: \"missing\""),
+            "{all}"
+        );
+        assert!(all.contains("enableEnvoyAccessLogService"), "{all}");
+        let errors = Mesh::parse(
+            "extensionProviders:\n- {name: z, zipkin: {service: s, port: 1, headers: {a: b}}}\n- {name: o, opentelemetry: {service: s, port: 1, resourceDetectors: {}}}\n- {name: f, envoyFileAccessLog: {path: ''}}\n- {name: p, prometheus: {x: 1}}\n",
+        )
+        .unwrap_err();
+        let all = errors.join("\n");
+        for needle in [
+            "zipkin: unknown field `headers`",
+            "opentelemetry: unknown field `resourceDetectors`",
+            "envoyFileAccessLog.path is required",
+            "prometheus: unknown field `x`",
+        ] {
+            assert!(all.contains(needle), "{needle}: {all}");
+        }
     }
 }

@@ -27,6 +27,7 @@ pub mod secret;
 pub mod security;
 pub mod service;
 pub mod store;
+pub mod telemetry;
 pub mod validate;
 
 pub use error::{ConfigError, FieldError};

@@ -27,6 +27,7 @@ pub mod sds;
 pub mod security;
 pub mod server;
 mod sotw;
+pub mod telemetry;
 pub mod util;
 pub mod wire;
 

@@ -108,6 +108,14 @@ impl Proc {
     /// Spawns `cmd` with output to `log`.
     pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> Proc {
         let out = fs::File::create(log).unwrap();
+        // As a container's output is a pipe anyone in it may open, the file
+        // is writable by the proxy user too: Envoy opens `/dev/stdout` for
+        // an access log file of that name.
+        fs::set_permissions(
+            log,
+            <fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o666),
+        )
+        .unwrap();
         let err = out.try_clone().unwrap();
         cmd.stdout(Stdio::from(out))
             .stderr(Stdio::from(err))

@@ -931,3 +931,24 @@ fn secrets_are_read_redacted_and_a_bad_one_is_reported() {
         );
     }
 }
+
+#[test]
+fn a_telemetry_is_read_from_the_api() {
+    let c = Cluster::start(Cluster::api(), Options::default());
+    c.api
+        .create(json!({
+            "apiVersion": "telemetry.istio.io/v1",
+            "kind": "Telemetry",
+            "metadata": {"name": "quiet", "namespace": "demo"},
+            "spec": {"accessLogging": [{"disabled": true}]}
+        }))
+        .unwrap();
+    wait_for("the Telemetry in istiod's store", WAIT, || {
+        c.configz()["objects"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|o| o == "Telemetry/demo/quiet")
+            .then_some(())
+    });
+}

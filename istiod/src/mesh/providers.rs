@@ -1,12 +1,15 @@
 //! Mesh config `extensionProviders` (Istio's `MeshConfig.ExtensionProvider`):
-//! the external authorizers CUSTOM AuthorizationPolicies name.
+//! the external authorizers CUSTOM AuthorizationPolicies name, and the
+//! access loggers, tracers and metrics providers Telemetry names.
 //!
-//! The two ext_authz kinds are decoded field by field and every field is
-//! applied by the authz builder; an unknown field (including Istio's
-//! deprecated `includeHeadersInCheck`) is a mesh config error naming it.
-//! Other provider kinds (tracing, access logging, ...) are kept by name and
-//! kind only: istiod does not use them, and a CUSTOM policy naming one is
-//! denied, as Istio does for a provider it cannot use for authorization.
+//! The ext_authz kinds, `envoyFileAccessLog`, `zipkin`, `opentelemetry` and
+//! `prometheus` are decoded field by field and every field is applied; an
+//! unknown field (including Istio's deprecated `includeHeadersInCheck`, and
+//! the fields of these kinds this istiod does not apply) is a mesh config
+//! error naming it. Other provider kinds are kept by name and kind only: a
+//! CUSTOM policy naming one is denied, as Istio does for a provider it
+//! cannot use for authorization, and a Telemetry naming one is reported
+//! when its configuration is generated.
 
 use std::time::Duration;
 
@@ -30,9 +33,32 @@ pub enum ExtensionProviderKind {
     ExtAuthzHttp(ExtAuthzHttp),
     /// `envoyExtAuthzGrpc`.
     ExtAuthzGrpc(ExtAuthzGrpc),
+    /// `envoyFileAccessLog`.
+    FileAccessLog(FileAccessLog),
+    /// `zipkin`.
+    Zipkin(Zipkin),
+    /// `opentelemetry`.
+    OpenTelemetry(OpenTelemetry),
+    /// `prometheus` (the standard metrics; no fields).
+    Prometheus,
     /// Any other kind (`zipkin`, `envoyFileAccessLog`, ...), by its key:
     /// parsed, not used by authorization.
     Other(String),
+}
+
+impl ExtensionProviderKind {
+    /// The kind's key as written in the mesh config (`zipkin`, ...).
+    pub fn key(&self) -> &str {
+        match self {
+            ExtensionProviderKind::ExtAuthzHttp(_) => "envoyExtAuthzHttp",
+            ExtensionProviderKind::ExtAuthzGrpc(_) => "envoyExtAuthzGrpc",
+            ExtensionProviderKind::FileAccessLog(_) => "envoyFileAccessLog",
+            ExtensionProviderKind::Zipkin(_) => "zipkin",
+            ExtensionProviderKind::OpenTelemetry(_) => "opentelemetry",
+            ExtensionProviderKind::Prometheus => "prometheus",
+            ExtensionProviderKind::Other(key) => key,
+        }
+    }
 }
 
 /// `envoyExtAuthzHttp`.
@@ -91,6 +117,87 @@ pub struct ExtAuthzGrpc {
     pub include_request_body_in_check: Option<BodyInCheck>,
 }
 
+/// `envoyFileAccessLog`: Envoy's file access logger.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct FileAccessLog {
+    /// The file (`/dev/stdout` writes to Envoy's standard output).
+    pub path: String,
+    /// The format; Istio's default TEXT format when unset.
+    pub log_format: Option<LogFormat>,
+}
+
+/// `envoyFileAccessLog.logFormat`: one of `text` and `labels`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct LogFormat {
+    /// An Envoy format string.
+    pub text: Option<String>,
+    /// JSON lines: key to Envoy format string (or any JSON value).
+    pub labels: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Leave out fields whose value is empty.
+    pub omit_empty_values: bool,
+}
+
+/// `zipkin`: a Zipkin collector, `/api/v2/spans` in JSON (v2).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Zipkin {
+    /// The collector's service: `<name>.<ns>.svc.<domain>` or `<ns>/<host>`.
+    pub service: String,
+    /// The service port.
+    #[serde(deserialize_with = "port")]
+    pub port: u32,
+    /// Longest path tag (Envoy's default 256 when unset).
+    pub max_tag_length: Option<u32>,
+    /// 64-bit trace IDs instead of 128-bit ones.
+    pub enable64bit_trace_id: bool,
+    /// The collector's path (default `/api/v2/spans`).
+    pub path: Option<String>,
+}
+
+/// `opentelemetry`: an OTLP collector, over gRPC or HTTP.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct OpenTelemetry {
+    /// The collector's service: `<name>.<ns>.svc.<domain>` or `<ns>/<host>`.
+    pub service: String,
+    /// The service port.
+    #[serde(deserialize_with = "port")]
+    pub port: u32,
+    /// Longest path tag (Envoy's default 256 when unset).
+    pub max_tag_length: Option<u32>,
+    /// Export over gRPC (the default).
+    pub grpc: Option<OtelGrpc>,
+    /// Export over HTTP (OTLP/HTTP protobuf).
+    pub http: Option<OtelHttp>,
+}
+
+/// `opentelemetry.grpc`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct OtelGrpc {
+    /// How long an export may take.
+    #[serde(with = "go_duration")]
+    pub timeout: Option<Duration>,
+}
+
+/// `opentelemetry.http`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct OtelHttp {
+    /// The collector's path (e.g. `/v1/traces`).
+    pub path: String,
+    /// How long an export may take.
+    #[serde(with = "go_duration")]
+    pub timeout: Option<Duration>,
+}
+
+/// `prometheus`: no fields.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Prometheus {}
+
 /// `includeRequestBodyInCheck` (Envoy's `BufferSettings`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
@@ -130,11 +237,24 @@ fn status_ok(field: &str, status: &str, errors: &mut Vec<String>) {
 fn common_ok(field: &str, service: &str, port: u32, errors: &mut Vec<String>) {
     if service.is_empty() {
         errors.push(format!(
-            "{field}.service is required (the authorizer's host, <name>.<ns>.svc.<domain> or <ns>/<host>)"
+            "{field}.service is required (the provider's host, <name>.<ns>.svc.<domain> or <ns>/<host>)"
         ));
     }
     if !(1..=65535).contains(&port) {
         errors.push(format!("{field}.port {port} is not a port (1-65535)"));
+    }
+}
+
+fn file_access_log_ok(field: &str, f: &FileAccessLog, errors: &mut Vec<String>) {
+    if f.path.is_empty() {
+        errors.push(format!("{field}.path is required (e.g. /dev/stdout)"));
+    }
+    if let Some(fmt) = &f.log_format
+        && fmt.text.is_some() == fmt.labels.is_some()
+    {
+        errors.push(format!(
+            "{field}.logFormat must have exactly one of text and labels"
+        ));
     }
 }
 
@@ -186,6 +306,47 @@ pub fn extension_providers(
                 }
                 Err(e) => {
                     errors.push(format!("{field}.envoyExtAuthzGrpc: {e}"));
+                    continue;
+                }
+            },
+            "envoyFileAccessLog" => match FileAccessLog::deserialize(body) {
+                Ok(f) => {
+                    file_access_log_ok(&format!("{field}.envoyFileAccessLog"), &f, errors);
+                    ExtensionProviderKind::FileAccessLog(f)
+                }
+                Err(e) => {
+                    errors.push(format!("{field}.envoyFileAccessLog: {e}"));
+                    continue;
+                }
+            },
+            "zipkin" => match Zipkin::deserialize(body) {
+                Ok(z) => {
+                    common_ok(&format!("{field}.zipkin"), &z.service, z.port, errors);
+                    ExtensionProviderKind::Zipkin(z)
+                }
+                Err(e) => {
+                    errors.push(format!("{field}.zipkin: {e}"));
+                    continue;
+                }
+            },
+            "opentelemetry" => match OpenTelemetry::deserialize(body) {
+                Ok(o) => {
+                    let f = format!("{field}.opentelemetry");
+                    common_ok(&f, &o.service, o.port, errors);
+                    if o.grpc.is_some() && o.http.is_some() {
+                        errors.push(format!("{f}: set one of grpc and http, not both"));
+                    }
+                    ExtensionProviderKind::OpenTelemetry(o)
+                }
+                Err(e) => {
+                    errors.push(format!("{field}.opentelemetry: {e}"));
+                    continue;
+                }
+            },
+            "prometheus" => match Prometheus::deserialize(body) {
+                Ok(_) => ExtensionProviderKind::Prometheus,
+                Err(e) => {
+                    errors.push(format!("{field}.prometheus: {e}"));
                     continue;
                 }
             },
@@ -241,7 +402,7 @@ extensionProviders:
             100
         );
         assert!(matches!(&p[1].kind, ExtensionProviderKind::ExtAuthzGrpc(g) if g.port == 9000));
-        assert_eq!(p[2].kind, ExtensionProviderKind::Other("zipkin".into()));
+        assert!(matches!(&p[2].kind, ExtensionProviderKind::Zipkin(z) if z.port == 9411));
     }
 
     #[test]

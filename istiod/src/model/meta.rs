@@ -15,11 +15,14 @@ use super::istio::{
 use super::kube::{EndpointSlice, Namespace, Node, Pod, Service};
 use super::secret::Secret;
 use super::security::{AuthorizationPolicy, RequestAuthentication};
+use super::telemetry::Telemetry;
 
 /// Istio's networking API group.
 pub const NETWORKING_GROUP: &str = "networking.istio.io";
 /// Istio's security API group.
 pub const SECURITY_GROUP: &str = "security.istio.io";
+/// Istio's telemetry API group.
+pub const TELEMETRY_GROUP: &str = "telemetry.istio.io";
 /// The Kubernetes Gateway API group.
 pub const GATEWAY_API_GROUP: &str = super::gateway_api::GROUP;
 /// The Kubernetes discovery API group (EndpointSlice).
@@ -67,11 +70,13 @@ pub enum Kind {
     HttpRoute,
     /// Kubernetes `v1` Secret: gateway credentials (`credentialName`).
     Secret,
+    /// `telemetry.istio.io` Telemetry: access logging, tracing, metrics.
+    Telemetry,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 18] = [
+    pub const ALL: [Kind; 19] = [
         Kind::ServiceEntry,
         Kind::WorkloadEntry,
         Kind::VirtualService,
@@ -90,6 +95,7 @@ impl Kind {
         Kind::KubernetesGateway,
         Kind::HttpRoute,
         Kind::Secret,
+        Kind::Telemetry,
     ];
 
     /// The kind's name as written in `kind:`.
@@ -113,6 +119,7 @@ impl Kind {
             Kind::KubernetesGateway => "Gateway",
             Kind::HttpRoute => "HTTPRoute",
             Kind::Secret => "Secret",
+            Kind::Telemetry => "Telemetry",
         }
     }
 
@@ -128,6 +135,7 @@ impl Kind {
             Kind::PeerAuthentication | Kind::AuthorizationPolicy | Kind::RequestAuthentication => {
                 SECURITY_GROUP
             }
+            Kind::Telemetry => TELEMETRY_GROUP,
             Kind::EndpointSlice => DISCOVERY_GROUP,
             Kind::GatewayClass | Kind::KubernetesGateway | Kind::HttpRoute => GATEWAY_API_GROUP,
             Kind::Service | Kind::Pod | Kind::Namespace | Kind::Node | Kind::Secret => "",
@@ -139,6 +147,7 @@ impl Kind {
         match self.group() {
             NETWORKING_GROUP => &["v1", "v1beta1", "v1alpha3"],
             SECURITY_GROUP | GATEWAY_API_GROUP => &["v1", "v1beta1"],
+            TELEMETRY_GROUP => &["v1", "v1alpha1"],
             _ => &["v1"],
         }
     }
@@ -175,7 +184,10 @@ impl Kind {
 
     /// Whether this is one of Istio's CRDs (whose `spec` is validated strictly).
     pub fn is_istio(self) -> bool {
-        matches!(self.group(), NETWORKING_GROUP | SECURITY_GROUP)
+        matches!(
+            self.group(),
+            NETWORKING_GROUP | SECURITY_GROUP | TELEMETRY_GROUP
+        )
     }
 
     /// Looks a document's `apiVersion` and `kind` up.
@@ -325,6 +337,8 @@ pub enum Spec {
     HttpRoute(HttpRoute),
     /// A Secret (its data redacted whenever shown).
     Secret(Secret),
+    /// A Telemetry's `spec`.
+    Telemetry(Telemetry),
 }
 
 impl Spec {
@@ -349,6 +363,7 @@ impl Spec {
             Spec::KubernetesGateway(_) => Kind::KubernetesGateway,
             Spec::HttpRoute(_) => Kind::HttpRoute,
             Spec::Secret(_) => Kind::Secret,
+            Spec::Telemetry(_) => Kind::Telemetry,
         }
     }
 }
@@ -450,6 +465,7 @@ kind_spec!(
     KubernetesGateway,
     HttpRoute,
     Secret,
+    Telemetry,
 );
 
 #[cfg(test)]

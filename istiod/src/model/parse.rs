@@ -240,6 +240,7 @@ fn decode_body(kind: Kind, map: Map<String, Value>) -> Result<Spec, FieldError> 
         Kind::KubernetesGateway => Spec::KubernetesGateway(istio(body)?),
         Kind::HttpRoute => Spec::HttpRoute(istio(body)?),
         Kind::Secret => Spec::Secret(typed(body)?),
+        Kind::Telemetry => Spec::Telemetry(istio(body)?),
     })
 }
 

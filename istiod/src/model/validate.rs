@@ -23,6 +23,7 @@ mod gateway;
 mod gateway_api;
 mod gateway_tcp;
 mod gateway_tls;
+mod telemetry;
 #[cfg(test)]
 mod test_support;
 mod virtual_service;
@@ -62,6 +63,7 @@ pub fn validate(object: &Object) -> Vec<FieldError> {
         Spec::GatewayClass(gc) => gateway_api::gateway_class(gc, &mut e),
         Spec::KubernetesGateway(gw) => gateway_api::gateway(gw, &mut e),
         Spec::HttpRoute(r) => gateway_api::http_route(r, &object.metadata.namespace, &mut e),
+        Spec::Telemetry(t) => telemetry::telemetry(t, &mut e),
     }
     e.0
 }

@@ -17,7 +17,7 @@
 //! | Secret | routers of its namespace that watch it | SDS, its own resources only |
 //! | Sidecar | proxies in its namespace (every proxy from the root namespace) | all |
 //! | PeerAuthentication | proxies in its namespace (LDS); proxies that see its namespace's services (CDS, auto mTLS) | LDS, CDS |
-//! | AuthorizationPolicy, RequestAuthentication, changed JWKS | proxies in its namespace (every proxy from the root namespace) | LDS |
+//! | AuthorizationPolicy, RequestAuthentication, Telemetry, changed JWKS | proxies in its namespace (every proxy from the root namespace) | LDS |
 //! | Namespace, mesh config, lost events | every proxy | all (the cache is cleared) |
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -270,7 +270,7 @@ impl Resolved {
                 };
                 self.changes.push(change(&reason, clients, Types::CDS));
             }
-            Kind::AuthorizationPolicy | Kind::RequestAuthentication => {
+            Kind::AuthorizationPolicy | Kind::RequestAuthentication | Kind::Telemetry => {
                 self.changes.push(change(
                     &reason,
                     namespace_audience(&key.namespace),

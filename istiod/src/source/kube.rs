@@ -62,6 +62,7 @@ pub fn plural(kind: Kind) -> &'static str {
         Kind::KubernetesGateway => "gateways",
         Kind::HttpRoute => "httproutes",
         Kind::Secret => "secrets",
+        Kind::Telemetry => "telemetries",
     }
 }
 

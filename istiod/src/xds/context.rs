@@ -54,6 +54,8 @@ pub struct IstioContext {
     pub authorization_policies: Vec<Named<AuthorizationPolicy>>,
     /// RequestAuthentications.
     pub request_authentications: Vec<Named<RequestAuthentication>>,
+    /// Telemetry resources.
+    pub telemetries: Vec<crate::model::telemetry::NamedTelemetry>,
     /// Secrets by (namespace, name), for gateway credentials (SDS).
     pub secrets: HashMap<(String, String), Arc<crate::model::Object>>,
     /// Pod labels by Pod IP, for proxies whose Pod no Service lists yet.
@@ -296,6 +298,14 @@ impl IstioContext {
             gateways,
             authorization_policies: collect(snapshot),
             request_authentications: collect(snapshot),
+            telemetries: collect::<crate::model::telemetry::Telemetry>(snapshot)
+                .into_iter()
+                .map(|t| crate::model::telemetry::NamedTelemetry {
+                    namespace: t.namespace,
+                    name: t.name,
+                    spec: t.spec,
+                })
+                .collect(),
             secrets: snapshot
                 .objects(crate::model::Kind::Secret)
                 .map(|o| {

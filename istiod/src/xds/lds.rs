@@ -59,25 +59,31 @@ pub const PLAINTEXT_HTTP_ALPNS: &[&str] = &["http/1.1", "h2c"];
 /// and interception mode, then its own inbound ones.
 pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Arc<Resource>> {
     let encode = |l: Listener| Arc::new(Resource::encode(l.name.clone(), &l));
+    // Access logs and tracing (Telemetry, mesh config) go into the built
+    // listeners' connection managers and TCP proxies.
+    let telemetry = super::telemetry::for_proxy(ctx, proxy);
     if proxy.proxy_type == common::ProxyType::Router {
-        return gateway::listeners(ctx, proxy)
-            .into_iter()
-            .map(encode)
-            .collect();
+        let mut listeners = gateway::listeners(ctx, proxy);
+        super::telemetry::apply(&telemetry.client, &mut listeners);
+        return listeners.into_iter().map(encode).collect();
     }
     let scope = ctx.scope(proxy);
     let key = format!(
-        "{:?}/{}",
+        "{:?}/{}/{}",
         super::util::IpMode::of(&proxy.ips),
-        proxy.interception_mode
+        proxy.interception_mode,
+        telemetry.client.key
     );
     let outbound = scope.outbound_listeners(&key, || {
         let mut out: Vec<Listener> = outbound::listeners(ctx, proxy);
         out.extend(outbound::virtual_outbound(ctx, proxy));
+        super::telemetry::apply(&telemetry.client, &mut out);
         out.into_iter().map(encode).collect()
     });
     let mut out = outbound.to_vec();
-    out.extend(inbound::listeners(ctx, proxy).into_iter().map(encode));
+    let mut inbound = inbound::listeners(ctx, proxy);
+    super::telemetry::apply(&telemetry.server, &mut inbound);
+    out.extend(inbound.into_iter().map(encode));
     out
 }
 

@@ -107,8 +107,8 @@ pub(super) fn resolve<'a>(
     let (service, port) = match &provider.kind {
         ExtensionProviderKind::ExtAuthzHttp(h) => (&h.service, h.port),
         ExtensionProviderKind::ExtAuthzGrpc(g) => (&g.service, g.port),
-        ExtensionProviderKind::Other(kind) => {
-            return Err(ProviderError::NotExtAuthz(name, kind.clone()));
+        other => {
+            return Err(ProviderError::NotExtAuthz(name, other.key().to_string()));
         }
     };
     let host = service_host(service, &ctx.domain);
@@ -119,7 +119,7 @@ pub(super) fn resolve<'a>(
     Ok(match &provider.kind {
         ExtensionProviderKind::ExtAuthzHttp(h) => Resolved::Http(h, cluster, host),
         ExtensionProviderKind::ExtAuthzGrpc(g) => Resolved::Grpc(g, cluster, host),
-        ExtensionProviderKind::Other(_) => unreachable!("refused above"),
+        _ => unreachable!("refused above"),
     })
 }
 
