@@ -13,6 +13,7 @@ mod delta;
 pub mod eds;
 pub mod gateway;
 pub mod generator;
+pub mod istio_stats;
 pub mod lds;
 pub mod nds;
 pub mod outbox;

@@ -178,6 +178,10 @@ fn outbound(
                 .unwrap_or(CONNECT_TIMEOUT),
         )),
         circuit_breakers: Some(unlimited_breakers()),
+        metadata: Some(super::istio_stats::cluster_metadata(
+            &[super::istio_stats::ServiceRef::of(svc)],
+            Some(port.port),
+        )),
         ..Default::default()
     };
     match svc.resolution {

@@ -38,8 +38,10 @@ use proto::pb::envoy::r#type::v3::Int32Range;
 use std::sync::Arc;
 
 use super::context::IstioContext;
+use super::istio_stats;
 use super::util::{ads_source, any, u32v};
 use super::{Proxy, Resource};
+use common::istio_stats::Reporter;
 
 /// The route configuration names a proxy's listeners use.
 pub fn route_names(ctx: &IstioContext, proxy: &Proxy) -> std::collections::BTreeSet<String> {
@@ -59,25 +61,39 @@ pub const PLAINTEXT_HTTP_ALPNS: &[&str] = &["http/1.1", "h2c"];
 /// and interception mode, then its own inbound ones.
 pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Arc<Resource>> {
     let encode = |l: Listener| Arc::new(Resource::encode(l.name.clone(), &l));
+    // Istio's standard metrics, on both sides by default.
+    let reporting = istio_stats::Reporting::default();
+    let with_stats = |mut l: Listener, reporter: Reporter| {
+        istio_stats::apply(&mut l, reporter, reporting.enabled(reporter));
+        l
+    };
     if proxy.proxy_type == common::ProxyType::Router {
+        // Gateways report as the client side, as Istio's do.
         return gateway::listeners(ctx, proxy)
             .into_iter()
-            .map(encode)
+            .map(|l| encode(with_stats(l, Reporter::Source)))
             .collect();
     }
     let scope = ctx.scope(proxy);
     let key = format!(
-        "{:?}/{}",
+        "{:?}/{}/{}",
         super::util::IpMode::of(&proxy.ips),
-        proxy.interception_mode
+        proxy.interception_mode,
+        reporting.client
     );
     let outbound = scope.outbound_listeners(&key, || {
         let mut out: Vec<Listener> = outbound::listeners(ctx, proxy);
         out.extend(outbound::virtual_outbound(ctx, proxy));
-        out.into_iter().map(encode).collect()
+        out.into_iter()
+            .map(|l| encode(with_stats(l, Reporter::Source)))
+            .collect()
     });
     let mut out = outbound.to_vec();
-    out.extend(inbound::listeners(ctx, proxy).into_iter().map(encode));
+    out.extend(
+        inbound::listeners(ctx, proxy)
+            .into_iter()
+            .map(|l| encode(with_stats(l, Reporter::Destination))),
+    );
     out
 }
 
