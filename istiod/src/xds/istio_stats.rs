@@ -426,7 +426,7 @@ mod tests {
             service_port_name: "http".into(),
             labels,
             identity: None,
-            tls_mode: Default::default(),
+            tls_mode: common::TlsMode::Istio,
             healthy: true,
             network: String::new(),
             locality: String::new(),

@@ -1,0 +1,12 @@
+//! Istio's standard metrics without Istio's Envoy filters: Envoy streams an
+//! access log entry per request and per TCP connection event to the agent
+//! ([`als`]), which keeps the `istio_*` families ([`metrics`]) with Istio's
+//! labels ([`labels`]) in the registry the status server merges into
+//! `/stats/prometheus`.
+
+pub mod als;
+pub mod labels;
+pub mod metrics;
+
+pub use als::AlsServer;
+pub use metrics::StandardMetrics;
