@@ -226,12 +226,14 @@ fn start_telemetry(
     let metadata = common::NodeMetadata::from_json_object(options.metadata);
     let local = crate::telemetry::labels::Peer::local(&metadata);
     let metrics = Arc::new(
-        crate::telemetry::StandardMetrics::register(registry, local)
-            .context("standard metrics")?,
+        crate::telemetry::StandardMetrics::register(registry, local).context("standard metrics")?,
     );
     let socket = Path::new(common::istio_stats::ALS_SOCKET);
     let listener = bind_uds(socket).with_context(|| {
-        format!("cannot listen on the access log socket {}", socket.display())
+        format!(
+            "cannot listen on the access log socket {}",
+            socket.display()
+        )
     })?;
     let als = crate::telemetry::AlsServer::new(metrics).into_service();
     let stopping = servers.stopping();

@@ -317,11 +317,7 @@ impl Common {
                 Self {
                     reporter,
                     source: Peer::unknown(),
-                    security_policy: if peer.is_some() {
-                        "mutual_tls"
-                    } else {
-                        "none"
-                    },
+                    security_policy: if peer.is_some() { "mutual_tls" } else { "none" },
                     source_principal: peer.unwrap_or_else(|| UNKNOWN.into()),
                     destination: local.clone(),
                     destination_principal: first_uri_san(tls, false)

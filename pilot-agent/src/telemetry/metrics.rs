@@ -20,8 +20,8 @@ use super::labels::{self, Common, HTTP_LABELS, Peer, TCP_LABELS};
 
 /// Envoy's default histogram buckets, which Istio's families use.
 pub const ISTIO_BUCKETS: [f64; 19] = [
-    0.5, 1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0,
-    30000.0, 60000.0, 300000.0, 600000.0, 1800000.0, 3600000.0,
+    0.5, 1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 30000.0,
+    60000.0, 300000.0, 600000.0, 1800000.0, 3600000.0,
 ];
 
 /// The most label sets kept (over every family).
@@ -199,8 +199,8 @@ impl StandardMetrics {
             .unwrap_or_default();
         let key = connection_key(common);
         let kind = common.access_log_type;
-        let end = kind == AccessLogType::TcpConnectionEnd as i32
-            || kind == AccessLogType::NotSet as i32;
+        let end =
+            kind == AccessLogType::TcpConnectionEnd as i32 || kind == AccessLogType::NotSet as i32;
         let mut state = self.lock();
         if !self.admit(&mut state, &values) {
             state.connections.remove(&key);

@@ -11,8 +11,7 @@ use proto::pb::envoy::data::accesslog::v3::tls_properties::certificate_propertie
 };
 use proto::pb::envoy::data::accesslog::v3::{
     AccessLogCommon, AccessLogType, ConnectionProperties, HttpAccessLogEntry,
-    HttpRequestProperties, HttpResponseProperties, ResponseFlags, TcpAccessLogEntry,
-    TlsProperties,
+    HttpRequestProperties, HttpResponseProperties, ResponseFlags, TcpAccessLogEntry, TlsProperties,
 };
 use proto::pb::google::protobuf::{Duration, UInt32Value};
 
@@ -98,7 +97,10 @@ fn source_requests_carry_the_local_workload_and_the_upstream_host() {
     let registry = Registry::new();
     let m = StandardMetrics::register(&registry, local()).unwrap();
     let tags = [
-        (TAG_UPSTREAM_WORKLOAD, "httpbin-v1;demo;httpbin;v1;Kubernetes"),
+        (
+            TAG_UPSTREAM_WORKLOAD,
+            "httpbin-v1;demo;httpbin;v1;Kubernetes",
+        ),
         (
             TAG_CLUSTER_SERVICES,
             r#"[{"host":"httpbin.demo.svc.cluster.local","name":"httpbin","namespace":"demo"}]"#,
@@ -126,7 +128,10 @@ fn source_requests_carry_the_local_workload_and_the_upstream_host() {
         ("source_version", "v1"),
         ("source_canonical_service", "sleep"),
         ("source_cluster", "Kubernetes"),
-        ("source_principal", "spiffe://cluster.local/ns/demo/sa/sleep"),
+        (
+            "source_principal",
+            "spiffe://cluster.local/ns/demo/sa/sleep",
+        ),
         ("destination_workload", "httpbin-v1"),
         ("destination_workload_namespace", "demo"),
         ("destination_app", "httpbin"),
@@ -182,10 +187,7 @@ fn source_requests_carry_the_local_workload_and_the_upstream_host() {
         value(&t, "istio_request_bytes_sum", &[("response_code", "200")]),
         Some(300.0)
     );
-    assert_eq!(
-        t.matches("# TYPE istio_requests_total counter").count(),
-        1
-    );
+    assert_eq!(t.matches("# TYPE istio_requests_total counter").count(), 1);
 }
 
 #[test]
@@ -212,11 +214,17 @@ fn destination_requests_name_the_peer_by_its_certificate() {
     let t = text(&registry);
     let mtls = [
         ("reporter", "destination"),
-        ("source_principal", "spiffe://cluster.local/ns/demo/sa/client"),
+        (
+            "source_principal",
+            "spiffe://cluster.local/ns/demo/sa/client",
+        ),
         ("source_workload", "unknown"),
         ("source_workload_namespace", "unknown"),
         ("destination_workload", "sleep"),
-        ("destination_principal", "spiffe://cluster.local/ns/demo/sa/sleep"),
+        (
+            "destination_principal",
+            "spiffe://cluster.local/ns/demo/sa/sleep",
+        ),
         ("destination_service", "sleep.demo.svc.cluster.local"),
         ("destination_service_name", "sleep"),
         ("connection_security_policy", "mutual_tls"),
@@ -299,7 +307,10 @@ fn tcp_connections_count_opens_closes_and_byte_deltas() {
         Reporter::Source,
         &tcp_entry(AccessLogType::TcpUpstreamConnected, 0, 0),
     );
-    m.record_tcp(Reporter::Source, &tcp_entry(AccessLogType::TcpPeriodic, 10, 4));
+    m.record_tcp(
+        Reporter::Source,
+        &tcp_entry(AccessLogType::TcpPeriodic, 10, 4),
+    );
     m.record_tcp(
         Reporter::Source,
         &tcp_entry(AccessLogType::TcpConnectionEnd, 25, 9),
@@ -314,8 +325,15 @@ fn tcp_connections_count_opens_closes_and_byte_deltas() {
         ("destination_service", "echo.demo.svc.cluster.local"),
         ("reporter", "source"),
     ];
-    assert_eq!(value(&t, "istio_tcp_connections_opened_total", &l), Some(2.0), "{t}");
-    assert_eq!(value(&t, "istio_tcp_connections_closed_total", &l), Some(2.0));
+    assert_eq!(
+        value(&t, "istio_tcp_connections_opened_total", &l),
+        Some(2.0),
+        "{t}"
+    );
+    assert_eq!(
+        value(&t, "istio_tcp_connections_closed_total", &l),
+        Some(2.0)
+    );
     assert_eq!(value(&t, "istio_tcp_received_bytes_total", &l), Some(28.0));
     assert_eq!(value(&t, "istio_tcp_sent_bytes_total", &l), Some(9.0));
     assert!(!t.contains("response_code"), "{t}");
