@@ -187,6 +187,12 @@ impl StandardMetrics {
     pub fn record_tcp(&self, reporter: Reporter, entry: &TcpAccessLogEntry) {
         let default = Default::default();
         let common = entry.common_properties.as_ref().unwrap_or(&default);
+        let kind = common.access_log_type;
+        // A periodic entry before any upstream was picked has no labels yet:
+        // the connection is counted by its next entries.
+        if kind == AccessLogType::TcpPeriodic as i32 && common.upstream_cluster.is_empty() {
+            return;
+        }
         let labels = Common::of(reporter, &self.local, common, None);
         let values = labels.tcp_values();
         let totals = entry
@@ -198,7 +204,6 @@ impl StandardMetrics {
             })
             .unwrap_or_default();
         let key = connection_key(common);
-        let kind = common.access_log_type;
         let end =
             kind == AccessLogType::TcpConnectionEnd as i32 || kind == AccessLogType::NotSet as i32;
         let mut state = self.lock();

@@ -315,7 +315,12 @@ fn tcp_connections_count_opens_closes_and_byte_deltas() {
         Reporter::Source,
         &tcp_entry(AccessLogType::TcpConnectionEnd, 25, 9),
     );
-    // A connection that never reached its upstream: one entry, at its end.
+    // A connection still looking for its upstream reports nothing yet; one
+    // that never reached it is counted by its only entry, at its end.
+    let mut early = tcp_entry(AccessLogType::TcpPeriodic, 3, 0);
+    early.common_properties.as_mut().unwrap().stream_id = "conn-2".into();
+    early.common_properties.as_mut().unwrap().upstream_cluster = String::new();
+    m.record_tcp(Reporter::Source, &early);
     let mut failed = tcp_entry(AccessLogType::TcpConnectionEnd, 3, 0);
     failed.common_properties.as_mut().unwrap().stream_id = "conn-2".into();
     m.record_tcp(Reporter::Source, &failed);
@@ -337,6 +342,7 @@ fn tcp_connections_count_opens_closes_and_byte_deltas() {
     assert_eq!(value(&t, "istio_tcp_received_bytes_total", &l), Some(28.0));
     assert_eq!(value(&t, "istio_tcp_sent_bytes_total", &l), Some(9.0));
     assert!(!t.contains("response_code"), "{t}");
+    assert!(!t.contains("destination_service=\"unknown\""), "{t}");
     assert!(m.lock().connections.is_empty());
 }
 
