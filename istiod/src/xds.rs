@@ -15,6 +15,7 @@ pub mod gateway;
 pub mod generator;
 pub mod istio_stats;
 pub mod lds;
+pub mod metadata_encoding;
 pub mod nds;
 pub mod outbox;
 pub mod proxy;

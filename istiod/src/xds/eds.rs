@@ -118,9 +118,15 @@ fn load_assignment_of(
         .map(|s| &s.labels);
     ctx.cache
         .get_or_build(key, name, ctx.seq, dependencies, || {
-            Resource::encode(
+            Resource::new(
                 name.to_string(),
-                &load_assignment(name, svc, port, labels, &ctx.cluster_id),
+                super::metadata_encoding::load_assignment(&load_assignment(
+                    name,
+                    svc,
+                    port,
+                    labels,
+                    &ctx.cluster_id,
+                )),
             )
         })
 }
