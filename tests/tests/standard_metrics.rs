@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use tests::gateway_pod::GatewaySpec;
 use tests::mesh::{HTTPBIN_VIP, LocalMesh, http_request};
 
 const SLEEP: &str = "spiffe://cluster.local/ns/demo/sa/sleep";
@@ -118,9 +119,12 @@ fn parse(text: &str) -> Result<Vec<Sample>, String> {
 
 /// A Pod's merged metrics, parsed.
 fn scrape(mesh: &LocalMesh, pod: &str) -> Vec<Sample> {
-    let (code, body) = mesh
-        .pod(pod)
-        .ns
+    scrape_ns(&mesh.pod(pod).ns, pod)
+}
+
+/// The merged metrics of the Pod in `ns`, parsed.
+fn scrape_ns(ns: &tests::netns::Netns, pod: &str) -> Vec<Sample> {
+    let (code, body) = ns
         .run(|| {
             tests::http_get(
                 SocketAddr::from(([127, 0, 0, 1], 15020)),
@@ -481,6 +485,104 @@ fn tcp_connections_and_bytes_are_counted_on_both_sides() {
         assert_eq!(s.get(k).map(String::as_str), Some(v), "{k} in {s:?}");
     }
     assert!(!s.contains_key("response_code"), "{s:?}");
+}
+
+const GATEWAY_IP: &str = "198.18.0.20";
+const CLIENT_IP: &str = "198.18.0.31";
+const GATEWAY_ID: &str = "spiffe://cluster.local/ns/istio-system/sa/istio-ingressgateway";
+const GATEWAY_YAML: &str = r#"apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: ingress, namespace: istio-system}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 8080, name: http, protocol: HTTP}
+    hosts: ["*"]
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: httpbin-ingress, namespace: demo}
+spec:
+  hosts: [httpbin.demo.svc.cluster.local]
+  gateways: [istio-system/ingress]
+  http:
+  - route:
+    - destination:
+        host: httpbin.demo.svc.cluster.local
+        subset: v2
+        port: {number: 8000}
+"#;
+
+#[test]
+fn a_gateway_reports_as_the_source() {
+    let _serial = tests::mesh::one_mesh_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let mesh = LocalMesh::start(tmp.path(), &[]);
+    std::fs::write(mesh.config_dir.join("gateway.yaml"), GATEWAY_YAML).unwrap();
+    let mut gw = mesh.start_gateway(&GatewaySpec::ingress(GATEWAY_IP));
+    let client = mesh.plain_pod(CLIENT_IP);
+    let gateway: SocketAddr = format!("{GATEWAY_IP}:8080").parse().unwrap();
+    tests::wait_for(
+        "httpbin through the gateway",
+        Duration::from_secs(60),
+        || {
+            gw.assert_alive();
+            match http_request(&client.ns, gateway, HTTPBIN_HOST, "/headers") {
+                Ok((200, _)) => Some(()),
+                _ => None,
+            }
+        },
+    );
+    let at_gateway = [
+        ("reporter", "source"),
+        ("destination_service", HTTPBIN_HOST),
+        ("destination_workload", "httpbin-v2"),
+        ("response_code", "200"),
+        ("source_workload_namespace", "istio-system"),
+        ("source_app", "istio-ingressgateway"),
+        ("source_principal", GATEWAY_ID),
+        ("destination_principal", HTTPBIN),
+    ];
+    let at_httpbin = [
+        ("reporter", "destination"),
+        ("destination_service", HTTPBIN_HOST),
+        ("response_code", "200"),
+        ("source_principal", GATEWAY_ID),
+        ("connection_security_policy", "mutual_tls"),
+    ];
+    let gateway_sum = |pairs: &[(&str, &str)]| -> f64 {
+        scrape_ns(&gw.net.ns, "gateway")
+            .iter()
+            .filter(|s| matches(s, "istio_requests_total", pairs))
+            .map(|s| s.value)
+            .sum()
+    };
+    let before = gateway_sum(&at_gateway);
+    let before_httpbin = sum(&mesh, &["httpbin-v2"], "istio_requests_total", &at_httpbin);
+    const N: usize = 5;
+    for _ in 0..N {
+        let (code, _) = http_request(&client.ns, gateway, HTTPBIN_HOST, "/headers").unwrap();
+        assert_eq!(code, 200);
+    }
+    let start = Instant::now();
+    let mut last = before;
+    while last != before + N as f64 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the gateway counted {} of {N} requests",
+            last - before
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        last = gateway_sum(&at_gateway);
+    }
+    expect_sum(
+        &mesh,
+        &["httpbin-v2"],
+        "istio_requests_total",
+        &at_httpbin,
+        before_httpbin + N as f64,
+    );
+    gw.assert_alive();
 }
 
 #[test]

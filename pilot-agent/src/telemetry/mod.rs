@@ -10,3 +10,15 @@ pub mod metrics;
 
 pub use als::AlsServer;
 pub use metrics::StandardMetrics;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_access_log_socket_sits_next_to_the_sds_socket() {
+        let socket = std::path::Path::new(common::istio_stats::ALS_SOCKET);
+        assert_eq!(
+            socket.parent(),
+            Some(std::path::Path::new(crate::config::SDS_SOCKET_DIR))
+        );
+    }
+}
