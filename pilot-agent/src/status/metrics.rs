@@ -2,7 +2,10 @@
 //! `handleStats`: the agent's `istio_agent_*` metrics, Envoy's `:15090`
 //! output and the application's metrics (`ISTIO_PROMETHEUS_ANNOTATIONS`),
 //! concatenated in that order, in the format the application's
-//! `Content-Type` negotiates (Prometheus text or OpenMetrics). A failing
+//! `Content-Type` negotiates (Prometheus text or OpenMetrics). The agent's
+//! registry also holds Istio's standard `istio_*` families
+//! ([`crate::telemetry`]), which Istio's Envoy would export: they come
+//! with the agent's metrics, ahead of Envoy's. A failing
 //! source is counted in `istio_agent_scrape_failures_total` and left out;
 //! the scrape itself never fails.
 
