@@ -549,6 +549,47 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn standard_metrics_come_with_the_agents_before_envoys() {
+        use proto::pb::envoy::data::accesslog::v3::{HttpAccessLogEntry, HttpResponseProperties};
+        let (envoy, _seen) = fake_metrics("text/plain; version=0.0.4", ENVOY_METRICS).await;
+        let server = start(metrics_options(envoy, &[])).await;
+        let standard = crate::telemetry::StandardMetrics::register(
+            server.state.registry(),
+            crate::telemetry::labels::Peer::unknown(),
+        )
+        .unwrap();
+        standard.record_http(
+            common::istio_stats::Reporter::Source,
+            &HttpAccessLogEntry {
+                response: Some(HttpResponseProperties {
+                    response_code: Some(proto::pb::google::protobuf::UInt32Value { value: 200 }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+        let (status, _, body) = call(server.addr, Method::GET, "/stats/prometheus", &[]).await;
+        assert_eq!(status, StatusCode::OK);
+        let agent = position(&body, "# TYPE istio_agent_scrapes_total counter");
+        let requests = position(&body, "# TYPE istio_requests_total counter");
+        let envoy_at = position(&body, ENVOY_METRICS);
+        assert!(agent < requests && requests < envoy_at, "{body}");
+        for family in [
+            "istio_requests_total",
+            "istio_request_duration_milliseconds",
+            "istio_request_bytes",
+            "istio_response_bytes",
+        ] {
+            let typed = format!("# TYPE {family} ");
+            assert_eq!(body.matches(&typed).count(), 1, "{family} in {body}");
+        }
+        assert!(
+            body.contains("istio_request_duration_milliseconds_bucket{"),
+            "{body}"
+        );
+    }
+
+    #[tokio::test]
     async fn metrics_merge_agent_then_envoy_then_app() {
         let (envoy, envoy_seen) = fake_metrics("text/plain; version=0.0.4", ENVOY_METRICS).await;
         let (app, app_seen) = fake_metrics("text/plain; version=0.0.4", APP_METRICS).await;
