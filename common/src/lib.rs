@@ -8,6 +8,7 @@ pub mod cli;
 pub mod duration;
 pub mod env;
 pub mod identity;
+pub mod istio_stats;
 pub mod log;
 pub mod model;
 #[cfg(feature = "testing")]

@@ -303,6 +303,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         RegistryOptions {
             domain: config.domain.clone(),
             trust_domain: config.trust_domain.clone(),
+            cluster_id: config.cluster_id.clone(),
         },
         sources.mesh.clone(),
         jwks,

@@ -148,8 +148,9 @@ pub async fn build(config: Arc<Config>, run: RunOptions) -> anyhow::Result<Bound
     common::tls::install_crypto_provider();
     let mut servers = Servers::new();
     let lifecycle = Arc::new(Lifecycle::new());
-    let status_addr = start_status(&config, &lifecycle, &mut servers).await?;
+    let (status_addr, registry) = start_status(&config, &lifecycle, &mut servers).await?;
     let secrets = start_sds(&config, &mut servers).await?;
+    start_telemetry(&config, &run, &registry, &mut servers)?;
     let nds = start_dns(&config, &lifecycle).await?;
     start_xds_proxy(&config, secrets.clone(), nds, &mut servers)?;
     let envoy = start_envoy(&config, &run, &lifecycle)?;
@@ -164,12 +165,13 @@ pub async fn build(config: Arc<Config>, run: RunOptions) -> anyhow::Result<Bound
     })
 }
 
-/// Step 1: the status server on `statusPort`; returns its address.
+/// Step 1: the status server on `statusPort`; returns its address and the
+/// registry it merges into `/stats/prometheus`.
 async fn start_status(
     config: &Config,
     lifecycle: &Arc<Lifecycle>,
     servers: &mut Servers,
-) -> anyhow::Result<SocketAddr> {
+) -> anyhow::Result<(SocketAddr, prometheus::Registry)> {
     let status = Arc::new(
         StatusState::new(
             StatusOptions {
@@ -203,12 +205,47 @@ async fn start_status(
             }
         }
     };
+    let registry = status.registry().clone();
     servers.spawn(async move {
         crate::status::serve(listener, status, terminated)
             .await
             .context("status server")
     });
-    Ok(addr)
+    Ok((addr, registry))
+}
+
+/// Step 2b: the access log service Envoy streams requests and connections
+/// to; Istio's standard metrics it keeps are merged on `/stats/prometheus`.
+fn start_telemetry(
+    config: &Config,
+    run: &RunOptions,
+    registry: &prometheus::Registry,
+    servers: &mut Servers,
+) -> anyhow::Result<()> {
+    let options = crate::agent_bootstrap::options(config, run.log_as_json)?;
+    let metadata = common::NodeMetadata::from_json_object(options.metadata);
+    let local = crate::telemetry::labels::Peer::local(&metadata);
+    let metrics = Arc::new(
+        crate::telemetry::StandardMetrics::register(registry, local).context("standard metrics")?,
+    );
+    let socket = Path::new(common::istio_stats::ALS_SOCKET);
+    let listener = bind_uds(socket).with_context(|| {
+        format!(
+            "cannot listen on the access log socket {}",
+            socket.display()
+        )
+    })?;
+    let als = crate::telemetry::AlsServer::new(metrics).into_service();
+    let stopping = servers.stopping();
+    servers.spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(als)
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stopping)
+            .await
+            .context("access log service")
+    });
+    tracing::info!(target: "telemetry", "access log service for standard metrics listening on {:?}", socket);
+    Ok(())
 }
 
 /// Step 2: the secret manager and the SDS server Envoy takes certificates from;

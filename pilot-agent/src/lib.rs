@@ -16,6 +16,7 @@ pub mod proxy_config;
 pub mod sds;
 pub mod secret_manager;
 pub mod status;
+pub mod telemetry;
 #[cfg(test)]
 mod test_support;
 pub mod xds_proxy;

@@ -261,6 +261,12 @@ fn normalise(v: &mut Value, tmp: &str, check_locality: bool) {
         }
     }
     walk(v, None, tmp);
+    // The one cluster Istio's bootstrap lacks on purpose: the agent's access
+    // log service, which keeps the standard metrics Istio's `istio.stats`
+    // filter would (upstream Envoy has none).
+    if let Some(clusters) = v["static_resources"]["clusters"].as_array_mut() {
+        clusters.retain(|c| c["name"] != common::istio_stats::ALS_CLUSTER);
+    }
     if !check_locality {
         // Istio blanks region and zone; in the proto an empty string and an
         // absent field are the same, so drop them.

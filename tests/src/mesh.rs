@@ -215,6 +215,7 @@ impl Drop for PodNet {
 /// (who called, as the server side saw it), the peer address of the
 /// connection it was given, and then each request line and header as
 /// `request=<line>` and `header=<name>: <value>` lines (what reached the app).
+/// `/status/<code>` answers with that status code, as httpbin does.
 pub fn serve_app(ns: &Netns, addr: SocketAddr, version: &str) {
     use std::io::{Read, Write};
     let listener = ns.run(move || std::net::TcpListener::bind(addr).expect("bind the app's port"));
@@ -264,8 +265,18 @@ pub fn serve_app(ns: &Netns, addr: SocketAddr, version: &str) {
                     for l in lines.filter(|l| !l.is_empty()) {
                         body.push_str(&format!("header={l}\n"));
                     }
+                    // `/status/<code>` answers with that code, as httpbin does.
+                    let status = req
+                        .lines()
+                        .next()
+                        .and_then(|l| l.split_whitespace().nth(1))
+                        .and_then(|p| p.strip_prefix("/status/"))
+                        .and_then(|c| c.parse::<u16>().ok())
+                        .filter(|c| (200..600).contains(c))
+                        .unwrap_or(200);
                     let response = format!(
-                        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n{}\r\n{body}",
+                        "HTTP/1.1 {status} {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n{}\r\n{body}",
+                        if status == 200 { "OK" } else { "Status" },
                         body.len(),
                         if close { "Connection: close\r\n" } else { "" }
                     );

@@ -405,13 +405,20 @@ pub struct RegistryOptions {
     pub domain: String,
     /// SPIFFE trust domain (mesh `trustDomain`, `cluster.local`).
     pub trust_domain: String,
+    /// The cluster the registry's workloads run in (`CLUSTER_ID`,
+    /// `Kubernetes`), as endpoint metadata names it.
+    pub cluster_id: String,
 }
+
+/// Istio's default `CLUSTER_ID`.
+pub const DEFAULT_CLUSTER_ID: &str = "Kubernetes";
 
 impl Default for RegistryOptions {
     fn default() -> Self {
         Self {
             domain: DEFAULT_DOMAIN.to_string(),
             trust_domain: common::identity::DEFAULT_TRUST_DOMAIN.to_string(),
+            cluster_id: DEFAULT_CLUSTER_ID.to_string(),
         }
     }
 }

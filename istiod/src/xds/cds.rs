@@ -52,7 +52,10 @@ const UNLIMITED: u32 = u32::MAX;
 pub use super::{inbound_name, outbound_name};
 
 fn resource(c: Cluster) -> Arc<Resource> {
-    Arc::new(Resource::encode(c.name.clone(), &c))
+    Arc::new(Resource::new(
+        c.name.clone(),
+        super::metadata_encoding::cluster(&c),
+    ))
 }
 
 fn kind(t: cluster::DiscoveryType) -> Option<cluster::ClusterDiscoveryType> {
@@ -118,7 +121,7 @@ fn build_outbound(ctx: &IstioContext, scope: &SidecarScope) -> Vec<Arc<Resource>
                         .get_or_build(key, &name, ctx.seq, dependencies, || {
                             let policy = policy::effective(top, subset, port.port);
                             let c = outbound(ctx, svc, port, subset_name, policy.as_ref());
-                            Resource::encode(name.clone(), &c)
+                            Resource::new(name.clone(), super::metadata_encoding::cluster(&c))
                         }),
                 );
             }
@@ -178,6 +181,10 @@ fn outbound(
                 .unwrap_or(CONNECT_TIMEOUT),
         )),
         circuit_breakers: Some(unlimited_breakers()),
+        metadata: Some(super::istio_stats::cluster_metadata(
+            &[super::istio_stats::ServiceRef::of(svc)],
+            Some(port.port),
+        )),
         ..Default::default()
     };
     match svc.resolution {

@@ -40,6 +40,8 @@ pub struct IstioContext {
     pub domain: String,
     /// SPIFFE trust domain.
     pub trust_domain: String,
+    /// The registry's cluster (`CLUSTER_ID`), in endpoint metadata.
+    pub cluster_id: String,
     /// DestinationRules.
     pub destination_rules: Vec<Named<DestinationRule>>,
     /// VirtualServices.
@@ -177,6 +179,9 @@ pub struct InboundPort {
     pub bind_to_port: bool,
     /// A Sidecar ingress `defaultEndpoint`; empty: the original destination.
     pub default_endpoint: String,
+    /// The services that send traffic to the port (the inbound cluster's
+    /// `istio.services` metadata).
+    pub services: Vec<super::istio_stats::ServiceRef>,
 }
 
 /// One egress scope of a proxy: a Sidecar egress listener, or the implicit
@@ -287,6 +292,7 @@ impl IstioContext {
             registry,
             domain: options.domain.clone(),
             trust_domain: options.trust_domain.clone(),
+            cluster_id: options.cluster_id.clone(),
             destination_rules,
             virtual_services,
             index,
@@ -433,8 +439,18 @@ impl IstioContext {
         let none_mode = proxy.interception_mode == common::InterceptionMode::None;
         let mut ports: Vec<InboundPort> = Vec::new();
         let mut push = |p: InboundPort| {
-            if p.protocol != Protocol::Udp && !ports.iter().any(|q| q.port == p.port) {
-                ports.push(p);
+            if p.protocol == Protocol::Udp {
+                return;
+            }
+            match ports.iter_mut().find(|q| q.port == p.port) {
+                Some(q) => {
+                    for svc in p.services {
+                        if !q.services.contains(&svc) {
+                            q.services.push(svc);
+                        }
+                    }
+                }
+                None => ports.push(p),
             }
         };
         match self
@@ -456,6 +472,7 @@ impl IstioContext {
                             CaptureMode::Iptables => false,
                         },
                         default_endpoint: ing.default_endpoint.clone(),
+                        services: Vec::new(),
                     });
                 }
             }
@@ -473,6 +490,7 @@ impl IstioContext {
                         bind: String::new(),
                         bind_to_port: false,
                         default_endpoint: String::new(),
+                        services: vec![super::istio_stats::ServiceRef::of(svc)],
                     });
                 }
             }

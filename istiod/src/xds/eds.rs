@@ -118,7 +118,16 @@ fn load_assignment_of(
         .map(|s| &s.labels);
     ctx.cache
         .get_or_build(key, name, ctx.seq, dependencies, || {
-            Resource::encode(name.to_string(), &load_assignment(name, svc, port, labels))
+            Resource::new(
+                name.to_string(),
+                super::metadata_encoding::load_assignment(&load_assignment(
+                    name,
+                    svc,
+                    port,
+                    labels,
+                    &ctx.cluster_id,
+                )),
+            )
         })
 }
 
@@ -129,6 +138,7 @@ fn load_assignment(
     svc: &Service,
     port: u16,
     labels: Option<&BTreeMap<String, String>>,
+    cluster_id: &str,
 ) -> ClusterLoadAssignment {
     let mut by_locality: BTreeMap<String, Vec<LbEndpoint>> = BTreeMap::new();
     for ep in svc.endpoints_for(port) {
@@ -142,6 +152,14 @@ fn load_assignment(
             metadata.filter_metadata.insert(
                 "envoy.transport_socket_match".into(),
                 struct_of(&[("tlsMode", common::TlsMode::Istio.as_str())]),
+            );
+        }
+        // Istio's `istio.workload`, which the standard metrics read as the
+        // destination workload.
+        if let Some(workload) = super::istio_stats::endpoint_workload(ep, cluster_id) {
+            metadata.filter_metadata.insert(
+                super::istio_stats::ISTIO_METADATA_KEY.into(),
+                struct_of(&[("workload", &workload)]),
             );
         }
         by_locality

@@ -38,8 +38,10 @@ use proto::pb::envoy::r#type::v3::Int32Range;
 use std::sync::Arc;
 
 use super::context::IstioContext;
+use super::istio_stats;
 use super::util::{ads_source, any, u32v};
 use super::{Proxy, Resource};
+use common::istio_stats::Reporter;
 
 /// The route configuration names a proxy's listeners use.
 pub fn route_names(ctx: &IstioContext, proxy: &Proxy) -> std::collections::BTreeSet<String> {
@@ -60,30 +62,47 @@ pub const PLAINTEXT_HTTP_ALPNS: &[&str] = &["http/1.1", "h2c"];
 pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Arc<Resource>> {
     let encode = |l: Listener| Arc::new(Resource::encode(l.name.clone(), &l));
     // Access logs and tracing (Telemetry, mesh config) go into the built
-    // listeners' connection managers and TCP proxies.
+    // listeners' connection managers and TCP proxies, with Istio's standard
+    // metrics (on both sides unless a Telemetry turns them off).
     let telemetry = super::telemetry::for_proxy(ctx, proxy);
+    let reporting = istio_stats::Reporting::from(super::telemetry::metrics_reporting(ctx, proxy));
+    let with_stats = |mut l: Listener, reporter: Reporter| {
+        istio_stats::apply(&mut l, reporter, reporting.enabled(reporter));
+        l
+    };
     if proxy.proxy_type == common::ProxyType::Router {
         let mut listeners = gateway::listeners(ctx, proxy);
         super::telemetry::apply(&telemetry.client, &mut listeners);
-        return listeners.into_iter().map(encode).collect();
+        // Gateways report as the client side, as Istio's do.
+        return listeners
+            .into_iter()
+            .map(|l| encode(with_stats(l, Reporter::Source)))
+            .collect();
     }
     let scope = ctx.scope(proxy);
     let key = format!(
-        "{:?}/{}/{}",
+        "{:?}/{}/{}/{}",
         super::util::IpMode::of(&proxy.ips),
         proxy.interception_mode,
-        telemetry.client.key
+        telemetry.client.key,
+        reporting.client
     );
     let outbound = scope.outbound_listeners(&key, || {
         let mut out: Vec<Listener> = outbound::listeners(ctx, proxy);
         out.extend(outbound::virtual_outbound(ctx, proxy));
         super::telemetry::apply(&telemetry.client, &mut out);
-        out.into_iter().map(encode).collect()
+        out.into_iter()
+            .map(|l| encode(with_stats(l, Reporter::Source)))
+            .collect()
     });
     let mut out = outbound.to_vec();
     let mut inbound = inbound::listeners(ctx, proxy);
     super::telemetry::apply(&telemetry.server, &mut inbound);
-    out.extend(inbound.into_iter().map(encode));
+    out.extend(
+        inbound
+            .into_iter()
+            .map(|l| encode(with_stats(l, Reporter::Destination))),
+    );
     out
 }
 

@@ -1,8 +1,9 @@
 //! The bootstrap's static clusters: Envoy's own stats, the agent (status
-//! port), the agent's SDS and xDS sockets, and the optional telemetry
+//! port), the agent's SDS, access log and xDS sockets, and the optional telemetry
 //! services (zipkin, metrics service, access log service).
 
 use common::NodeMetadata;
+use common::istio_stats::{ALS_CLUSTER, ALS_SOCKET};
 use prost::Name;
 use proto::pb::envoy::extensions::upstreams::http::v3::HttpProtocolOptions;
 use serde_json::{Value, json};
@@ -72,6 +73,17 @@ pub(super) fn clusters(
             "connect_timeout": "1s",
             "lb_policy": "ROUND_ROBIN",
             "load_assignment": load_assignment(SDS_CLUSTER, pipe(&sds_path))
+        }),
+        // The agent's access log service, which keeps Istio's standard
+        // metrics from the entries Envoy streams to it.
+        json!({
+            "name": ALS_CLUSTER,
+            "alt_stat_name": format!("{ALS_CLUSTER};"),
+            "type": "STATIC",
+            "typed_extension_protocol_options": http2_options(),
+            "connect_timeout": "1s",
+            "lb_policy": "ROUND_ROBIN",
+            "load_assignment": load_assignment(ALS_CLUSTER, pipe(ALS_SOCKET))
         }),
         json!({
             "name": "xds-grpc",

@@ -165,8 +165,12 @@ mod tests {
             }),
             ..Default::default()
         });
-        let cluster = &v["static_resources"]["clusters"][4];
-        assert_eq!(cluster["name"], "envoy_accesslog_service");
+        let cluster = v["static_resources"]["clusters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "envoy_accesslog_service")
+            .expect("the access log service's cluster");
         let ctx = &cluster["transport_socket"]["typed_config"];
         assert_eq!(ctx["sni"], "envoy_accesslog_service");
         let common = &ctx["common_tls_context"];

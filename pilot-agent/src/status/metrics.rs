@@ -2,7 +2,10 @@
 //! `handleStats`: the agent's `istio_agent_*` metrics, Envoy's `:15090`
 //! output and the application's metrics (`ISTIO_PROMETHEUS_ANNOTATIONS`),
 //! concatenated in that order, in the format the application's
-//! `Content-Type` negotiates (Prometheus text or OpenMetrics). A failing
+//! `Content-Type` negotiates (Prometheus text or OpenMetrics). The agent's
+//! registry also holds Istio's standard `istio_*` families
+//! ([`crate::telemetry`]), which Istio's Envoy would export: they come
+//! with the agent's metrics, ahead of Envoy's. A failing
 //! source is counted in `istio_agent_scrape_failures_total` and left out;
 //! the scrape itself never fails.
 
@@ -543,6 +546,47 @@ mod tests {
     fn position(body: &str, needle: &str) -> usize {
         body.find(needle)
             .unwrap_or_else(|| panic!("{needle:?} missing from:\n{body}"))
+    }
+
+    #[tokio::test]
+    async fn standard_metrics_come_with_the_agents_before_envoys() {
+        use proto::pb::envoy::data::accesslog::v3::{HttpAccessLogEntry, HttpResponseProperties};
+        let (envoy, _seen) = fake_metrics("text/plain; version=0.0.4", ENVOY_METRICS).await;
+        let server = start(metrics_options(envoy, &[])).await;
+        let standard = crate::telemetry::StandardMetrics::register(
+            server.state.registry(),
+            crate::telemetry::labels::Peer::unknown(),
+        )
+        .unwrap();
+        standard.record_http(
+            common::istio_stats::Reporter::Source,
+            &HttpAccessLogEntry {
+                response: Some(HttpResponseProperties {
+                    response_code: Some(proto::pb::google::protobuf::UInt32Value { value: 200 }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+        let (status, _, body) = call(server.addr, Method::GET, "/stats/prometheus", &[]).await;
+        assert_eq!(status, StatusCode::OK);
+        let agent = position(&body, "# TYPE istio_agent_scrapes_total counter");
+        let requests = position(&body, "# TYPE istio_requests_total counter");
+        let envoy_at = position(&body, ENVOY_METRICS);
+        assert!(agent < requests && requests < envoy_at, "{body}");
+        for family in [
+            "istio_requests_total",
+            "istio_request_duration_milliseconds",
+            "istio_request_bytes",
+            "istio_response_bytes",
+        ] {
+            let typed = format!("# TYPE {family} ");
+            assert_eq!(body.matches(&typed).count(), 1, "{family} in {body}");
+        }
+        assert!(
+            body.contains("istio_request_duration_milliseconds_bucket{"),
+            "{body}"
+        );
     }
 
     #[tokio::test]

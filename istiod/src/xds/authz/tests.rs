@@ -23,6 +23,7 @@ fn ctx(yaml: &str, mesh: &str) -> IstioContext {
     let options = RegistryOptions {
         domain: "cluster.local".into(),
         trust_domain: "cluster.local".into(),
+        ..Default::default()
     };
     IstioContext::new("t/1".into(), &store.snapshot(), &options)
         .with_mesh(Mesh::parse(mesh).unwrap().config)

@@ -102,6 +102,10 @@ fn inbound(proxy: &Proxy, ip: IpMode, p: &InboundPort) -> Cluster {
         alt_stat_name: delimited(&name),
         connect_timeout: Some(duration(CONNECT_TIMEOUT)),
         circuit_breakers: Some(unlimited_breakers()),
+        metadata: Some(super::super::istio_stats::cluster_metadata(
+            &p.services,
+            None,
+        )),
         ..Default::default()
     };
     if endpoint.as_ref().is_none_or(|a| !is_localhost(a)) {
