@@ -23,6 +23,29 @@ use super::Proxy;
 use super::context::IstioContext;
 use super::util::any;
 
+/// Why a provider a Telemetry names is left out (logged, as Istio does).
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    /// No `extensionProviders` entry has the name.
+    #[error("no extensionProviders entry has this name (add one to the mesh config)")]
+    NotFound,
+    /// The provider is of a kind this use does not take.
+    #[error("it is a {kind} provider; this istiod applies {wanted} providers to {section}")]
+    WrongKind {
+        /// The provider's kind.
+        kind: String,
+        /// The kinds that apply.
+        wanted: &'static str,
+        /// `accessLogging` or `tracing`.
+        section: &'static str,
+    },
+    /// The collector's service is not one the proxy has a cluster for.
+    #[error(
+        "no service {0} in the registry visible to this proxy (check the provider's service and the Sidecar's egress hosts)"
+    )]
+    NotVisible(String),
+}
+
 const HCM: &str = "envoy.filters.network.http_connection_manager";
 const TCP_PROXY: &str = "envoy.filters.network.tcp_proxy";
 

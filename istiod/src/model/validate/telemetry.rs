@@ -67,6 +67,13 @@ pub(super) fn telemetry(t: &Telemetry, e: &mut Errors) {
                 format!("{f}.filter.expression"),
                 "must not be empty (give a CEL expression, e.g. response.code >= 400, or remove filter)",
             );
+        } else if let Some(filter) = &al.filter
+            && let Err(why) = balanced(&filter.expression)
+        {
+            e.add(
+                format!("{f}.filter.expression"),
+                format!("is not a CEL expression: {why}"),
+            );
         }
     }
     for (i, m) in t.metrics.iter().enumerate() {
@@ -104,6 +111,47 @@ pub(super) fn telemetry(t: &Telemetry, e: &mut Errors) {
                 );
             }
         }
+    }
+}
+
+/// A first check of a CEL expression (Envoy parses it, and would reject
+/// the whole listener update): brackets and quotes must pair up.
+fn balanced(expr: &str) -> Result<(), String> {
+    let mut open: Vec<char> = Vec::new();
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    for c in expr.chars() {
+        if let Some(q) = quote {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                _ if c == q => quote = None,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '\'' | '"' => quote = Some(c),
+            '(' | '[' | '{' => open.push(c),
+            ')' | ']' | '}' => {
+                let want = match c {
+                    ')' => '(',
+                    ']' => '[',
+                    _ => '{',
+                };
+                if open.pop() != Some(want) {
+                    return Err(format!("unexpected {c:?}"));
+                }
+            }
+            _ => {}
+        }
+    }
+    if quote.is_some() {
+        return Err("a string is not closed".into());
+    }
+    match open.last() {
+        Some(c) => Err(format!("{c:?} is not closed")),
+        None => Ok(()),
     }
 }
 
@@ -204,6 +252,22 @@ mod tests {
         );
         refused(&errs, "spec.accessLogging[0].providers[0].name", "required");
         refused(&errs, "spec.accessLogging[0].filter.expression", "empty");
+        let errs = errors(
+            "t.yaml",
+            T,
+            "{accessLogging: [{filter: {expression: \"has(request.headers['x'] && response.code >= 400\"}}]}",
+        );
+        refused(
+            &errs,
+            "spec.accessLogging[0].filter.expression",
+            "not closed",
+        );
+        let ok = errors(
+            "t.yaml",
+            T,
+            "{accessLogging: [{filter: {expression: \"request.headers['x-a)'] == 'b' || response.code >= 400\"}}]}",
+        );
+        assert!(ok.is_empty(), "{ok:?}");
         // Unknown fields and modes are decode errors naming the field.
         let errs = errors("t.yaml", T, "{accessLogging: [{match: {mode: BOTH}}]}");
         assert!(!errs.is_empty());

@@ -16,6 +16,7 @@ use crate::mesh::{AccessLogEncoding, ExtensionProviderKind, MeshConfig};
 use crate::model::telemetry::{BUILTIN_ENVOY_PROVIDER, LoggingProvider};
 
 use super::super::util::any;
+use super::ProviderError;
 
 /// Envoy's file access logger.
 pub const FILE_ACCESS_LOG: &str = "envoy.access_loggers.file";
@@ -97,7 +98,7 @@ pub fn access_logs(mesh: &MeshConfig, providers: &[LoggingProvider]) -> Vec<Acce
 }
 
 /// The path and format of the file logger `name` names.
-fn file_logger(mesh: &MeshConfig, name: &str) -> Result<(String, Format, bool), String> {
+fn file_logger(mesh: &MeshConfig, name: &str) -> Result<(String, Format, bool), ProviderError> {
     match mesh.extension_providers.iter().find(|p| p.name == name) {
         Some(p) => match &p.kind {
             ExtensionProviderKind::FileAccessLog(f) => {
@@ -116,10 +117,11 @@ fn file_logger(mesh: &MeshConfig, name: &str) -> Result<(String, Format, bool), 
                     fmt.is_some_and(|f| f.omit_empty_values),
                 ))
             }
-            other => Err(format!(
-                "it is a {} provider; this istiod applies envoyFileAccessLog providers to access logging",
-                other.key()
-            )),
+            other => Err(ProviderError::WrongKind {
+                kind: other.key().to_string(),
+                wanted: "envoyFileAccessLog",
+                section: "accessLogging",
+            }),
         },
         None if name == BUILTIN_ENVOY_PROVIDER => {
             let t = &mesh.telemetry;
@@ -130,7 +132,7 @@ fn file_logger(mesh: &MeshConfig, name: &str) -> Result<(String, Format, bool), 
             };
             Ok((path, mesh_format(mesh), false))
         }
-        None => Err("no extensionProviders entry has this name".into()),
+        None => Err(ProviderError::NotFound),
     }
 }
 

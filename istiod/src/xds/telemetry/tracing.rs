@@ -17,6 +17,7 @@ use crate::model::telemetry::{self, TracingSpec};
 use super::super::Proxy;
 use super::super::context::IstioContext;
 use super::super::util::{any, u32v};
+use super::ProviderError;
 
 /// Istio's sampling percentage when neither Telemetry nor
 /// `defaultConfig.tracing.sampling` sets one (`PILOT_TRACE_SAMPLING`).
@@ -89,20 +90,21 @@ fn provider(
     proxy: &Proxy,
     mesh: &MeshConfig,
     name: &str,
-) -> Result<Provider, String> {
+) -> Result<Provider, ProviderError> {
     let p = mesh
         .extension_providers
         .iter()
         .find(|p| p.name == name)
-        .ok_or("no extensionProviders entry has this name")?;
+        .ok_or(ProviderError::NotFound)?;
     let (service, port) = match &p.kind {
         ExtensionProviderKind::Zipkin(z) => (&z.service, z.port),
         ExtensionProviderKind::OpenTelemetry(o) => (&o.service, o.port),
         other => {
-            return Err(format!(
-                "it is a {} provider; this istiod applies zipkin and opentelemetry providers to tracing",
-                other.key()
-            ));
+            return Err(ProviderError::WrongKind {
+                kind: other.key().to_string(),
+                wanted: "zipkin and opentelemetry",
+                section: "tracing",
+            });
         }
     };
     let host = service_host(service, &ctx.domain);
@@ -114,9 +116,7 @@ fn provider(
         ctx.scope(proxy).service(&host).is_some()
     };
     if !visible {
-        return Err(format!(
-            "no service {host} in the registry visible to this proxy"
-        ));
+        return Err(ProviderError::NotVisible(host));
     }
     let cluster = crate::xds::cds::outbound_name(port as u16, "", &host);
     Ok(match &p.kind {
