@@ -120,12 +120,10 @@ impl PatchWrapper {
 
     /// The value's encoding (for merges).
     fn bytes(&self) -> Result<&[u8], PatchError> {
-        self.value
-            .as_deref()
-            .map_err(|m| PatchError::Value {
-                type_name: self.apply_to.envoy_type().unwrap_or("?"),
-                message: m.clone(),
-            })
+        self.value.as_deref().map_err(|m| PatchError::Value {
+            type_name: self.apply_to.envoy_type().unwrap_or("?"),
+            message: m.clone(),
+        })
     }
 
     /// Istio's `commonConditionMatch` for the object's context (the proxy
@@ -190,13 +188,17 @@ impl EnvoyFilters {
             .iter()
             .filter(|f| {
                 (f.namespace == ROOT_NAMESPACE || f.namespace == proxy.namespace)
-                    && f.selector.as_ref().is_none_or(|sel| {
-                        sel.iter().all(|(k, v)| proxy.labels.get(k) == Some(v))
-                    })
+                    && f.selector
+                        .as_ref()
+                        .is_none_or(|sel| sel.iter().all(|(k, v)| proxy.labels.get(k) == Some(v)))
             })
             .map(|f| Selected {
                 filter: f,
-                patches: f.patches.iter().filter(|p| p.proxy_matches(proxy)).collect(),
+                patches: f
+                    .patches
+                    .iter()
+                    .filter(|p| p.proxy_matches(proxy))
+                    .collect(),
             })
             .filter(|s| !s.patches.is_empty())
             .collect()

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use super::context::IstioContext;
 use super::{
     CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, Proxy, PushContext, PushPlan,
-    ROUTE_TYPE, Resource, SECRET_TYPE, Updates, cds, eds, envoyfilter, lds, nds, proxy_dependencies,
-    rds, sds,
+    ROUTE_TYPE, Resource, SECRET_TYPE, Updates, cds, eds, envoyfilter, lds, nds,
+    proxy_dependencies, rds, sds,
 };
 
 /// Why a proxy's request could not be generated.

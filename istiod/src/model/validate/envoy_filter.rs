@@ -155,7 +155,9 @@ fn relative_target(
         .and_then(|l| l.filter_chain.as_ref())
         .and_then(|fc| fc.filter.as_ref());
     match (apply_to, op) {
-        (ApplyTo::NetworkFilter, Operation::Replace) if filter.is_none_or(|f| f.name.is_empty()) => {
+        (ApplyTo::NetworkFilter, Operation::Replace)
+            if filter.is_none_or(|f| f.name.is_empty()) =>
+        {
             e.add(
                 format!("{field}.match.listener.filterChain.filter.name"),
                 "is required for REPLACE (name the network filter to replace)",
@@ -257,5 +259,153 @@ fn object_match(field: &str, apply_to: ApplyTo, m: &EnvoyConfigObjectMatch, e: &
             format!("{field}.routeConfiguration"),
             "gateway and portName select gateway routes; they never match in SIDECAR_INBOUND",
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{errors, refused};
+
+    const HEADER: &str = "apiVersion: networking.istio.io/v1alpha3\nkind: EnvoyFilter\nmetadata: {name: ef, namespace: demo}\n";
+
+    fn errs(spec: &str) -> Vec<String> {
+        let errs = errors("ef.yaml", HEADER, spec);
+        for e in &errs {
+            // Every refusal names the file's object.
+            assert!(!e.is_empty());
+        }
+        errs
+    }
+
+    #[test]
+    fn a_valid_filter_passes() {
+        let e = errs(
+            r#"
+  workloadSelector: {labels: {app: sleep}}
+  priority: -5
+  configPatches:
+  - applyTo: HTTP_FILTER
+    match:
+      context: SIDECAR_OUTBOUND
+      proxy: {proxyVersion: '^1\..*'}
+      listener:
+        portNumber: 8000
+        filterChain: {filter: {name: envoy.filters.network.http_connection_manager, subFilter: {name: envoy.filters.http.router}}}
+    patch:
+      operation: INSERT_BEFORE
+      value:
+        name: envoy.filters.http.lua
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+          inlineCode: "function envoy_on_response(h) end"
+  - applyTo: CLUSTER
+    match: {cluster: {service: httpbin.demo.svc.cluster.local}}
+    patch: {operation: REMOVE}
+"#,
+        );
+        assert!(e.is_empty(), "{e:#?}");
+    }
+
+    #[test]
+    fn a_value_that_does_not_decode_names_the_value() {
+        let e = errs(
+            r#"
+  configPatches:
+  - applyTo: CLUSTER
+    patch: {operation: MERGE, value: {connectTimeout: 5, bogus: 1}}
+"#,
+        );
+        refused(
+            &e,
+            "spec.configPatches[0].patch.value",
+            "envoy.config.cluster.v3.Cluster",
+        );
+        let e = errs(
+            r#"
+  configPatches:
+  - applyTo: HTTP_FILTER
+    patch:
+      operation: ADD
+      value: {name: x, typed_config: {"@type": type.googleapis.com/not.a.Type}}
+"#,
+        );
+        refused(&e, "spec.configPatches[0].patch.value", "not.a.Type");
+    }
+
+    #[test]
+    fn what_cannot_be_applied_is_refused() {
+        let e = errs(
+            r#"
+  targetRefs: [{group: "", kind: Service, name: httpbin}]
+  configPatches:
+  - applyTo: EXTENSION_CONFIG
+    patch: {operation: ADD, value: {name: x}}
+  - applyTo: BOOTSTRAP
+    patch: {operation: MERGE, value: {}}
+  - applyTo: ROUTE_CONFIGURATION
+    patch: {operation: ADD, value: {}}
+  - applyTo: CLUSTER
+    patch: {operation: MERGE, filterClass: AUTHZ, value: {}}
+  - applyTo: CLUSTER
+    match: {listener: {portNumber: 80}}
+    patch: {operation: REMOVE, value: {name: c}}
+  - applyTo: NETWORK_FILTER
+    patch: {operation: REPLACE, value: {name: n}}
+  - applyTo: LISTENER
+    patch: {}
+  - {}
+  - applyTo: LISTENER
+    match: {proxy: {proxyVersion: "("}, listener: {portName: http}}
+    patch: {operation: ADD, value: {name: l}}
+"#,
+        );
+        refused(&e, "spec.targetRefs[0]", "Gateway API Gateways");
+        refused(&e, "spec.configPatches[0].applyTo", "ECDS");
+        refused(&e, "spec.configPatches[1].applyTo", "bootstrap");
+        refused(
+            &e,
+            "spec.configPatches[2].patch.operation",
+            "does not apply",
+        );
+        refused(&e, "spec.configPatches[3].patch.filterClass", "not applied");
+        refused(
+            &e,
+            "spec.configPatches[4].match.listener",
+            "does not apply to Cluster",
+        );
+        refused(
+            &e,
+            "spec.configPatches[4].patch.value",
+            "REMOVE takes no value",
+        );
+        refused(
+            &e,
+            "spec.configPatches[5].match.listener.filterChain.filter.name",
+            "REPLACE",
+        );
+        refused(&e, "spec.configPatches[6].patch.operation", "is required");
+        refused(&e, "spec.configPatches[7].applyTo", "is required");
+        refused(
+            &e,
+            "spec.configPatches[8].match.proxy.proxyVersion",
+            "regular expression",
+        );
+        refused(
+            &e,
+            "spec.configPatches[8].match.listener.portName",
+            "not applied",
+        );
+    }
+
+    #[test]
+    fn selector_and_target_refs_exclude_each_other() {
+        let e = errs(
+            r#"
+  workloadSelector: {labels: {app: x}}
+  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: gw, namespace: other}]
+"#,
+        );
+        refused(&e, "spec.targetRefs", "only one of");
+        refused(&e, "spec.targetRefs[0].namespace", "cross-namespace");
     }
 }

@@ -16,8 +16,8 @@ use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3:
 use proto::pb::google::protobuf::Any;
 
 use super::metrics::PatchType;
-use super::{PatchError, PatchWrapper, Patches, decode, insert_position, merge, merge_any, report};
 use super::route_patch;
+use super::{PatchError, PatchWrapper, Patches, decode, insert_position, merge, merge_any, report};
 use crate::model::envoy_filter::{ApplyTo, Operation, PatchContext};
 use crate::xds::Resource;
 
@@ -59,8 +59,7 @@ pub(super) fn context_of(l: &Listener, gateway: bool) -> PatchContext {
     use proto::pb::envoy::config::core::v3::TrafficDirection;
     if gateway {
         PatchContext::Gateway
-    } else if l.name == VIRTUAL_INBOUND || l.traffic_direction == TrafficDirection::Inbound as i32
-    {
+    } else if l.name == VIRTUAL_INBOUND || l.traffic_direction == TrafficDirection::Inbound as i32 {
         PatchContext::SidecarInbound
     } else {
         PatchContext::SidecarOutbound
@@ -68,7 +67,11 @@ pub(super) fn context_of(l: &Listener, gateway: bool) -> PatchContext {
 }
 
 /// Patches one listener; false when a patch removed it.
-pub(super) fn patch_listener(patches: &Patches<'_>, context: PatchContext, l: &mut Listener) -> bool {
+pub(super) fn patch_listener(
+    patches: &Patches<'_>,
+    context: PatchContext,
+    l: &mut Listener,
+) -> bool {
     for (key, p) in patches.iter(ApplyTo::Listener, context) {
         if !listener_matches(l, p) {
             continue;
@@ -151,7 +154,11 @@ fn patch_filter_chains(l: &mut Listener, p: &PatchWrapper) -> Result<(), PatchEr
         Operation::Merge => {
             let patch: FilterChain = p.value()?;
             let bytes = p.bytes()?;
-            for fc in l.filter_chains.iter_mut().chain(l.default_filter_chain.as_mut()) {
+            for fc in l
+                .filter_chains
+                .iter_mut()
+                .chain(l.default_filter_chain.as_mut())
+            {
                 if selects(fc) {
                     *fc = merge_filter_chain(fc, &patch, bytes)?;
                 }
@@ -215,7 +222,12 @@ fn patch_hcm(
         return;
     }
     for (key, p) in http {
-        let result = patch_list(&mut hcm.http_filters, p, http_filter_matches, merge_http_filter);
+        let result = patch_list(
+            &mut hcm.http_filters,
+            p,
+            http_filter_matches,
+            merge_http_filter,
+        );
         report(key, PatchType::HttpFilter, result);
     }
     if routes
@@ -391,7 +403,9 @@ fn chain_matches(listener: &str, fc: &FilterChain, p: &PatchWrapper) -> bool {
         return false;
     }
     if !m.application_protocols.is_empty() {
-        let have = fcm.map(|f| f.application_protocols.as_slice()).unwrap_or_default();
+        let have = fcm
+            .map(|f| f.application_protocols.as_slice())
+            .unwrap_or_default();
         let all = m
             .application_protocols
             .split(',')
