@@ -135,3 +135,34 @@ mod tests {
         assert_eq!(err, JsonError::UnknownType("envoy.Nope".into()));
     }
 }
+
+#[cfg(test)]
+mod coverage {
+    #[test]
+    fn the_extensions_envoy_filters_name_are_known() {
+        let pool = super::pool().unwrap();
+        for t in [
+            "envoy.config.bootstrap.v3.Bootstrap",
+            "envoy.extensions.filters.http.lua.v3.Lua",
+            "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+            "envoy.extensions.filters.http.ext_authz.v3.ExtAuthz",
+            "envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication",
+            "envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit",
+            "envoy.extensions.filters.http.ratelimit.v3.RateLimit",
+            "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+            "envoy.extensions.filters.network.local_ratelimit.v3.LocalRateLimit",
+            "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+            "envoy.extensions.access_loggers.file.v3.FileAccessLog",
+            "envoy.extensions.tracers.opentelemetry.samplers.v3.AlwaysOnSamplerConfig",
+            "envoy.extensions.clusters.dns.v3.DnsCluster",
+            "envoy.extensions.filters.http.dynamic_forward_proxy.v3.FilterConfig",
+        ] {
+            assert!(pool.get_message_by_name(t).is_some(), "{t}");
+        }
+        let extensions = pool
+            .files()
+            .filter(|f| f.name().starts_with("envoy/extensions/"))
+            .count();
+        assert!(extensions > 330, "{extensions} extension protos");
+    }
+}
