@@ -57,7 +57,7 @@ fn mesh(services: usize) -> String {
 /// EnvoyFilter number `i`: one of four kinds of patch, in demo (selecting
 /// sleep) or in the root namespace.
 fn envoy_filter(i: usize) -> String {
-    let (ns, selector) = if i % 2 == 0 {
+    let (ns, selector) = if i.is_multiple_of(2) {
         ("demo", "  workloadSelector: {labels: {app: sleep}}\n")
     } else {
         ("istio-system", "")

@@ -287,7 +287,7 @@ fn patch_list<T: prost::Message + Default>(
     }
 }
 
-fn filter_name<'a>(p: &'a PatchWrapper) -> Option<&'a str> {
+fn filter_name(p: &PatchWrapper) -> Option<&str> {
     p.listener
         .as_ref()?
         .filter_chain
@@ -298,7 +298,7 @@ fn filter_name<'a>(p: &'a PatchWrapper) -> Option<&'a str> {
         .filter(|n| !n.is_empty())
 }
 
-fn sub_filter_name<'a>(p: &'a PatchWrapper) -> Option<&'a str> {
+fn sub_filter_name(p: &PatchWrapper) -> Option<&str> {
     p.listener
         .as_ref()?
         .filter_chain

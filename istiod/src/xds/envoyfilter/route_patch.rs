@@ -109,7 +109,7 @@ fn patch_routes(routes: &mut Vec<Route>, p: &PatchWrapper) -> Result<(), PatchEr
             routes.retain(|r| !route_matches(r, p));
             Ok(())
         }
-        Operation::Merge => merge_each(routes, p, |r, p| route_matches(r, p)),
+        Operation::Merge => merge_each(routes, p, route_matches),
         op => {
             let named = p
                 .route
