@@ -281,3 +281,32 @@ fn cluster_remove_fails_requests_with_no_cluster_until_the_filter_goes() {
         get_httpbin(&mesh, "sleep-1").filter(|(c, _)| *c == 200)
     });
 }
+
+#[test]
+fn envoy_filters_are_read_from_kubernetes() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let mesh = LocalMesh::start_kube(tmp.path());
+    let api = mesh.kube_api.as_ref().unwrap();
+    tests::wait_for("200 from httpbin", WAIT, || {
+        get_httpbin(&mesh, "sleep-1").filter(|(c, _)| *c == 200)
+    });
+    let filter: serde_json::Value = serde_yaml_ng::from_str(REMOVE_CLUSTERS).unwrap();
+    api.create(filter).unwrap();
+    let (code, out) = tests::wait_for("503 at sleep once the filter is watched", WAIT, || {
+        get_httpbin(&mesh, "sleep-1").filter(|(c, _)| *c == 503)
+    });
+    assert_eq!(code, 503, "{out}");
+    let (code, out) = get_httpbin(&mesh, "httpbin-v1").unwrap();
+    assert_eq!(code, 200, "{out}");
+    api.delete(
+        "networking.istio.io/v1alpha3",
+        "EnvoyFilter",
+        "demo",
+        "no-httpbin",
+    )
+    .unwrap();
+    tests::wait_for("200 from httpbin after the delete", WAIT, || {
+        get_httpbin(&mesh, "sleep-1").filter(|(c, _)| *c == 200)
+    });
+}
