@@ -33,6 +33,13 @@ pub(super) fn apply(
 ) -> Vec<Arc<Resource>> {
     let mut out = Vec::with_capacity(resources.len());
     for r in resources {
+        // Listeners no patch can select pass by reference, undecoded.
+        if let Ok(head) = <ListenerHead as prost::Message>::decode(r.resource.value.as_slice())
+            && !may_patch(patches, &head, gateway)
+        {
+            out.push(r);
+            continue;
+        }
         let mut l: Listener = match decode(&r) {
             Ok(l) => l,
             Err(e) => {
@@ -54,12 +61,53 @@ pub(super) fn apply(
     out
 }
 
+/// What selects a listener (its name, address and direction), decoded
+/// without its filter chains: the other fields' bytes are skipped.
+#[derive(Clone, PartialEq, prost::Message)]
+struct ListenerHead {
+    #[prost(string, tag = "1")]
+    name: String,
+    #[prost(message, optional, tag = "2")]
+    address: Option<proto::pb::envoy::config::core::v3::Address>,
+    #[prost(int32, tag = "16")]
+    traffic_direction: i32,
+}
+
+/// Whether a patch may select the listener (or, inbound, its inline routes).
+fn may_patch(patches: &Patches<'_>, head: &ListenerHead, gateway: bool) -> bool {
+    let context = context_of_parts(&head.name, head.traffic_direction, gateway);
+    let port = port_of(head.address.as_ref());
+    let listener_kinds = [
+        ApplyTo::Listener,
+        ApplyTo::FilterChain,
+        ApplyTo::NetworkFilter,
+        ApplyTo::HttpFilter,
+    ];
+    let route_kinds = [
+        ApplyTo::RouteConfiguration,
+        ApplyTo::VirtualHost,
+        ApplyTo::HttpRoute,
+    ];
+    listener_kinds.into_iter().any(|kind| {
+        patches
+            .iter(kind, context)
+            .any(|(_, p)| listener_matches_parts(&head.name, port, p))
+    }) || (context == PatchContext::SidecarInbound
+        && route_kinds
+            .into_iter()
+            .any(|kind| patches.iter(kind, context).next().is_some()))
+}
+
 /// A listener's patch context.
 pub(super) fn context_of(l: &Listener, gateway: bool) -> PatchContext {
+    context_of_parts(&l.name, l.traffic_direction, gateway)
+}
+
+fn context_of_parts(name: &str, traffic_direction: i32, gateway: bool) -> PatchContext {
     use proto::pb::envoy::config::core::v3::TrafficDirection;
     if gateway {
         PatchContext::Gateway
-    } else if l.name == VIRTUAL_INBOUND || l.traffic_direction == TrafficDirection::Inbound as i32 {
+    } else if name == VIRTUAL_INBOUND || traffic_direction == TrafficDirection::Inbound as i32 {
         PatchContext::SidecarInbound
     } else {
         PatchContext::SidecarOutbound
@@ -112,7 +160,14 @@ pub(super) fn patch_listener(
         report(key, PatchType::NetworkFilter, result);
     }
     let http = patches.iter(ApplyTo::HttpFilter, context).next().is_some();
-    let routes = context == PatchContext::SidecarInbound;
+    let routes = context == PatchContext::SidecarInbound
+        && [
+            ApplyTo::RouteConfiguration,
+            ApplyTo::VirtualHost,
+            ApplyTo::HttpRoute,
+        ]
+        .into_iter()
+        .any(|kind| patches.iter(kind, context).next().is_some());
     if http || routes {
         let name = l.name.clone();
         for fc in chains(l) {
@@ -351,22 +406,25 @@ fn merge_http_filter(f: &HttpFilter, p: &PatchWrapper) -> Result<HttpFilter, Pat
 
 /// Istio's `listenerMatch`.
 fn listener_matches(l: &Listener, p: &PatchWrapper) -> bool {
+    listener_matches_parts(&l.name, port_of(l.address.as_ref()), p)
+}
+
+fn listener_matches_parts(name: &str, port: Option<u32>, p: &PatchWrapper) -> bool {
     let Some(m) = &p.listener else {
         return true;
     };
-    if !m.name.is_empty() && m.name != l.name {
+    if !m.name.is_empty() && m.name != name {
         return false;
     }
     // The virtual listeners' port is matched on their chains' destination port.
-    if p.apply_to != ApplyTo::Listener && (l.name == VIRTUAL_INBOUND || l.name == VIRTUAL_OUTBOUND)
-    {
+    if p.apply_to != ApplyTo::Listener && (name == VIRTUAL_INBOUND || name == VIRTUAL_OUTBOUND) {
         return true;
     }
-    m.port_number == 0 || listener_port(l) == Some(m.port_number)
+    m.port_number == 0 || port == Some(m.port_number)
 }
 
-fn listener_port(l: &Listener) -> Option<u32> {
-    match l.address.as_ref()?.address.as_ref()? {
+fn port_of(address: Option<&proto::pb::envoy::config::core::v3::Address>) -> Option<u32> {
+    match address?.address.as_ref()? {
         address::Address::SocketAddress(sa) => match sa.port_specifier {
             Some(socket_address::PortSpecifier::PortValue(p)) => Some(p),
             _ => None,
