@@ -659,3 +659,33 @@ spec:
         .insert(super::GATEWAY_NAME_LABEL.into(), "edge".into());
     assert!(clusters(&ctx, &proxy).iter().any(|c| c.name == "for-edge"));
 }
+
+#[test]
+fn listeners_no_patch_selects_stay_shared() {
+    let ctx = ctx(r#"
+apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata: {name: one-port, namespace: demo}
+spec:
+  configPatches:
+  - applyTo: LISTENER
+    match: {context: SIDECAR_OUTBOUND, listener: {portNumber: 8000}}
+    patch: {operation: MERGE, value: {per_connection_buffer_limit_bytes: 4096}}
+"#);
+    let none = BTreeSet::new();
+    let a = ctx.generate(&sleep(), LISTENER_TYPE, &none).unwrap();
+    let b = ctx.generate(&sleep(), LISTENER_TYPE, &none).unwrap();
+    let mut shared = 0;
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x.name, y.name);
+        if x.name == "0.0.0.0_8000" {
+            // Patched per proxy: a copy of its own.
+            assert!(!std::sync::Arc::ptr_eq(x, y));
+        } else if x.name == "virtualOutbound" {
+            // The Sidecar scope's encoding, passed on untouched.
+            assert!(std::sync::Arc::ptr_eq(x, y));
+            shared += 1;
+        }
+    }
+    assert_eq!(shared, 1);
+}
