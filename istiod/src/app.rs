@@ -286,6 +286,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     } else {
         None
     };
+    crate::xds::envoyfilter::register_metrics(&registry)?;
     let cache = Arc::new(crate::xds::cache::XdsCache::new(
         config.xds_cache.clone(),
         cache_metrics,

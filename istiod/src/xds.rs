@@ -11,6 +11,7 @@ mod connection;
 pub mod context;
 mod delta;
 pub mod eds;
+pub mod envoyfilter;
 pub mod gateway;
 pub mod generator;
 pub mod istio_stats;

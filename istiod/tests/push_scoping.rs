@@ -74,6 +74,26 @@ fn sidecar(ns: &str) -> String {
     )
 }
 
+/// An EnvoyFilter in `ns` adding a response header on every outbound
+/// virtual host and merging every outbound cluster's connect timeout.
+fn envoy_filter(ns: &str, selector: &str, header: &str) -> String {
+    format!(
+        r#"apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata: {{name: ef, namespace: {ns}}}
+spec:
+  {selector}
+  configPatches:
+  - applyTo: VIRTUAL_HOST
+    match: {{context: SIDECAR_OUTBOUND}}
+    patch: {{operation: MERGE, value: {{response_headers_to_add: [{{header: {{key: {header}, value: "1"}}}}]}}}}
+  - applyTo: CLUSTER
+    match: {{context: SIDECAR_OUTBOUND}}
+    patch: {{operation: MERGE, value: {{connect_timeout: 3s}}}}
+"#
+    )
+}
+
 fn s(v: &str) -> Value {
     Value {
         kind: Some(PbKind::StringValue(v.into())),
@@ -244,6 +264,9 @@ fn cached_generation_equals_fresh_generation_after_every_change() {
             vec!["apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {name: default, namespace: a}\nspec: {mtls: {mode: DISABLE}}\n".to_string()],
         ),
         ("a DestinationRule in b for svc-a", vec![destination_rule("b", "svc-a.a.svc.cluster.local", &["v1"])]),
+        ("an EnvoyFilter in a", vec![envoy_filter("a", "workloadSelector: {labels: {app: svc-a}}", "x-a")]),
+        ("an EnvoyFilter in a edited", vec![envoy_filter("a", "", "x-a2")]),
+        ("an EnvoyFilter in the root namespace", vec![envoy_filter("istio-system", "", "x-root")]),
     ];
     for (what, docs) in edits {
         m.apply(&docs);
@@ -251,6 +274,8 @@ fn cached_generation_equals_fresh_generation_after_every_change() {
     }
     m.delete(ObjectKey::new(Kind::VirtualService, "a", "svc-a"));
     m.assert_cache_agrees("the VirtualService deleted");
+    m.delete(ObjectKey::new(Kind::EnvoyFilter, "a", "ef"));
+    m.assert_cache_agrees("the EnvoyFilter in a deleted");
     m.delete(ObjectKey::new(Kind::Service, "b", "svc-b"));
     m.assert_cache_agrees("svc-b deleted");
     assert!(
@@ -312,6 +337,17 @@ fn a_change_reaches_only_the_proxies_that_can_see_it_with_only_the_types_it_alte
     let u = m.apply(&["apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: deny, namespace: b}\nspec: {}\n".to_string()]);
     assert_eq!(m.plan(&b, &u).types, Types::LDS);
     assert!(m.plan(&a, &u).is_empty());
+
+    // An EnvoyFilter in a: listeners, routes and clusters of a's proxies
+    // (patched after the cache, so nothing cached is cleared); one in the
+    // root namespace: every proxy's (a CDS push brings EDS along).
+    let all_but_nds = Types::LDS | Types::RDS | Types::CDS | Types::EDS;
+    let u = m.apply(&[envoy_filter("a", "", "x-a")]);
+    assert_eq!(m.plan(&a, &u).types, all_but_nds);
+    assert_eq!(m.plan(&a2, &u).types, all_but_nds);
+    assert!(m.plan(&b, &u).is_empty());
+    let u = m.apply(&[envoy_filter("istio-system", "", "x-root")]);
+    assert_eq!(m.plan(&b, &u).types, all_but_nds);
 
     // The Sidecar of b removed: everything for b's proxies, nothing for a's.
     let u = m.delete(ObjectKey::new(Kind::Sidecar, "b", "default"));

@@ -19,3 +19,5 @@ pub mod nds {
 
 /// Envoy's `google.protobuf` well-known types, as the generated code uses them.
 pub use envoy_types::pb::google::protobuf;
+
+pub mod envoy_json;

@@ -33,11 +33,11 @@ spec:
     - destination: {host: applied.example.com}
 "#;
 
-const ENVOY_FILTER: &str = r#"apiVersion: networking.istio.io/v1alpha3
-kind: EnvoyFilter
+const PROXY_CONFIG: &str = r#"apiVersion: networking.istio.io/v1beta1
+kind: ProxyConfig
 metadata: {name: tweak, namespace: demo}
 spec:
-  configPatches: []
+  concurrency: 2
 "#;
 
 fn configz(http: SocketAddr) -> Value {
@@ -97,20 +97,20 @@ fn unimplemented_kinds_are_reported_by_file_and_kind() {
 
     // A file added while istiod runs is reported the same way.
     let filter_file = config.join("filter.yaml");
-    std::fs::write(&filter_file, ENVOY_FILTER).unwrap();
+    std::fs::write(&filter_file, PROXY_CONFIG).unwrap();
     let filter_path = filter_file.display().to_string();
     ns.run(move || {
-        wait_for("the EnvoyFilter reported in configz", WAIT, || {
+        wait_for("the ProxyConfig reported in configz", WAIT, || {
             let c = configz(http);
             c["unimplemented"]
                 .as_array()
                 .unwrap()
                 .iter()
-                .any(|u| u["file"] == filter_path.as_str() && u["kind"] == "EnvoyFilter")
+                .any(|u| u["file"] == filter_path.as_str() && u["kind"] == "ProxyConfig")
                 .then_some(())
         });
         assert_eq!(
-            rejected_count(monitoring, "EnvoyFilter", &filter_path),
+            rejected_count(monitoring, "ProxyConfig", &filter_path),
             Some(1)
         );
     });

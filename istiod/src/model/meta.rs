@@ -7,6 +7,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use super::envoy_filter::EnvoyFilter;
 use super::gateway::Gateway;
 use super::gateway_api::{GatewayClass, HttpRoute, KubernetesGateway};
 use super::istio::{
@@ -46,6 +47,8 @@ pub enum Kind {
     Sidecar,
     /// `networking.istio.io` Gateway: what a gateway (`router`) listens for.
     Gateway,
+    /// `networking.istio.io/v1alpha3` EnvoyFilter: patches to the generated Envoy config.
+    EnvoyFilter,
     /// `security.istio.io` PeerAuthentication: inbound mTLS mode.
     PeerAuthentication,
     /// `security.istio.io` AuthorizationPolicy: access control.
@@ -76,13 +79,14 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 19] = [
+    pub const ALL: [Kind; 20] = [
         Kind::ServiceEntry,
         Kind::WorkloadEntry,
         Kind::VirtualService,
         Kind::DestinationRule,
         Kind::Sidecar,
         Kind::Gateway,
+        Kind::EnvoyFilter,
         Kind::PeerAuthentication,
         Kind::AuthorizationPolicy,
         Kind::RequestAuthentication,
@@ -107,6 +111,7 @@ impl Kind {
             Kind::DestinationRule => "DestinationRule",
             Kind::Sidecar => "Sidecar",
             Kind::Gateway => "Gateway",
+            Kind::EnvoyFilter => "EnvoyFilter",
             Kind::PeerAuthentication => "PeerAuthentication",
             Kind::AuthorizationPolicy => "AuthorizationPolicy",
             Kind::RequestAuthentication => "RequestAuthentication",
@@ -131,7 +136,8 @@ impl Kind {
             | Kind::VirtualService
             | Kind::DestinationRule
             | Kind::Sidecar
-            | Kind::Gateway => NETWORKING_GROUP,
+            | Kind::Gateway
+            | Kind::EnvoyFilter => NETWORKING_GROUP,
             Kind::PeerAuthentication | Kind::AuthorizationPolicy | Kind::RequestAuthentication => {
                 SECURITY_GROUP
             }
@@ -144,6 +150,10 @@ impl Kind {
 
     /// The versions of the group accepted for this kind, preferred first.
     pub fn versions(self) -> &'static [&'static str] {
+        if self == Kind::EnvoyFilter {
+            // Istio serves EnvoyFilter at v1alpha3 only.
+            return &["v1alpha3"];
+        }
         match self.group() {
             NETWORKING_GROUP => &["v1", "v1beta1", "v1alpha3"],
             SECURITY_GROUP | GATEWAY_API_GROUP => &["v1", "v1beta1"],
@@ -313,6 +323,8 @@ pub enum Spec {
     Sidecar(Sidecar),
     /// A Gateway's `spec`.
     Gateway(Gateway),
+    /// An EnvoyFilter's `spec`.
+    EnvoyFilter(EnvoyFilter),
     /// A PeerAuthentication's `spec`.
     PeerAuthentication(PeerAuthentication),
     /// An AuthorizationPolicy's `spec`.
@@ -351,6 +363,7 @@ impl Spec {
             Spec::DestinationRule(_) => Kind::DestinationRule,
             Spec::Sidecar(_) => Kind::Sidecar,
             Spec::Gateway(_) => Kind::Gateway,
+            Spec::EnvoyFilter(_) => Kind::EnvoyFilter,
             Spec::PeerAuthentication(_) => Kind::PeerAuthentication,
             Spec::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
             Spec::RequestAuthentication(_) => Kind::RequestAuthentication,
@@ -453,6 +466,7 @@ kind_spec!(
     DestinationRule,
     Sidecar,
     Gateway,
+    EnvoyFilter,
     PeerAuthentication,
     AuthorizationPolicy,
     RequestAuthentication,
@@ -493,8 +507,13 @@ mod tests {
         assert_eq!(Kind::resolve("serving.knative.dev/v1", "Service"), Ok(None));
         assert_eq!(
             Kind::resolve("networking.istio.io/v1alpha3", "EnvoyFilter"),
+            Ok(Some(Kind::EnvoyFilter))
+        );
+        assert_eq!(
+            Kind::resolve("networking.istio.io/v1alpha3", "ProxyConfig"),
             Ok(None)
         );
+        assert!(Kind::resolve("networking.istio.io/v1", "EnvoyFilter").is_err());
         let err = Kind::resolve("security.istio.io/v1alpha1", "PeerAuthentication").unwrap_err();
         assert!(
             err.contains("security.istio.io/v1, security.istio.io/v1beta1"),

@@ -227,6 +227,7 @@ fn decode_body(kind: Kind, map: Map<String, Value>) -> Result<Spec, FieldError> 
         Kind::DestinationRule => Spec::DestinationRule(istio(body)?),
         Kind::Sidecar => Spec::Sidecar(istio(body)?),
         Kind::Gateway => Spec::Gateway(istio(body)?),
+        Kind::EnvoyFilter => Spec::EnvoyFilter(istio(body)?),
         Kind::PeerAuthentication => Spec::PeerAuthentication(istio(body)?),
         Kind::AuthorizationPolicy => Spec::AuthorizationPolicy(istio(body)?),
         Kind::RequestAuthentication => Spec::RequestAuthentication(istio(body)?),
@@ -456,10 +457,10 @@ status: {podIP: 10.244.0.9, phase: Running, conditions: []}
             "f.yaml",
             r#"
 ---
-apiVersion: networking.istio.io/v1alpha3
-kind: EnvoyFilter
+apiVersion: networking.istio.io/v1beta1
+kind: ProxyConfig
 metadata: {name: g}
-spec: {configPatches: []}
+spec: {concurrency: 2}
 ---
 apiVersion: apps/v1
 kind: Deployment
@@ -473,7 +474,7 @@ metadata: {name: d}
         assert_eq!(
             shown,
             vec![
-                "networking.istio.io/v1alpha3 EnvoyFilter",
+                "networking.istio.io/v1beta1 ProxyConfig",
                 "apps/v1 Deployment"
             ]
         );

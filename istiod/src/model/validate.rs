@@ -19,6 +19,7 @@ use super::service::Protocol;
 mod authn;
 mod authz;
 mod destination_rule;
+mod envoy_filter;
 mod gateway;
 mod gateway_api;
 mod gateway_tcp;
@@ -52,6 +53,7 @@ pub fn validate(object: &Object) -> Vec<FieldError> {
         Spec::WorkloadEntry(we) => workload_entry("spec", we, None, &mut e),
         Spec::Sidecar(sc) => sidecar(sc, &mut e),
         Spec::Gateway(gw) => gateway::gateway(gw, &mut e),
+        Spec::EnvoyFilter(ef) => envoy_filter::envoy_filter(ef, &object.metadata.namespace, &mut e),
         Spec::PeerAuthentication(pa) => peer_authentication(pa, &mut e),
         Spec::AuthorizationPolicy(ap) => authz::authorization_policy(ap, &mut e),
         Spec::RequestAuthentication(ra) => authn::request_authentication(ra, &mut e),

@@ -270,6 +270,16 @@ impl Resolved {
                 };
                 self.changes.push(change(&reason, clients, Types::CDS));
             }
+            Kind::EnvoyFilter => {
+                // Patches are applied after the cache, per proxy: nothing
+                // cached is cleared; the proxies of the namespace (all, for
+                // the root namespace) get new listeners, routes and clusters.
+                self.changes.push(change(
+                    &reason,
+                    namespace_audience(&key.namespace),
+                    Types::LDS | Types::RDS | Types::CDS,
+                ));
+            }
             Kind::AuthorizationPolicy | Kind::RequestAuthentication | Kind::Telemetry => {
                 self.changes.push(change(
                     &reason,

@@ -50,6 +50,7 @@ pub fn plural(kind: Kind) -> &'static str {
         Kind::DestinationRule => "destinationrules",
         Kind::Sidecar => "sidecars",
         Kind::Gateway => "gateways",
+        Kind::EnvoyFilter => "envoyfilters",
         Kind::PeerAuthentication => "peerauthentications",
         Kind::AuthorizationPolicy => "authorizationpolicies",
         Kind::RequestAuthentication => "requestauthentications",

@@ -260,7 +260,7 @@ mod tests {
         let mut other = vs(150);
         other["metadata"]["labels"] = json!({"istio.io/rev": "canary"});
         assert!(validator().validate(&request(other, "CREATE")).allowed);
-        let gw = json!({"apiVersion": "networking.istio.io/v1alpha3", "kind": "EnvoyFilter",
+        let gw = json!({"apiVersion": "networking.istio.io/v1beta1", "kind": "ProxyConfig",
             "metadata": {"name": "g"}, "spec": {}});
         let r = validator().validate(&request(gw, "CREATE"));
         assert!(r.allowed);

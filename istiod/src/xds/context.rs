@@ -66,6 +66,8 @@ pub struct IstioContext {
     pub mesh: MeshConfig,
     /// The JWKS of RequestAuthentication `jwksUri`s, fetched by istiod.
     pub jwks: Arc<crate::jwks::JwksResolver>,
+    /// EnvoyFilters, in Istio's order, applied after generation.
+    pub envoy_filters: super::envoyfilter::EnvoyFilters,
     /// Generated resources shared across proxies and pushes.
     pub cache: Arc<XdsCache>,
     /// The push sequence this context was built for (the cache's token).
@@ -296,6 +298,7 @@ impl IstioContext {
             destination_rules,
             virtual_services,
             index,
+            envoy_filters: super::envoyfilter::EnvoyFilters::new(snapshot),
             cache: Arc::default(),
             seq: 0,
             scopes: Mutex::default(),

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use super::context::IstioContext;
 use super::{
     CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, Proxy, PushContext, PushPlan,
-    ROUTE_TYPE, Resource, SECRET_TYPE, Updates, cds, eds, lds, nds, proxy_dependencies, rds, sds,
+    ROUTE_TYPE, Resource, SECRET_TYPE, Updates, cds, eds, envoyfilter, lds, nds,
+    proxy_dependencies, rds, sds,
 };
 
 /// Why a proxy's request could not be generated.
@@ -41,8 +42,9 @@ impl PushContext for IstioContext {
             SECRET_TYPE => sds::build(self, &proxy, names),
             other => return Err(GenerateError::UnknownType(other.to_string())),
         };
+        // EnvoyFilters last, on this proxy's copy of the (cached) output.
         // EDS, RDS and SDS build the names asked for, and only those.
-        Ok(all)
+        Ok(envoyfilter::apply(self, &proxy, type_url, all))
     }
 
     fn plan_push(&self, proxy: &Proxy, updates: &[Arc<Updates>]) -> PushPlan {

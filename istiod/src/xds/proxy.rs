@@ -29,6 +29,9 @@ pub struct Proxy {
     pub labels: BTreeMap<String, String>,
     /// Metadata `ISTIO_VERSION`.
     pub istio_version: String,
+    /// The node metadata's string values, by key (what EnvoyFilter
+    /// `match.proxy.metadata` compares).
+    pub metadata: BTreeMap<String, String>,
     /// Metadata `CLUSTER_ID`.
     pub cluster_id: String,
     /// Metadata `INTERCEPTION_MODE` (`REDIRECT` when absent or unknown, as
@@ -42,6 +45,19 @@ pub struct Proxy {
     /// (Istio's `VerifiedIdentity`): set on the authenticated port only,
     /// where [`Proxy::authorize`] passed. Credentials are served only then.
     pub verified: bool,
+}
+
+/// The string values of a node's metadata.
+fn string_metadata(node: &Node) -> BTreeMap<String, String> {
+    use proto::pb::google::protobuf::value::Kind;
+    node.metadata
+        .iter()
+        .flat_map(|m| &m.fields)
+        .filter_map(|(k, v)| match &v.kind {
+            Some(Kind::StringValue(s)) => Some((k.clone(), s.clone())),
+            _ => None,
+        })
+        .collect()
 }
 
 impl Proxy {
@@ -98,6 +114,7 @@ impl Proxy {
             service_account: meta.service_account.filter(|s| !s.is_empty()),
             labels: meta.labels.unwrap_or_default(),
             istio_version: meta.istio_version.unwrap_or_default(),
+            metadata: string_metadata(node),
             cluster_id: meta.cluster_id.unwrap_or_default(),
             interception_mode: meta.interception_mode.unwrap_or_default(),
             dns_capture: meta.dns_capture.unwrap_or_default(),
