@@ -60,13 +60,19 @@ pub(super) fn apply(
             continue;
         }
         match current {
-            Some(c) => out.push(Arc::new(Resource::encode(c.name.clone(), &c))),
+            Some(c) => out.push(Arc::new(Resource::new(
+                c.name.clone(),
+                crate::xds::metadata_encoding::cluster(&c),
+            ))),
             None => out.push(r),
         }
     }
     for (key, p) in patches.adds(ApplyTo::Cluster, gateway) {
         let result = p.value::<Cluster>().map(|c| {
-            out.push(Arc::new(Resource::encode(c.name.clone(), &c)));
+            out.push(Arc::new(Resource::new(
+                c.name.clone(),
+                crate::xds::metadata_encoding::cluster(&c),
+            )));
         });
         report(key, PatchType::Cluster, result);
     }
