@@ -280,6 +280,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         config.push_throttle,
     )
     .with_send_timeout(config.xds_send_timeout)
+    .with_instance(&config.namespace, &config.pod_name)
     .with_stream_limit(config.max_requests_per_second);
     let cache_metrics = if config.xds_cache.stats {
         Some(crate::xds::cache::CacheMetrics::new(&registry)?)

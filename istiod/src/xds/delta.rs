@@ -344,6 +344,7 @@ impl DeltaConn {
             removed.len()
         );
         let count = changed.len();
+        let watched = w.subscribed.clone();
         let response = Encoded::delta(&version, type_url, &nonce, changed, &removed);
         self.stream
             .server
@@ -351,6 +352,7 @@ impl DeltaConn {
                 s.sent_version = version;
                 s.sent_nonce = nonce;
                 s.resources = count;
+                s.names = watched;
             });
         self.stream.server.count_response(type_url, response.len());
         self.stream.outbox.send(response).await?;
