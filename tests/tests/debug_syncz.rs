@@ -156,11 +156,14 @@ fn http_state(entry: &serde_json::Value, prefix: &str) -> String {
 }
 
 /// Each proxy's (CDS, LDS, EDS, RDS, ECDS) states from the HTTP syncz.
+/// Like Istio's, it lists every connection; the debug clients' own (the
+/// `istioctl.*` nodes, while their stream lasts) are not proxies.
 fn http_syncz(http: std::net::SocketAddr) -> BTreeMap<String, [String; 5]> {
     let (code, body) = http_get(http, "/debug/syncz").unwrap();
     assert_eq!(code, 200, "{body}");
     let list: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap();
     list.iter()
+        .filter(|e| !e["proxy"].as_str().unwrap().starts_with("istioctl."))
         .map(|e| {
             let s = |p| http_state(e, p);
             (

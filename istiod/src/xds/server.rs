@@ -114,8 +114,8 @@ pub struct ConnectionStatus {
     /// Seconds since the epoch when the connection started.
     pub connected_at: u64,
     /// Whether the node is a proxy (Istio's `isProxy`: its metadata has
-    /// `PROXY_CONFIG`); debug clients such as `istioctl` are not, and
-    /// `/debug/syncz` leaves them out.
+    /// `PROXY_CONFIG`); debug clients such as `istioctl` are not, and the
+    /// `istio.io/debug/syncz` answer leaves them out.
     pub is_proxy: bool,
     /// The proxy, as parsed from its node.
     #[serde(skip)]

@@ -82,13 +82,14 @@ pub fn config_status(t: Option<&TypeStatus>) -> ConfigStatus {
     }
 }
 
-/// The connected proxies (Istio's `isProxy`: debug clients are left out),
-/// by proxy ID, of `namespace` only when given.
+/// The connections, by proxy ID, of `namespace` only when given: what the
+/// HTTP `/debug/syncz` lists (every connection, as Istio's `Syncz`) and the
+/// xDS answer is built from (proxies only, see [`generate`]).
 pub fn sync_status(server: &DiscoveryServer, namespace: Option<&str>) -> Vec<ConnectionStatus> {
     let mut list: Vec<ConnectionStatus> = server
         .connections()
         .into_iter()
-        .filter(|c| c.is_proxy && namespace.is_none_or(|ns| c.proxy.namespace == ns))
+        .filter(|c| namespace.is_none_or(|ns| c.proxy.namespace == ns))
         .collect();
     list.sort_by(|a, b| (&a.proxy_id, &a.connection_id).cmp(&(&b.proxy_id, &b.connection_id)));
     list
@@ -295,8 +296,10 @@ pub(super) fn generate(
         DEBUG_SYNCZ_TYPE => {
             let scope = (caller.verified && caller.namespace != server.system_namespace())
                 .then_some(caller.namespace.as_str());
+            // Istio's `isProxy`: debug clients (istioctl) are left out.
             Ok(sync_status(server, scope)
                 .iter()
+                .filter(|c| c.is_proxy)
                 .map(|c| Arc::new(Resource::new(c.proxy_id.clone(), any(&client_config(c)))))
                 .collect())
         }
