@@ -243,6 +243,8 @@ fn istiod_and_the_agent_export_only_istios_metric_families() {
         .filter(|(n, _)| !n.starts_with("envoy_"))
         .collect();
     assert!(agent.contains_key("istio_agent_scrapes_total"), "{merged}");
+    eprintln!("istiod exports {:?}", istiod.keys().collect::<Vec<_>>());
+    eprintln!("the agent exports {:?}", agent.keys().collect::<Vec<_>>());
     let mut all = problems("istiod /metrics", &istiod);
     all.extend(problems(":15020/stats/prometheus", &agent));
     assert!(all.is_empty(), "{}", all.join("\n"));
