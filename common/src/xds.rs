@@ -37,8 +37,10 @@ pub const NAME_TABLE_TYPE: &str = "type.googleapis.com/istio.networking.nds.v1.N
 /// `ExtensionConfigurationType`; `/debug/syncz` reports it per proxy).
 pub const EXTENSION_CONFIGURATION_TYPE: &str =
     "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
-/// The prefix of Istio's debug types over ADS (`v3.DebugType`): a request
-/// of `istio.io/debug/<path>` is answered once and never creates a watch.
+/// Istio's debug type over ADS (`v3.DebugType`), also the prefix of the
+/// others: a request of one is answered once and never creates a watch.
+/// With this type itself the resource name is a debug path (`syncz`,
+/// `config_dump?proxyID=...`), answered with that HTTP endpoint's body.
 pub const DEBUG_TYPE: &str = "istio.io/debug";
 /// `istio.io/debug/syncz`: every connected proxy's sync state, one Envoy
 /// CSDS `ClientConfig` per proxy (Istio's `TypeDebugSyncronization`, what

@@ -391,15 +391,16 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         );
     }
 
+    let app = crate::debug::router(crate::debug::DebugState {
+        xds: xds.clone(),
+        ready: ready_rx.clone(),
+        configz,
+    });
+    xds.set_debug_mux(crate::debug::mux(app.clone()));
     let mut http_addr = None;
     if let Some(addr) = config.http_addr {
         let listener = bind(addr, "the HTTP server (--httpAddr)").await?;
         http_addr = Some(listener.local_addr()?);
-        let app = crate::debug::router(crate::debug::DebugState {
-            xds: xds.clone(),
-            ready: ready_rx.clone(),
-            configz,
-        });
         let rx = shutdown_rx.clone();
         tasks.spawn(async move {
             axum::serve(listener, app)

@@ -38,6 +38,27 @@ pub fn router(state: DebugState) -> Router {
         .with_state(state)
 }
 
+/// The router as `istio.io/debug` calls it: the body of a GET of a path
+/// (Istio's `DebugGen` serving its debug mux in-process).
+pub fn mux(router: Router) -> crate::xds::server::DebugMux {
+    std::sync::Arc::new(move |path: String| {
+        let router = router.clone();
+        Box::pin(async move {
+            use http_body_util::BodyExt;
+            use tower::ServiceExt;
+            let Ok(req) = axum::http::Request::get(path.as_str()).body(axum::body::Body::empty())
+            else {
+                return format!("invalid debug path {path:?}\n").into_bytes();
+            };
+            let Ok(response) = router.oneshot(req).await;
+            match response.into_body().collect().await {
+                Ok(b) => b.to_bytes().to_vec(),
+                Err(e) => format!("{e}\n").into_bytes(),
+            }
+        })
+    })
+}
+
 async fn ready(State(s): State<DebugState>) -> impl IntoResponse {
     if *s.ready.borrow() {
         (StatusCode::OK, "")

@@ -68,6 +68,47 @@ fn tls(
     .unwrap()
 }
 
+/// A TLS channel to :15012 with a workload certificate of `ns/sa`, signed
+/// by istiod's CA for `token`.
+async fn workload_tls(
+    grpc: std::net::SocketAddr,
+    root: &str,
+    token: &str,
+    ns: &str,
+    sa: &str,
+) -> Channel {
+    let key = common::pki::generate_key(common::pki::KeyType::EcdsaP256).unwrap();
+    let csr = common::pki::csr_pem(&common::Identity::new("cluster.local", ns, sa), &key).unwrap();
+    let mut req = tonic::Request::new(proto::istio_ca::IstioCertificateRequest {
+        csr,
+        validity_duration: 3600,
+        metadata: None,
+    });
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    let mut ca =
+        proto::istio_ca::istio_certificate_service_client::IstioCertificateServiceClient::new(tls(
+            grpc, root, None,
+        ));
+    let chain = ca
+        .create_certificate(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .cert_chain;
+    let chain = common::pki::pem_certs("workload", &chain.concat()).unwrap();
+    let key = rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+    tls(grpc, root, Some((chain, key)))
+}
+
+/// The code of a refused debug request.
+fn refused(r: Result<DiscoveryResponse, proxy_status::ProxyStatusError>) -> Code {
+    match r {
+        Err(proxy_status::ProxyStatusError::Status(s)) => s.code(),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
 /// A proxy driven by hand on :15010: it receives CDS and NACKs it, and
 /// receives LDS without ACKing it.
 struct HandProxy {
@@ -236,12 +277,145 @@ fn unpack<M: Message + Name + Default>(configs: &[Any]) -> M {
     M::decode(a.value.as_slice()).unwrap()
 }
 
+/// `istio.io/debug/config_dump` returns the proxy's clusters and listeners,
+/// the same names the HTTP config_dump lists; an unknown proxy, nothing.
+async fn config_dump_over_ads_matches_http(http: std::net::SocketAddr) {
+    // config_dump over ADS: the proxy's clusters and listeners, the
+    // same names the HTTP config_dump lists.
+    let dump = proxy_status::request(
+        plaintext(),
+        debug_node("istio-system", "default"),
+        common::xds::DEBUG_CONFIG_DUMP_TYPE,
+        &["sleep-1.demo"],
+    )
+    .await
+    .unwrap();
+    let clusters: ClustersConfigDump = unpack(&dump.resources);
+    let listeners: ListenersConfigDump = unpack(&dump.resources);
+    let mut cluster_names: Vec<String> = clusters
+        .dynamic_active_clusters
+        .iter()
+        .map(|c| {
+            let raw = c.cluster.as_ref().unwrap();
+            proto::pb::envoy::config::cluster::v3::Cluster::decode(raw.value.as_slice())
+                .unwrap()
+                .name
+        })
+        .collect();
+    cluster_names.sort();
+    assert!(
+        cluster_names.iter().any(|n| n == HTTPBIN_CLUSTER),
+        "{cluster_names:?}"
+    );
+    let mut listener_names: Vec<String> = listeners
+        .dynamic_listeners
+        .iter()
+        .map(|l| l.name.clone())
+        .collect();
+    listener_names.sort();
+    assert!(!listener_names.is_empty());
+    let (code, body) = http_get(http, "/debug/config_dump?proxyID=sleep-1.demo").unwrap();
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let names = |k: &str| {
+        let mut n: Vec<String> = v[k]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap().to_string())
+            .collect();
+        n.sort();
+        n
+    };
+    assert_eq!(cluster_names, names("clusters"));
+    assert_eq!(listener_names, names("listeners"));
+    // An unknown proxy: an empty answer, as Istio gives.
+    let none = proxy_status::request(
+        plaintext(),
+        debug_node("istio-system", "default"),
+        common::xds::DEBUG_CONFIG_DUMP_TYPE,
+        &["nobody.nowhere"],
+    )
+    .await
+    .unwrap();
+    assert!(none.resources.is_empty());
+}
+
+/// :15012: refused without a client certificate, answered for a workload
+/// certificate within its namespace; `istio.io/debug` paths.
+async fn the_authenticated_port(
+    grpc: std::net::SocketAddr,
+    root: &str,
+    token: &str,
+    system_token: &str,
+) {
+    // :15012 without a client certificate (or token): Unauthenticated.
+    let err = proxy_status::syncz(tls(grpc, root, None), debug_node("demo", "sleep"))
+        .await
+        .unwrap_err();
+    match err {
+        proxy_status::ProxyStatusError::Status(s) => {
+            assert_eq!(s.code(), Code::Unauthenticated, "{s:?}")
+        }
+        other => panic!("expected Unauthenticated, got {other}"),
+    }
+
+    // With a workload certificate of demo/sleep: answered, for the
+    // caller's namespace only; another namespace's dump is refused.
+    let secure = workload_tls(grpc, root, token, "demo", "sleep").await;
+    let caller = || debug_node("demo", "sleep");
+    let answer = proxy_status::syncz(secure.clone(), caller()).await.unwrap();
+    let names: Vec<String> = proxy_status::rows(&answer)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(names, vec!["sleep-1.demo".to_string()]);
+    let dump = |names: &'static [&'static str], ch: Channel, node: Node| {
+        proxy_status::request(ch, node, common::xds::DEBUG_CONFIG_DUMP_TYPE, names)
+    };
+    let other = dump(&["fake-1.other"], secure.clone(), caller()).await;
+    assert_eq!(refused(other), Code::PermissionDenied);
+
+    // `istio.io/debug` with a debug path: the HTTP endpoint's body,
+    // for verified callers only; another namespace than istiod's
+    // reads only config_dump of its own proxies.
+    let debug = |path: &'static str, ch: Channel, node: Node| async move {
+        proxy_status::request(ch, node, common::xds::DEBUG_TYPE, &[path]).await
+    };
+    let plain = debug("syncz", plaintext(), debug_node("istio-system", "default")).await;
+    assert_eq!(refused(plain), Code::Unauthenticated);
+    let syncz = debug("syncz", secure.clone(), caller()).await;
+    assert_eq!(refused(syncz), Code::PermissionDenied);
+    let own = debug("config_dump?proxyID=sleep-1.demo", secure.clone(), caller())
+        .await
+        .unwrap();
+    assert_eq!(own.resources.len(), 1);
+    assert_eq!(own.resources[0].type_url, common::xds::DEBUG_TYPE);
+    let body: serde_json::Value = serde_json::from_slice(&own.resources[0].value).unwrap();
+    assert!(
+        body["clusters"].to_string().contains(HTTPBIN_CLUSTER),
+        "{body}"
+    );
+    let system = workload_tls(grpc, root, system_token, "istio-system", "default").await;
+    let all = debug("syncz", system, debug_node("istio-system", "default"))
+        .await
+        .unwrap();
+    let list: Vec<serde_json::Value> = serde_json::from_slice(&all.resources[0].value).unwrap();
+    let proxies: Vec<&str> = list.iter().filter_map(|e| e["proxy"].as_str()).collect();
+    assert!(
+        proxies.contains(&"sleep-1.demo") && proxies.contains(&"fake-1.other"),
+        "{proxies:?}"
+    );
+}
+
 #[test]
 fn proxy_status_over_ads_matches_http_syncz_and_tls_requires_a_workload_certificate() {
     let mesh = SampleMesh::start_with("syncz", &[("TEST_ISTIOD_PLAINTEXT_ADDR", PLAINTEXT)]);
     let (http, grpc) = (mesh.istiod.http, mesh.istiod.grpc);
     let root = mesh.istiod.root_pem();
     let token = mesh.istiod.token("demo", "sleep");
+    let system_token = mesh.istiod.token("istio-system", "default");
     let table = mesh.ns.run(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -267,122 +441,19 @@ fn proxy_status_over_ads_matches_http_syncz_and_tls_requires_a_workload_certific
             assert_eq!(cds.config_status(), ConfigStatus::Stale);
             assert_eq!(cds.error_state.as_ref().unwrap().details, NACK_MESSAGE);
             let rows = proxy_status::rows(&answer).unwrap();
-            assert!(rows.iter().all(|r| !r.name.starts_with("istioctl.")), "{rows:?}");
+            assert!(
+                rows.iter().all(|r| !r.name.starts_with("istioctl.")),
+                "{rows:?}"
+            );
             let sleep = rows.iter().find(|r| r.name == "sleep-1.demo").unwrap();
-            assert!(!sleep.istiod.is_empty() && sleep.istiod != "MISSING", "{sleep:?}");
+            assert!(
+                !sleep.istiod.is_empty() && sleep.istiod != "MISSING",
+                "{sleep:?}"
+            );
             assert_eq!(sleep.version, env!("CARGO_PKG_VERSION"));
 
-            // config_dump over ADS: the proxy's clusters and listeners, the
-            // same names the HTTP config_dump lists.
-            let dump = proxy_status::request(
-                plaintext(),
-                debug_node("istio-system", "default"),
-                common::xds::DEBUG_CONFIG_DUMP_TYPE,
-                &["sleep-1.demo"],
-            )
-            .await
-            .unwrap();
-            let clusters: ClustersConfigDump = unpack(&dump.resources);
-            let listeners: ListenersConfigDump = unpack(&dump.resources);
-            let mut cluster_names: Vec<String> = clusters
-                .dynamic_active_clusters
-                .iter()
-                .map(|c| {
-                    let raw = c.cluster.as_ref().unwrap();
-                    proto::pb::envoy::config::cluster::v3::Cluster::decode(raw.value.as_slice())
-                        .unwrap()
-                        .name
-                })
-                .collect();
-            cluster_names.sort();
-            assert!(cluster_names.iter().any(|n| n == HTTPBIN_CLUSTER), "{cluster_names:?}");
-            let mut listener_names: Vec<String> =
-                listeners.dynamic_listeners.iter().map(|l| l.name.clone()).collect();
-            listener_names.sort();
-            assert!(!listener_names.is_empty());
-            let (code, body) = http_get(http, "/debug/config_dump?proxyID=sleep-1.demo").unwrap();
-            assert_eq!(code, 200, "{body}");
-            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-            let names = |k: &str| {
-                let mut n: Vec<String> = v[k]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|e| e["name"].as_str().unwrap().to_string())
-                    .collect();
-                n.sort();
-                n
-            };
-            assert_eq!(cluster_names, names("clusters"));
-            assert_eq!(listener_names, names("listeners"));
-            // An unknown proxy: an empty answer, as Istio gives.
-            let none = proxy_status::request(
-                plaintext(),
-                debug_node("istio-system", "default"),
-                common::xds::DEBUG_CONFIG_DUMP_TYPE,
-                &["nobody.nowhere"],
-            )
-            .await
-            .unwrap();
-            assert!(none.resources.is_empty());
-
-            // :15012 without a client certificate (or token): Unauthenticated.
-            let err = proxy_status::syncz(tls(grpc, &root, None), debug_node("demo", "sleep"))
-                .await
-                .unwrap_err();
-            match err {
-                proxy_status::ProxyStatusError::Status(s) => {
-                    assert_eq!(s.code(), Code::Unauthenticated, "{s:?}")
-                }
-                other => panic!("expected Unauthenticated, got {other}"),
-            }
-
-            // With a workload certificate of demo/sleep: answered, for the
-            // caller's namespace only; another namespace's dump is refused.
-            let key = common::pki::generate_key(common::pki::KeyType::EcdsaP256).unwrap();
-            let csr = common::pki::csr_pem(
-                &common::Identity::new("cluster.local", "demo", "sleep"),
-                &key,
-            )
-            .unwrap();
-            let mut req = tonic::Request::new(proto::istio_ca::IstioCertificateRequest {
-                csr,
-                validity_duration: 3600,
-                metadata: None,
-            });
-            req.metadata_mut()
-                .insert("authorization", format!("Bearer {token}").parse().unwrap());
-            let mut ca =
-                proto::istio_ca::istio_certificate_service_client::IstioCertificateServiceClient::new(
-                    tls(grpc, &root, None),
-                );
-            let chain = ca.create_certificate(req).await.unwrap().into_inner().cert_chain;
-            let chain = common::pki::pem_certs("workload", &chain.concat()).unwrap();
-            let key = rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
-            let secure = tls(grpc, &root, Some((chain, key)));
-            let answer = proxy_status::syncz(secure.clone(), debug_node("demo", "sleep"))
-                .await
-                .unwrap();
-            let names: Vec<String> = proxy_status::rows(&answer)
-                .unwrap()
-                .into_iter()
-                .map(|r| r.name)
-                .collect();
-            assert_eq!(names, vec!["sleep-1.demo".to_string()]);
-            let err = proxy_status::request(
-                secure,
-                debug_node("demo", "sleep"),
-                common::xds::DEBUG_CONFIG_DUMP_TYPE,
-                &["fake-1.other"],
-            )
-            .await
-            .unwrap_err();
-            match err {
-                proxy_status::ProxyStatusError::Status(s) => {
-                    assert_eq!(s.code(), Code::PermissionDenied, "{s:?}")
-                }
-                other => panic!("expected PermissionDenied, got {other}"),
-            }
+            config_dump_over_ads_matches_http(http).await;
+            the_authenticated_port(grpc, &root, &token, &system_token).await;
 
             // The command-line client prints istioctl's table.
             let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_proxy_status"))
@@ -390,7 +461,11 @@ fn proxy_status_over_ads_matches_http_syncz_and_tls_requires_a_workload_certific
                 .output()
                 .await
                 .unwrap();
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             String::from_utf8(out.stdout).unwrap()
         })
     });

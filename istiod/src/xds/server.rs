@@ -135,6 +135,8 @@ struct Inner {
     /// The `control_plane.identifier` of debug answers (Istio's JSON
     /// `IstioControlPlaneInstance`, which `istioctl` shows as ISTIOD).
     control_plane: String,
+    /// istiod's HTTP debug endpoints, for `istio.io/debug/<path>`.
+    debug_mux: std::sync::OnceLock<DebugMux>,
     counter: AtomicU64,
     /// Subscribed name sets, shared by the streams that subscribe the same.
     names: Mutex<NameSets>,
@@ -165,6 +167,11 @@ pub(super) fn names_digest<'a>(names: impl IntoIterator<Item = &'a str>) -> Name
         (a.wrapping_add(one(0, n)), b.wrapping_add(one(1, n)), c + 1)
     })
 }
+
+/// istiod's HTTP debug endpoints called in-process: the body of a GET of
+/// the path (with query) given.
+pub type DebugMux =
+    Arc<dyn Fn(String) -> std::pin::Pin<Box<dyn Future<Output = Vec<u8>> + Send>> + Send + Sync>;
 
 /// The discovery service; clone one per listener (`authn` differs between
 /// the plaintext :15010 and the TLS :15012 server).
@@ -197,6 +204,7 @@ impl DiscoveryServer {
                 send_timeout: Duration::ZERO,
                 system_namespace: "istio-system".into(),
                 control_plane: control_plane_identifier("istiod"),
+                debug_mux: std::sync::OnceLock::new(),
                 counter: AtomicU64::new(0),
                 names: Mutex::default(),
             }),
@@ -247,6 +255,16 @@ impl DiscoveryServer {
     /// istiod's namespace.
     pub fn system_namespace(&self) -> &str {
         &self.inner.system_namespace
+    }
+
+    /// Gives `istio.io/debug/<path>` istiod's HTTP debug endpoints (once).
+    pub fn set_debug_mux(&self, mux: DebugMux) {
+        let _ = self.inner.debug_mux.set(mux);
+    }
+
+    /// The HTTP debug endpoints, once set.
+    pub(super) fn debug_mux(&self) -> Option<&DebugMux> {
+        self.inner.debug_mux.get()
     }
 
     /// The `control_plane.identifier` of debug answers.

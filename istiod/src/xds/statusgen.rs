@@ -56,16 +56,36 @@ pub enum DebugError {
         /// The caller's namespace.
         namespace: String,
     },
-    /// A path other than syncz and config_dump.
-    #[error("debug type {0} is not served over xDS (use the HTTP debug endpoints)")]
-    Unsupported(String),
+    /// `istio.io/debug/<path>` without a verified identity (the plaintext port).
+    #[error(
+        "authentication required: istio.io/debug/<path> is served on the authenticated port only"
+    )]
+    Unauthenticated,
+    /// `istio.io/debug/<path>` names not exactly one path.
+    #[error("exactly one debug path is required as resource name, got {0}")]
+    Paths(usize),
+    /// A path a caller of another namespace may not read.
+    #[error("the debug info {path:?} is not available for an identity of namespace {namespace:?}")]
+    PathForbidden {
+        /// The path asked for.
+        path: String,
+        /// The caller's namespace.
+        namespace: String,
+    },
+    /// The HTTP debug endpoints are not there (istiod still starting).
+    #[error("the debug endpoints are not available yet")]
+    NoMux,
 }
 
 impl From<DebugError> for tonic::Status {
     fn from(e: DebugError) -> Self {
         match e {
-            DebugError::Forbidden { .. } => tonic::Status::permission_denied(e.to_string()),
-            DebugError::Unsupported(_) => tonic::Status::not_found(e.to_string()),
+            DebugError::Forbidden { .. } | DebugError::PathForbidden { .. } => {
+                tonic::Status::permission_denied(e.to_string())
+            }
+            DebugError::Unauthenticated => tonic::Status::unauthenticated(e.to_string()),
+            DebugError::Paths(_) => tonic::Status::invalid_argument(e.to_string()),
+            DebugError::NoMux => tonic::Status::unavailable(e.to_string()),
         }
     }
 }
@@ -325,8 +345,60 @@ pub(super) fn generate(
                 .map(|a| Arc::new(Resource::new(String::new(), a)))
                 .collect())
         }
-        other => Err(DebugError::Unsupported(other.to_string())),
+        // Istio has no generator for other debug types: nothing.
+        _ => Ok(Vec::new()),
     }
+}
+
+/// The debug paths a caller of another namespace than istiod's may read
+/// (Istio's `activeNamespaceDebuggers`), for proxies of its own namespace.
+const NAMESPACE_DEBUGGERS: [&str; 3] = ["config_dump", "ndsz", "edsz"];
+
+/// Istio's `DebugGen`: type `istio.io/debug` with one resource name, a debug
+/// path (`syncz`, `config_dump?proxyID=...`), answered with that HTTP
+/// endpoint's body as one resource of type `istio.io/debug`. Only for a
+/// verified caller; one of another namespace than istiod's reads only
+/// [`NAMESPACE_DEBUGGERS`], about proxies of its namespace.
+pub(super) async fn debug_path(
+    server: &DiscoveryServer,
+    caller: &Proxy,
+    names: &BTreeSet<String>,
+) -> Result<Vec<Arc<Resource>>, DebugError> {
+    if !caller.verified {
+        return Err(DebugError::Unauthenticated);
+    }
+    let [name] = names.iter().collect::<Vec<_>>()[..] else {
+        return Err(DebugError::Paths(names.len()));
+    };
+    let (path, query) = name.split_once('?').unwrap_or((name.as_str(), ""));
+    if caller.namespace != server.system_namespace() {
+        let proxy_ns = form_urlencoded_proxy(query)
+            .and_then(|id| find_connection(server, &id))
+            .map(|c| c.proxy.namespace);
+        if !NAMESPACE_DEBUGGERS.contains(&path) || proxy_ns.as_deref() != Some(&caller.namespace) {
+            return Err(DebugError::PathForbidden {
+                path: name.clone(),
+                namespace: caller.namespace.clone(),
+            });
+        }
+    }
+    let mux = server.debug_mux().ok_or(DebugError::NoMux)?;
+    let body = mux(format!("/debug/{name}")).await;
+    Ok(vec![Arc::new(Resource::new(
+        name.clone(),
+        Any {
+            type_url: common::xds::DEBUG_TYPE.to_string(),
+            value: body,
+        },
+    ))])
+}
+
+/// The `proxyID` of a query string.
+fn form_urlencoded_proxy(query: &str) -> Option<String> {
+    query.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k == "proxyID").then(|| v.to_string())
+    })
 }
 
 #[cfg(test)]
