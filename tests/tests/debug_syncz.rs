@@ -277,6 +277,41 @@ fn unpack<M: Message + Name + Default>(configs: &[Any]) -> M {
     M::decode(a.value.as_slice()).unwrap()
 }
 
+/// The proxies of a syncz answer on a delta stream on :15010.
+async fn delta_syncz() -> Vec<String> {
+    use proto::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+    let (tx, rx) = mpsc::channel(1);
+    tx.send(DeltaDiscoveryRequest {
+        node: Some(debug_node("istio-system", "default")),
+        type_url: common::xds::DEBUG_SYNCZ_TYPE.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut stream = AggregatedDiscoveryServiceClient::new(plaintext())
+        .delta_aggregated_resources(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let answer = tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("an answer in time")
+        .unwrap()
+        .expect("an answer");
+    answer
+        .resources
+        .iter()
+        .map(|r| {
+            let any = r.resource.as_ref().unwrap();
+            assert_eq!(any.type_url, common::xds::CLIENT_CONFIG_TYPE);
+            let cc =
+                proto::pb::envoy::service::status::v3::ClientConfig::decode(any.value.as_slice())
+                    .unwrap();
+            cc.node.unwrap().id
+        })
+        .collect()
+}
+
 /// `istio.io/debug/config_dump` returns the proxy's clusters and listeners,
 /// the same names the HTTP config_dump lists; an unknown proxy, nothing.
 async fn config_dump_over_ads_matches_http(http: std::net::SocketAddr) {
@@ -451,6 +486,11 @@ fn proxy_status_over_ads_matches_http_syncz_and_tls_requires_a_workload_certific
                 "{sleep:?}"
             );
             assert_eq!(sleep.version, env!("CARGO_PKG_VERSION"));
+
+            // A delta stream is answered the same way.
+            let delta = delta_syncz().await;
+            assert!(delta.contains(&"sleep-1.demo".to_string()), "{delta:?}");
+            assert!(delta.contains(&"fake-1.other".to_string()), "{delta:?}");
 
             config_dump_over_ads_matches_http(http).await;
             the_authenticated_port(grpc, &root, &token, &system_token).await;

@@ -17,7 +17,7 @@ use super::server::{DiscoveryServer, Identities, names_digest, nonce};
 use super::wire::Encoded;
 use super::{
     CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, PushPlan, PushRequest, Resource, SECRET_TYPE,
-    cluster_host, is_wildcard, name_hash, sds, short_name,
+    cluster_host, is_wildcard, name_hash, sds, short_name, statusgen,
 };
 
 /// One resource the client holds.
@@ -370,6 +370,31 @@ impl DeltaConn {
     }
 }
 
+impl DeltaConn {
+    /// Answers a debug request ([`statusgen`]); a refused one ends the
+    /// stream with its status.
+    async fn debug(
+        &mut self,
+        ctx: &PushRequest,
+        type_url: &str,
+        names: &BTreeSet<String>,
+    ) -> Result<(), Closed> {
+        let server = &self.stream.server;
+        match statusgen::answer(server, ctx, &self.stream.proxy, type_url, names).await {
+            Ok(resources) => {
+                let response =
+                    Encoded::delta(ctx.ctx.version(), type_url, &nonce(), resources, &[]);
+                self.stream.outbox.send(response).await
+            }
+            Err(e) => {
+                tracing::warn!(target: "ads", "{type_url}: refused for {}: {e}", self.stream.id);
+                self.stream.outbox.end(e.into());
+                Err(Closed)
+            }
+        }
+    }
+}
+
 impl Protocol for DeltaConn {
     type Request = DeltaDiscoveryRequest;
     type Reply = Reply;
@@ -384,6 +409,14 @@ impl Protocol for DeltaConn {
     }
 
     fn on_request(&mut self, req: &DeltaDiscoveryRequest) -> Option<Reply> {
+        if common::xds::is_debug_type(&req.type_url) {
+            // Answered once; never a watch (Istio's StatusGen.GenerateDeltas).
+            return Some(Reply {
+                type_url: req.type_url.clone(),
+                only: Some(req.resource_names_subscribe.iter().cloned().collect()),
+                always: true,
+            });
+        }
         let DeltaAction::Respond { force, always } = self.action(req) else {
             return None;
         };
@@ -396,6 +429,10 @@ impl Protocol for DeltaConn {
     }
 
     async fn reply(&mut self, reply: Reply, ctx: &PushRequest) -> Result<(), Closed> {
+        if common::xds::is_debug_type(&reply.type_url) {
+            let names = reply.only.unwrap_or_default();
+            return self.debug(ctx, &reply.type_url, &names).await;
+        }
         self.respond(ctx, &reply.type_url, reply.only.as_ref(), reply.always)
             .await?;
         if reply.type_url == CLUSTER_TYPE && self.watches.contains_key(ENDPOINT_TYPE) {

@@ -18,7 +18,6 @@ use super::{
     CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, PushPlan, PushRequest, SECRET_TYPE, cluster_host,
     is_wildcard, sds, short_name, statusgen,
 };
-use common::xds::DEBUG_TYPE;
 
 #[derive(Default)]
 struct Watch {
@@ -171,12 +170,7 @@ impl SotwConn {
         names: &BTreeSet<String>,
     ) -> Result<(), Closed> {
         let server = &self.stream.server;
-        let answer = if type_url == DEBUG_TYPE {
-            statusgen::debug_path(server, &self.stream.proxy, names).await
-        } else {
-            statusgen::generate(server, ctx, &self.stream.proxy, type_url, names)
-        };
-        match answer {
+        match statusgen::answer(server, ctx, &self.stream.proxy, type_url, names).await {
             Ok(resources) => {
                 tracing::debug!(target: "ads", "{type_url}: answering {} with {} resources", self.stream.id, resources.len());
                 let response = Encoded::sotw_from(

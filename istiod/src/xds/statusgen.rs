@@ -304,7 +304,23 @@ fn allowed(server: &DiscoveryServer, caller: &Proxy, target_namespace: &str) -> 
         || caller.namespace == target_namespace
 }
 
-/// The answer to a debug request of `type_url` for `names` from `caller`.
+/// The answer to any debug request (a type [`common::xds::is_debug_type`]
+/// accepts) of `type_url` for `names` from `caller`.
+pub(super) async fn answer(
+    server: &DiscoveryServer,
+    push: &PushRequest,
+    caller: &Proxy,
+    type_url: &str,
+    names: &BTreeSet<String>,
+) -> Result<Vec<Arc<Resource>>, DebugError> {
+    if type_url == common::xds::DEBUG_TYPE {
+        debug_path(server, caller, names).await
+    } else {
+        generate(server, push, caller, type_url, names)
+    }
+}
+
+/// The answer to `istio.io/debug/syncz` or `istio.io/debug/config_dump`.
 pub(super) fn generate(
     server: &DiscoveryServer,
     push: &PushRequest,
