@@ -280,6 +280,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         config.push_throttle,
     )
     .with_send_timeout(config.xds_send_timeout)
+    .with_instance(&config.namespace, &config.pod_name)
     .with_stream_limit(config.max_requests_per_second);
     let cache_metrics = if config.xds_cache.stats {
         Some(crate::xds::cache::CacheMetrics::new(&registry)?)
@@ -392,15 +393,16 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         );
     }
 
+    let app = crate::debug::router(crate::debug::DebugState {
+        xds: xds.clone(),
+        ready: ready_rx.clone(),
+        configz,
+    });
+    xds.set_debug_mux(crate::debug::mux(app.clone()));
     let mut http_addr = None;
     if let Some(addr) = config.http_addr {
         let listener = bind(addr, "the HTTP server (--httpAddr)").await?;
         http_addr = Some(listener.local_addr()?);
-        let app = crate::debug::router(crate::debug::DebugState {
-            xds: xds.clone(),
-            ready: ready_rx.clone(),
-            configz,
-        });
         let rx = shutdown_rx.clone();
         tasks.spawn(async move {
             axum::serve(listener, app)

@@ -225,6 +225,9 @@ pub struct Config {
     /// `PILOT_XDS_SEND_TIMEOUT`: how long one push may take to be written to
     /// a proxy before its stream is closed (0: no limit, Istio's default).
     pub xds_send_timeout: Duration,
+    /// istiod's instance ID for debug answers (`POD_NAME`, else the host
+    /// name; Istio's `IstioControlPlaneInstance.ID`).
+    pub pod_name: String,
 }
 
 /// Parses Go's listen address forms: `:15012`, `host:port`, `""` (disabled).
@@ -391,6 +394,15 @@ impl Config {
             stats: r.bool("PILOT_XDS_CACHE_STATS", false),
         };
         let xds_send_timeout = r.duration("PILOT_XDS_SEND_TIMEOUT", Duration::ZERO);
+        let pod_name = r
+            .opt_string("POD_NAME")
+            .filter(|n| !n.is_empty())
+            .or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .ok()
+                    .map(|h| h.trim().to_string())
+            })
+            .unwrap_or_else(|| "istiod".into());
         let max_requests_per_second: f64 = r.parse(ENV_MAX_REQUESTS_PER_SECOND, 0.0);
         if max_requests_per_second < 0.0 || !max_requests_per_second.is_finite() {
             r.error(format!(
@@ -444,6 +456,7 @@ impl Config {
             config_dir: (!args.config_dir.is_empty()).then(|| PathBuf::from(&args.config_dir)),
             xds_cache,
             xds_send_timeout,
+            pod_name,
         })
     }
 

@@ -2,7 +2,6 @@
 //! port: `/debug/syncz` (what `istioctl proxy-status` reads), `/debug/adsz`,
 //! `/debug/config_dump?proxyID=`, `/debug/configz`, and `/ready`.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use axum::Router;
@@ -10,12 +9,12 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Json};
 use axum::routing::get;
-use prost::Message;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use crate::xds::server::DiscoveryServer;
-use crate::xds::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE};
+use crate::xds::statusgen;
+use crate::xds::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE, SECRET_TYPE};
 
 /// What the debug handlers read.
 #[derive(Clone)]
@@ -39,6 +38,27 @@ pub fn router(state: DebugState) -> Router {
         .with_state(state)
 }
 
+/// The router as `istio.io/debug` calls it: the body of a GET of a path
+/// (Istio's `DebugGen` serving its debug mux in-process).
+pub fn mux(router: Router) -> crate::xds::server::DebugMux {
+    std::sync::Arc::new(move |path: String| {
+        let router = router.clone();
+        Box::pin(async move {
+            use http_body_util::BodyExt;
+            use tower::ServiceExt;
+            let Ok(req) = axum::http::Request::get(path.as_str()).body(axum::body::Body::empty())
+            else {
+                return format!("invalid debug path {path:?}\n").into_bytes();
+            };
+            let Ok(response) = router.oneshot(req).await;
+            match response.into_body().collect().await {
+                Ok(b) => b.to_bytes().to_vec(),
+                Err(e) => format!("{e}\n").into_bytes(),
+            }
+        })
+    })
+}
+
 async fn ready(State(s): State<DebugState>) -> impl IntoResponse {
     if *s.ready.borrow() {
         (StatusCode::OK, "")
@@ -50,15 +70,20 @@ async fn ready(State(s): State<DebugState>) -> impl IntoResponse {
     }
 }
 
-async fn syncz(State(s): State<DebugState>) -> impl IntoResponse {
-    // Istio's SyncStatus shape, one entry per connected proxy.
-    let list: Vec<Value> = s
-        .xds
-        .connections()
+#[derive(serde::Deserialize)]
+struct NamespaceQuery {
+    namespace: Option<String>,
+}
+
+/// Istio's `SyncStatus` list, one entry per connected proxy (of
+/// `?namespace=` when given), from the same status the
+/// `istio.io/debug/syncz` xDS answer is built from.
+async fn syncz(State(s): State<DebugState>, Query(q): Query<NamespaceQuery>) -> impl IntoResponse {
+    let list: Vec<Value> = statusgen::sync_status(&s.xds, q.namespace.as_deref())
         .into_iter()
         .map(|c| {
             let t = |name: &str| c.types.get(name).cloned().unwrap_or_default();
-            let (cds, eds, lds, rds) = (t("CDS"), t("EDS"), t("LDS"), t("RDS"));
+            let (cds, eds, lds, rds, ecds) = (t("CDS"), t("EDS"), t("LDS"), t("RDS"), t("ECDS"));
             json!({
                 "cluster_id": c.proxy.cluster_id,
                 "proxy": c.proxy_id,
@@ -68,6 +93,7 @@ async fn syncz(State(s): State<DebugState>) -> impl IntoResponse {
                 "endpoint_sent": eds.sent_nonce, "endpoint_acked": eds.acked_nonce,
                 "listener_sent": lds.sent_nonce, "listener_acked": lds.acked_nonce,
                 "route_sent": rds.sent_nonce, "route_acked": rds.acked_nonce,
+                "extensionconfig_sent": ecds.sent_nonce, "extensionconfig_acked": ecds.acked_nonce,
                 "cluster_version": cds.sent_version, "listener_version": lds.sent_version,
                 "route_version": rds.sent_version, "endpoint_version": eds.sent_version,
                 "errors": c.types.iter().filter_map(|(k, v)| v.last_error.as_ref().map(|e| json!({"type": k, "error": e}))).collect::<Vec<_>>(),
@@ -98,25 +124,22 @@ struct ProxyQuery {
     proxy_id: Option<String>,
 }
 
-/// The configuration istiod would send a proxy, decoded to JSON-ish form
-/// (names and sizes per type; Envoy's own `/config_dump` shows the full protos).
+/// The configuration istiod would send a proxy now, from the same
+/// resources as the `istio.io/debug/config_dump` xDS answer: names and
+/// sizes per type, load assignments included (Envoy's own `/config_dump`
+/// shows the full protos).
 async fn config_dump(
     State(s): State<DebugState>,
     Query(q): Query<ProxyQuery>,
 ) -> impl IntoResponse {
-    let Some(id) = q.proxy_id else {
+    let Some(id) = q.proxy_id.filter(|id| !id.is_empty()) else {
         return (
             StatusCode::BAD_REQUEST,
             "You must provide a proxyID in the query string\n",
         )
             .into_response();
     };
-    let Some(conn) = s
-        .xds
-        .connections()
-        .into_iter()
-        .find(|c| c.proxy_id == id || c.connection_id == id)
-    else {
+    let Some(conn) = statusgen::find_connection(&s.xds, &id) else {
         return (
             StatusCode::NOT_FOUND,
             format!("Proxy not connected to this Pilot instance: {id}\n"),
@@ -128,27 +151,21 @@ async fn config_dump(
     };
     let mut out = serde_json::Map::new();
     out.insert("version".into(), json!(push.ctx.version()));
+    let dump = statusgen::dump_resources(&push, &conn);
     for (label, t) in [
         ("clusters", CLUSTER_TYPE),
         ("endpoints", ENDPOINT_TYPE),
         ("listeners", LISTENER_TYPE),
         ("routes", ROUTE_TYPE),
+        ("secrets", SECRET_TYPE),
     ] {
-        match push.ctx.generate(&conn.proxy, t, &BTreeSet::new()) {
-            Ok(rs) => {
-                out.insert(
-                    label.into(),
-                    Value::Array(
-                        rs.iter()
-                            .map(|r| json!({"name": r.name, "bytes": r.resource.encoded_len()}))
-                            .collect(),
-                    ),
-                );
-            }
-            Err(e) => {
-                out.insert(label.into(), json!({"error": e.to_string()}));
-            }
-        }
+        let entries: Vec<Value> = dump
+            .get(t)
+            .into_iter()
+            .flatten()
+            .map(|r| json!({"name": r.name, "bytes": r.resource.value.len()}))
+            .collect();
+        out.insert(label.into(), Value::Array(entries));
     }
     Json(Value::Object(out)).into_response()
 }

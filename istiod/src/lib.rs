@@ -6,6 +6,7 @@ pub mod app;
 pub mod ca;
 pub mod config;
 pub mod debug;
+pub mod fuzzing;
 pub mod grpc;
 pub mod inject;
 pub mod jwks;

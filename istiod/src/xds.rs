@@ -30,6 +30,7 @@ pub mod sds;
 pub mod security;
 pub mod server;
 mod sotw;
+pub mod statusgen;
 pub mod telemetry;
 pub mod util;
 pub mod wire;
@@ -45,7 +46,8 @@ pub use push_request::{PushPlan, PushRequest, Types, Updates};
 /// The type URLs istiod serves (CDS, EDS, LDS, RDS, NDS), defined once in
 /// `common` with the agent's.
 pub use common::xds::{
-    CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, ROUTE_TYPE, SECRET_TYPE,
+    CLUSTER_TYPE, ENDPOINT_TYPE, EXTENSION_CONFIGURATION_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE,
+    ROUTE_TYPE, SECRET_TYPE,
 };
 
 /// Server-driven pushes send types in Istio's `PushOrder`.
@@ -67,6 +69,7 @@ pub fn short_name(type_url: &str) -> &'static str {
         ROUTE_TYPE => "RDS",
         NAME_TABLE_TYPE => "NDS",
         SECRET_TYPE => "SDS",
+        EXTENSION_CONFIGURATION_TYPE => "ECDS",
         _ => "UNKNOWN",
     }
 }

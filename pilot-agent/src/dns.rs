@@ -162,6 +162,15 @@ impl DnsProxy {
         Self::error(query, ResponseCode::ServFail)
     }
 
+    /// The response for one query when it is answered here (from the name
+    /// table, or an error for a malformed one); `None`: for the upstream.
+    pub fn handle_locally(&self, query: &[u8]) -> Option<Vec<u8>> {
+        match self.answer(query) {
+            Ok(resp) => resp,
+            Err(code) => Some(Self::error(query, code)),
+        }
+    }
+
     /// The response for one query.
     pub async fn handle(&self, query: &[u8]) -> Vec<u8> {
         match self.answer(query) {

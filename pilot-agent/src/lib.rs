@@ -9,6 +9,7 @@ pub mod config;
 pub mod dns;
 pub mod envoy;
 pub mod footprint;
+pub mod fuzzing;
 mod http_client;
 pub mod iptables;
 pub mod lifecycle;

@@ -73,6 +73,8 @@ impl ProxySpec {
             istio_version: Some("1.28.0".into()),
             cluster_id: Some("Kubernetes".into()),
             labels: Some(self.labels.iter().cloned().collect()),
+            // A proxy, not a debug client (Istio's `isProxy`).
+            proxy_config: Some(serde_json::Map::new()),
             ..Default::default()
         };
         Node {

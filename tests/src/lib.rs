@@ -18,6 +18,7 @@ pub mod kube_api;
 pub mod load;
 pub mod mesh;
 pub mod netns;
+pub mod proxy_status;
 pub mod sample_mesh;
 pub mod tls;
 

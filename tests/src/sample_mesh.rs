@@ -42,6 +42,12 @@ impl SampleMesh {
     /// in a new network namespace named after `netns_prefix`, and waits until
     /// Envoy is ready with istiod's config.
     pub fn start(netns_prefix: &str) -> SampleMesh {
+        Self::start_with(netns_prefix, &[])
+    }
+
+    /// [`SampleMesh::start`] with extra environment for istiod (say
+    /// `TEST_ISTIOD_PLAINTEXT_ADDR` to open the plaintext xDS port).
+    pub fn start_with(netns_prefix: &str, istiod_env: &[(&str, &str)]) -> SampleMesh {
         let tmp = tempfile::tempdir().unwrap();
         let config = tmp.path().join("config");
         copy_dir(
@@ -53,7 +59,7 @@ impl SampleMesh {
             &ns,
             &tmp.path().join("istiod"),
             &config,
-            &[("ISTIOD_CUSTOM_HOST", "127.0.0.1")],
+            &[&[("ISTIOD_CUSTOM_HOST", "127.0.0.1")], istiod_env].concat(),
         );
         let pod = PodDir::new(
             &tmp.path().join("sleep"),

@@ -100,7 +100,11 @@ pub(super) async fn run<P: Protocol>(
             return;
         }
     };
-    let id = server.register(&proxy, P::DELTA);
+    // Istio's `isProxy`: a node with `PROXY_CONFIG` metadata.
+    let is_proxy = P::node(&first)
+        .and_then(|n| n.metadata.as_ref())
+        .is_some_and(|m| common::NodeMetadata::from_struct(m).proxy_config.is_some());
+    let id = server.register(&proxy, P::DELTA, is_proxy);
     tracing::info!(target: "ads", "ADS: new {kind} for node:{id}");
     let mut conn = open(Stream {
         server: server.clone(),

@@ -17,7 +17,7 @@ use super::server::{DiscoveryServer, Identities, names_digest, nonce};
 use super::wire::Encoded;
 use super::{
     CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, PushPlan, PushRequest, Resource, SECRET_TYPE,
-    cluster_host, is_wildcard, name_hash, sds, short_name,
+    cluster_host, is_wildcard, name_hash, sds, short_name, statusgen,
 };
 
 /// One resource the client holds.
@@ -344,6 +344,7 @@ impl DeltaConn {
             removed.len()
         );
         let count = changed.len();
+        let watched = w.subscribed.clone();
         let response = Encoded::delta(&version, type_url, &nonce, changed, &removed);
         self.stream
             .server
@@ -351,6 +352,7 @@ impl DeltaConn {
                 s.sent_version = version;
                 s.sent_nonce = nonce;
                 s.resources = count;
+                s.names = watched;
             });
         self.stream.server.count_response(type_url, response.len());
         self.stream.outbox.send(response).await?;
@@ -363,6 +365,31 @@ impl DeltaConn {
         if let Some(eds) = self.watches.get_mut(ENDPOINT_TYPE) {
             for n in clusters {
                 eds.sent.remove(n);
+            }
+        }
+    }
+}
+
+impl DeltaConn {
+    /// Answers a debug request ([`statusgen`]); a refused one ends the
+    /// stream with its status.
+    async fn debug(
+        &mut self,
+        ctx: &PushRequest,
+        type_url: &str,
+        names: &BTreeSet<String>,
+    ) -> Result<(), Closed> {
+        let server = &self.stream.server;
+        match statusgen::answer(server, ctx, &self.stream.proxy, type_url, names).await {
+            Ok(resources) => {
+                let response =
+                    Encoded::delta(ctx.ctx.version(), type_url, &nonce(), resources, &[]);
+                self.stream.outbox.send(response).await
+            }
+            Err(e) => {
+                tracing::warn!(target: "ads", "{type_url}: refused for {}: {e}", self.stream.id);
+                self.stream.outbox.end(e.into());
+                Err(Closed)
             }
         }
     }
@@ -382,6 +409,14 @@ impl Protocol for DeltaConn {
     }
 
     fn on_request(&mut self, req: &DeltaDiscoveryRequest) -> Option<Reply> {
+        if common::xds::is_debug_type(&req.type_url) {
+            // Answered once; never a watch (Istio's StatusGen.GenerateDeltas).
+            return Some(Reply {
+                type_url: req.type_url.clone(),
+                only: Some(req.resource_names_subscribe.iter().cloned().collect()),
+                always: true,
+            });
+        }
         let DeltaAction::Respond { force, always } = self.action(req) else {
             return None;
         };
@@ -394,6 +429,10 @@ impl Protocol for DeltaConn {
     }
 
     async fn reply(&mut self, reply: Reply, ctx: &PushRequest) -> Result<(), Closed> {
+        if common::xds::is_debug_type(&reply.type_url) {
+            let names = reply.only.unwrap_or_default();
+            return self.debug(ctx, &reply.type_url, &names).await;
+        }
         self.respond(ctx, &reply.type_url, reply.only.as_ref(), reply.always)
             .await?;
         if reply.type_url == CLUSTER_TYPE && self.watches.contains_key(ENDPOINT_TYPE) {

@@ -90,6 +90,10 @@ pub struct TypeStatus {
     pub last_error: Option<String>,
     /// Resources in the last response.
     pub resources: usize,
+    /// The names the proxy watches (empty: all of a wildcard type), for
+    /// config dumps.
+    #[serde(skip)]
+    pub names: Arc<BTreeSet<String>>,
 }
 
 /// One connected proxy, for debug endpoints.
@@ -109,6 +113,10 @@ pub struct ConnectionStatus {
     pub types: BTreeMap<String, TypeStatus>,
     /// Seconds since the epoch when the connection started.
     pub connected_at: u64,
+    /// Whether the node is a proxy (Istio's `isProxy`: its metadata has
+    /// `PROXY_CONFIG`); debug clients such as `istioctl` are not, and the
+    /// `istio.io/debug/syncz` answer leaves them out.
+    pub is_proxy: bool,
     /// The proxy, as parsed from its node.
     #[serde(skip)]
     pub proxy: Proxy,
@@ -121,6 +129,14 @@ struct Inner {
     connections: Mutex<BTreeMap<String, ConnectionStatus>>,
     throttle: Semaphore,
     send_timeout: Duration,
+    /// istiod's namespace: callers of other namespaces see only their own
+    /// namespace's proxies in debug answers.
+    system_namespace: String,
+    /// The `control_plane.identifier` of debug answers (Istio's JSON
+    /// `IstioControlPlaneInstance`, which `istioctl` shows as ISTIOD).
+    control_plane: String,
+    /// istiod's HTTP debug endpoints, for `istio.io/debug/<path>`.
+    debug_mux: std::sync::OnceLock<DebugMux>,
     counter: AtomicU64,
     /// Subscribed name sets, shared by the streams that subscribe the same.
     names: Mutex<NameSets>,
@@ -152,6 +168,11 @@ pub(super) fn names_digest<'a>(names: impl IntoIterator<Item = &'a str>) -> Name
     })
 }
 
+/// istiod's HTTP debug endpoints called in-process: the body of a GET of
+/// the path (with query) given.
+pub type DebugMux =
+    Arc<dyn Fn(String) -> std::pin::Pin<Box<dyn Future<Output = Vec<u8>> + Send>> + Send + Sync>;
+
 /// The discovery service; clone one per listener (`authn` differs between
 /// the plaintext :15010 and the TLS :15012 server).
 #[derive(Clone)]
@@ -181,6 +202,9 @@ impl DiscoveryServer {
                 connections: Mutex::new(BTreeMap::new()),
                 throttle: Semaphore::new(push_throttle.max(1)),
                 send_timeout: Duration::ZERO,
+                system_namespace: "istio-system".into(),
+                control_plane: control_plane_identifier("istiod"),
+                debug_mux: std::sync::OnceLock::new(),
                 counter: AtomicU64::new(0),
                 names: Mutex::default(),
             }),
@@ -216,6 +240,36 @@ impl DiscoveryServer {
             inner.send_timeout = timeout;
         }
         self
+    }
+
+    /// The same server, with istiod's namespace and instance ID (its pod
+    /// name) for the debug types. Only before the server is cloned.
+    pub fn with_instance(mut self, system_namespace: &str, id: &str) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.system_namespace = system_namespace.to_string();
+            inner.control_plane = control_plane_identifier(id);
+        }
+        self
+    }
+
+    /// istiod's namespace.
+    pub fn system_namespace(&self) -> &str {
+        &self.inner.system_namespace
+    }
+
+    /// Gives `istio.io/debug/<path>` istiod's HTTP debug endpoints (once).
+    pub fn set_debug_mux(&self, mux: DebugMux) {
+        let _ = self.inner.debug_mux.set(mux);
+    }
+
+    /// The HTTP debug endpoints, once set.
+    pub(super) fn debug_mux(&self) -> Option<&DebugMux> {
+        self.inner.debug_mux.get()
+    }
+
+    /// The `control_plane.identifier` of debug answers.
+    pub(super) fn control_plane(&self) -> &str {
+        &self.inner.control_plane
     }
 
     /// The gRPC service, for a tonic router.
@@ -264,7 +318,7 @@ impl DiscoveryServer {
         }
     }
 
-    pub(super) fn register(&self, proxy: &Proxy, delta: bool) -> String {
+    pub(super) fn register(&self, proxy: &Proxy, delta: bool, is_proxy: bool) -> String {
         let n = self.inner.counter.fetch_add(1, Ordering::Relaxed) + 1;
         let id = format!("{}-{n}", proxy.id);
         let status = ConnectionStatus {
@@ -278,6 +332,7 @@ impl DiscoveryServer {
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or_default(),
+            is_proxy,
             proxy: proxy.clone(),
         };
         if let Ok(mut c) = self.inner.connections.lock() {
@@ -419,6 +474,16 @@ pub(super) fn init_proxy(
         proxy.verified = true;
     }
     Ok(proxy)
+}
+
+/// Istio's `IstioControlPlaneInstance` JSON for `id`.
+fn control_plane_identifier(id: &str) -> String {
+    serde_json::json!({
+        "Component": "istiod",
+        "ID": id,
+        "Info": {"version": crate::VERSION},
+    })
+    .to_string()
 }
 
 pub(super) fn nonce() -> String {

@@ -16,7 +16,7 @@ use super::server::{DiscoveryServer, Identities, NamesDigest, names_digest, nonc
 use super::wire::Encoded;
 use super::{
     CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, PushPlan, PushRequest, SECRET_TYPE, cluster_host,
-    is_wildcard, sds, short_name,
+    is_wildcard, sds, short_name, statusgen,
 };
 
 #[derive(Default)]
@@ -141,18 +141,53 @@ impl SotwConn {
             count,
             response.len()
         );
-        if let Some(w) = self.watches.get_mut(type_url) {
+        let watched = self.watches.get_mut(type_url).map(|w| {
             w.nonce_sent = Some(nonce.clone());
-        }
+            w.names.clone()
+        });
         self.stream
             .server
             .update_status(&self.stream.id, type_url, |s| {
                 s.sent_version = version;
                 s.sent_nonce = nonce;
                 s.resources = count;
+                if let Some(names) = watched {
+                    s.names = names;
+                }
             });
         self.stream.server.count_response(type_url, response.len());
         self.stream.outbox.send(response).await
+    }
+}
+
+impl SotwConn {
+    /// Answers a debug request ([`statusgen`]); a refused one ends the
+    /// stream with its status.
+    async fn debug(
+        &mut self,
+        ctx: &PushRequest,
+        type_url: &str,
+        names: &BTreeSet<String>,
+    ) -> Result<(), Closed> {
+        let server = &self.stream.server;
+        match statusgen::answer(server, ctx, &self.stream.proxy, type_url, names).await {
+            Ok(resources) => {
+                tracing::debug!(target: "ads", "{type_url}: answering {} with {} resources", self.stream.id, resources.len());
+                let response = Encoded::sotw_from(
+                    ctx.ctx.version(),
+                    type_url,
+                    &nonce(),
+                    resources,
+                    server.control_plane(),
+                );
+                self.stream.outbox.send(response).await
+            }
+            Err(e) => {
+                tracing::warn!(target: "ads", "{type_url}: refused for {}: {e}", self.stream.id);
+                self.stream.outbox.end(e.into());
+                Err(Closed)
+            }
+        }
     }
 }
 
@@ -170,12 +205,20 @@ impl Protocol for SotwConn {
     }
 
     fn on_request(&mut self, req: &DiscoveryRequest) -> Option<Self::Reply> {
+        if common::xds::is_debug_type(&req.type_url) {
+            // Answered once; never a watch (Istio's processRequest).
+            let names = req.resource_names.iter().cloned().collect();
+            return Some((req.type_url.clone(), Arc::new(names)));
+        }
         self.should_respond(req)
             .map(|names| (req.type_url.clone(), names))
     }
 
     async fn reply(&mut self, reply: Self::Reply, ctx: &PushRequest) -> Result<(), Closed> {
         let (type_url, names) = reply;
+        if common::xds::is_debug_type(&type_url) {
+            return self.debug(ctx, &type_url, &names).await;
+        }
         self.respond(ctx, &type_url, &names, false).await
     }
 

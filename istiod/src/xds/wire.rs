@@ -78,11 +78,27 @@ impl Encoded {
     /// A state-of-the-world response (`version_info` 1, `resources` 2,
     /// `type_url` 4, `nonce` 5).
     pub fn sotw(version: &str, type_url: &str, nonce: &str, resources: Vec<Arc<Resource>>) -> Self {
+        Self::sotw_from(version, type_url, nonce, resources, "")
+    }
+
+    /// A state-of-the-world response naming the control plane
+    /// (`control_plane` 6, its `identifier` 1), as debug answers do.
+    pub fn sotw_from(
+        version: &str,
+        type_url: &str,
+        nonce: &str,
+        resources: Vec<Arc<Resource>>,
+        control_plane: &str,
+    ) -> Self {
         let mut head = BytesMut::new();
         put_string(&mut head, 1, version);
         let mut tail = BytesMut::new();
         put_string(&mut tail, 4, type_url);
         put_string(&mut tail, 5, nonce);
+        if !control_plane.is_empty() {
+            put_len_prefix(&mut tail, 6, len_field(1, control_plane.len()));
+            put_string(&mut tail, 1, control_plane);
+        }
         let body: usize = resources.iter().map(|r| len_field(2, any_len(r))).sum();
         Self::new(head, resources, false, tail, body)
     }
@@ -268,6 +284,24 @@ mod tests {
             assert_eq!(got, want, "{n} resources of {size} bytes");
             assert_eq!(message(&frame), want.encode_to_vec().as_slice());
         }
+    }
+
+    #[test]
+    fn a_control_plane_identifier_is_encoded_as_prost_would() {
+        let rs = resources(2, 10);
+        let id = r#"{"Component":"istiod","ID":"istiod-1"}"#;
+        let frame = frame(Encoded::sotw_from("v", "t", "n", rs.clone(), id));
+        let want = DiscoveryResponse {
+            version_info: "v".into(),
+            resources: rs.iter().map(|r| r.resource.clone()).collect(),
+            type_url: "t".into(),
+            nonce: "n".into(),
+            control_plane: Some(proto::pb::envoy::config::core::v3::ControlPlane {
+                identifier: id.into(),
+            }),
+            ..Default::default()
+        };
+        assert_eq!(message(&frame), want.encode_to_vec().as_slice());
     }
 
     #[test]
