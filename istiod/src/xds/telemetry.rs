@@ -323,6 +323,23 @@ mod tests {
     }
 
     #[test]
+    fn one_mesh_wide_telemetry_turns_access_logs_and_metrics_off_and_on() {
+        let shape = |disabled: bool| {
+            format!(
+                "---\napiVersion: telemetry.istio.io/v1\nkind: Telemetry\nmetadata: {{name: mesh-default, namespace: istio-system}}\nspec:\n  accessLogging:\n  - providers: [{{name: envoy}}]\n    disabled: {disabled}\n  metrics:\n  - providers: [{{name: prometheus}}]\n    overrides:\n    - match: {{metric: ALL_METRICS, mode: CLIENT_AND_SERVER}}\n      disabled: {disabled}\n"
+            )
+        };
+        for disabled in [true, false] {
+            let ctx = ctx(&shape(disabled), "");
+            let t = for_proxy(&ctx, &proxy("sleep"));
+            assert_eq!(t.client.access_logs.is_empty(), disabled, "client logs");
+            assert_eq!(t.server.access_logs.is_empty(), disabled, "server logs");
+            let m = metrics_reporting(&ctx, &proxy("sleep"));
+            assert_eq!((m.client, m.server), (!disabled, !disabled), "metrics");
+        }
+    }
+
+    #[test]
     fn a_collector_outside_the_sidecar_scope_is_left_out() {
         let config = "---\napiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {name: default, namespace: demo}\nspec:\n  egress: [{hosts: [\"./*\"]}]\n---\napiVersion: telemetry.istio.io/v1\nkind: Telemetry\nmetadata: {name: mesh, namespace: istio-system}\nspec:\n  tracing: [{providers: [{name: zipkin}]}]\n";
         let mesh = "extensionProviders:\n- name: zipkin\n  zipkin: {service: istio-system/zipkin, port: 9411}\n";
@@ -341,3 +358,4 @@ mod tests {
         assert!(r.client && r.server);
     }
 }
+

@@ -41,16 +41,21 @@ spec:
     )
 }
 
+/// The type of Envoy's file access log configuration.
+const FILE_LOG: &str = "envoy.extensions.access_loggers.file.v3.FileAccessLog";
+/// The type of the gRPC access log the standard metrics come from.
+const GRPC_LOG: &str = "envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig";
+
 /// Whether a Pod's Envoy has access loggers of both kinds (file and the
 /// gRPC one the standard metrics come from) in its listeners, or neither.
 fn telemetry_state(mesh: &LocalMesh, pod: &str) -> Option<bool> {
     let dump = mesh.pod(pod).ns.run(|| {
-        tests::http_get(SocketAddr::from(([127, 0, 0, 1], 15000)), "/config_dump")
+        tests::http_get(SocketAddr::from(([127, 0, 0, 1], 15000)), "/config_dump?resource=dynamic_listeners")
             .map(|(_, body)| body)
             .unwrap_or_default()
     });
-    let file = dump.contains("envoy.extensions.access_loggers.file.v3.FileAccessLog");
-    let grpc = dump.contains("envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig");
+    let file = dump.contains(FILE_LOG);
+    let grpc = dump.contains(GRPC_LOG);
     (file == grpc).then_some(file)
 }
 
@@ -64,10 +69,19 @@ fn wait_converged(mesh: &LocalMesh, on: bool) {
         {
             return;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "telemetry {on}: not in force after 60 s"
-        );
+        if start.elapsed() > Duration::from_secs(60) {
+            for p in ["sleep-1", "httpbin-v1", "httpbin-v2"] {
+                let dump = mesh.pod(p).ns.run(|| {
+                    tests::http_get(SocketAddr::from(([127, 0, 0, 1], 15000)), "/config_dump?resource=dynamic_listeners")
+                        .map(|(_, body)| body)
+                        .unwrap_or_default()
+                });
+                let file = dump.contains(FILE_LOG);
+                let grpc = dump.contains(GRPC_LOG);
+                eprintln!("{p}: {} bytes, file log {file}, grpc log {grpc}", dump.len());
+            }
+            panic!("telemetry {on}: not in force after 60 s");
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
     panic!("telemetry {on}: not in force");
