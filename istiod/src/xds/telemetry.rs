@@ -358,4 +358,3 @@ mod tests {
         assert!(r.client && r.server);
     }
 }
-

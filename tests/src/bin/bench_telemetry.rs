@@ -46,16 +46,24 @@ const FILE_LOG: &str = "envoy.extensions.access_loggers.file.v3.FileAccessLog";
 /// The type of the gRPC access log the standard metrics come from.
 const GRPC_LOG: &str = "envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig";
 
+/// Whether a Pod's Envoy has the file and the gRPC access loggers in its
+/// dynamic listeners, and the size of what it answered.
+fn loggers(mesh: &LocalMesh, pod: &str) -> (bool, bool, usize) {
+    let dump = mesh.pod(pod).ns.run(|| {
+        tests::http_get(
+            SocketAddr::from(([127, 0, 0, 1], 15000)),
+            "/config_dump?resource=dynamic_listeners",
+        )
+        .map(|(_, body)| body)
+        .unwrap_or_default()
+    });
+    (dump.contains(FILE_LOG), dump.contains(GRPC_LOG), dump.len())
+}
+
 /// Whether a Pod's Envoy has access loggers of both kinds (file and the
 /// gRPC one the standard metrics come from) in its listeners, or neither.
 fn telemetry_state(mesh: &LocalMesh, pod: &str) -> Option<bool> {
-    let dump = mesh.pod(pod).ns.run(|| {
-        tests::http_get(SocketAddr::from(([127, 0, 0, 1], 15000)), "/config_dump?resource=dynamic_listeners")
-            .map(|(_, body)| body)
-            .unwrap_or_default()
-    });
-    let file = dump.contains(FILE_LOG);
-    let grpc = dump.contains(GRPC_LOG);
+    let (file, grpc, _) = loggers(mesh, pod);
     (file == grpc).then_some(file)
 }
 
@@ -71,14 +79,8 @@ fn wait_converged(mesh: &LocalMesh, on: bool) {
         }
         if start.elapsed() > Duration::from_secs(60) {
             for p in ["sleep-1", "httpbin-v1", "httpbin-v2"] {
-                let dump = mesh.pod(p).ns.run(|| {
-                    tests::http_get(SocketAddr::from(([127, 0, 0, 1], 15000)), "/config_dump?resource=dynamic_listeners")
-                        .map(|(_, body)| body)
-                        .unwrap_or_default()
-                });
-                let file = dump.contains(FILE_LOG);
-                let grpc = dump.contains(GRPC_LOG);
-                eprintln!("{p}: {} bytes, file log {file}, grpc log {grpc}", dump.len());
+                let (file, grpc, size) = loggers(mesh, p);
+                eprintln!("{p}: {size} bytes, file log {file}, grpc log {grpc}");
             }
             panic!("telemetry {on}: not in force after 60 s");
         }
