@@ -193,3 +193,43 @@ pub fn round(
         failed,
     }
 }
+
+/// [`round`] for `length` after a one-second warm-up on the same path
+/// (connections set up, caches filled), which is not counted.
+pub fn warm_round(
+    ns: &Netns,
+    target: &Target,
+    host: &str,
+    path: &str,
+    connections: usize,
+    length: Duration,
+) -> Round {
+    round(ns, target, host, path, connections, Duration::from_secs(1));
+    round(ns, target, host, path, connections, length)
+}
+
+/// The benchmarks' Markdown table: one row per named round with its
+/// requests, failures, rate, p50 and p99, and the rate and p99 as ratios
+/// to the round at `base` (`ratio` names that round in the header, as in
+/// "÷ static" or "× off").
+pub fn table(first: &str, ratio: &str, rows: &[(String, Round)], base: usize) -> String {
+    let base_rps = rows[base].1.rps;
+    let base_p99 = pct(&rows[base].1.latencies, 0.99).as_secs_f64();
+    let mut out = format!(
+        "| {first} | requests | failed | requests/s | p50 ms | p99 ms | requests/s {ratio} | p99 {ratio} |\n|---|---:|---:|---:|---:|---:|---:|---:|\n"
+    );
+    for (name, r) in rows {
+        let p99 = pct(&r.latencies, 0.99);
+        out.push_str(&format!(
+            "| {name} | {} | {} | {:.0} | {} | {} | {:.2} | {:.2} |\n",
+            r.latencies.len(),
+            r.failed,
+            r.rps,
+            ms(pct(&r.latencies, 0.50)),
+            ms(p99),
+            r.rps / base_rps,
+            p99.as_secs_f64() / base_p99
+        ));
+    }
+    out
+}

@@ -18,7 +18,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use tests::load::{Round, Target, machine_load, pct, round};
+use tests::load::{Target, machine_load, table, warm_round};
 
 use tests::mesh::{HTTPBIN_VIP, LocalMesh, http_request};
 use tests::netns::Netns;
@@ -147,50 +147,19 @@ fn main() {
         std::fs::write(&file, policies(n)).unwrap();
         wait_converged(sleep, addr, n, previous);
         previous = n;
-        // Warm the connections' path up before measuring.
-        let target = Target::Plain(addr);
-        round(
+        let r = warm_round(
             sleep,
-            &target,
-            "httpbin:8000",
-            "/headers",
-            CONNECTIONS,
-            Duration::from_secs(1),
-        );
-        let Round {
-            rps,
-            latencies,
-            failed,
-        } = round(
-            sleep,
-            &target,
+            &Target::Plain(addr),
             "httpbin:8000",
             "/headers",
             CONNECTIONS,
             length,
         );
-        rows.push((
-            n,
-            rps,
-            pct(&latencies, 0.50),
-            pct(&latencies, 0.99),
-            latencies.len(),
-            failed,
-        ));
+        rows.push((n.to_string(), r));
     }
     println!("load average at end: {}", machine_load());
-    let (_, base_rps, _, base_p99, _, _) = rows[0];
     println!(
-        "\n| policies on httpbin | requests | failed | requests/s | p50 ms | p99 ms | requests/s × 0 policies | p99 × 0 policies |"
+        "\n{}",
+        table("policies on httpbin", "× 0 policies", &rows, 0)
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (n, rps, p50, p99, count, failed) in rows {
-        println!(
-            "| {n} | {count} | {failed} | {rps:.0} | {:.3} | {:.3} | {:.2} | {:.2} |",
-            p50.as_secs_f64() * 1000.0,
-            p99.as_secs_f64() * 1000.0,
-            rps / base_rps,
-            p99.as_secs_f64() / base_p99.as_secs_f64()
-        );
-    }
 }

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tests::gateway_pod::{GatewayPod, GatewaySpec};
-use tests::load::{Round, Target, machine_load, ms, pct, round};
+use tests::load::{Target, machine_load, table, warm_round};
 use tests::mesh::{LocalMesh, http_request};
 use tests::{Proc, envoy_bin, http_get, wait_for};
 
@@ -189,36 +189,10 @@ fn main() {
         ("gateway (istiod), again", gateway),
     ] {
         let target = Target::Plain(addr);
-        round(
-            &client.ns,
-            &target,
-            HOST,
-            "/",
-            CONNECTIONS,
-            Duration::from_secs(1),
-        );
-        let r: Round = round(&client.ns, &target, HOST, "/", CONNECTIONS, length);
-        rows.push((name, r));
+        let r = warm_round(&client.ns, &target, HOST, "/", CONNECTIONS, length);
+        rows.push((name.to_string(), r));
     }
     static_envoy.terminate(Duration::from_secs(5));
     println!("load average at end: {}", machine_load());
-    let base_rps = rows[1].1.rps;
-    let base_p99 = pct(&rows[1].1.latencies, 0.99);
-    println!(
-        "\n| HTTP through | requests | failed | requests/s | p50 ms | p99 ms | requests/s ÷ static | p99 ÷ static |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    for (name, r) in &rows {
-        let p99 = pct(&r.latencies, 0.99);
-        println!(
-            "| {name} | {} | {} | {:.0} | {} | {} | {:.2} | {:.2} |",
-            r.latencies.len(),
-            r.failed,
-            r.rps,
-            ms(pct(&r.latencies, 0.50)),
-            ms(p99),
-            r.rps / base_rps,
-            p99.as_secs_f64() / base_p99.as_secs_f64()
-        );
-    }
+    println!("\n{}", table("HTTP through", "÷ static", &rows, 1));
 }

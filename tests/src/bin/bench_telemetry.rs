@@ -14,7 +14,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use tests::load::{Round, Target, machine_load, pct, round};
+use tests::load::{Target, machine_load, table, warm_round};
 use tests::mesh::{HTTPBIN_VIP, LocalMesh, http_request};
 
 /// Client connections, each with one request in flight.
@@ -114,51 +114,19 @@ fn main() {
                 .0,
             200
         );
-        let target = Target::Plain(addr);
-        // Warm the connections' path up before measuring.
-        round(
+        let r = warm_round(
             sleep,
-            &target,
-            "httpbin:8000",
-            "/headers",
-            CONNECTIONS,
-            Duration::from_secs(1),
-        );
-        let Round {
-            rps,
-            latencies,
-            failed,
-        } = round(
-            sleep,
-            &target,
+            &Target::Plain(addr),
             "httpbin:8000",
             "/headers",
             CONNECTIONS,
             length,
         );
-        rows.push((
-            on,
-            rps,
-            pct(&latencies, 0.50),
-            pct(&latencies, 0.99),
-            latencies.len(),
-            failed,
-        ));
+        rows.push((if on { "on" } else { "off" }.to_string(), r));
     }
     println!("load average at end: {}", machine_load());
-    let (_, base_rps, _, base_p99, _, _) = rows[0];
     println!(
-        "\n| access logs + istio_* metrics | requests | failed | requests/s | p50 ms | p99 ms | requests/s × off | p99 × off |"
+        "\n{}",
+        table("access logs + istio_* metrics", "× off", &rows, 0)
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    for (on, rps, p50, p99, count, failed) in rows {
-        println!(
-            "| {} | {count} | {failed} | {rps:.0} | {:.3} | {:.3} | {:.2} | {:.2} |",
-            if on { "on" } else { "off" },
-            p50.as_secs_f64() * 1000.0,
-            p99.as_secs_f64() * 1000.0,
-            rps / base_rps,
-            p99.as_secs_f64() / base_p99.as_secs_f64()
-        );
-    }
 }
