@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod ads;
+pub mod fault;
 pub mod gateway_pod;
 pub mod injected;
 pub mod kube_api;
