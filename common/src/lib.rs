@@ -7,6 +7,8 @@ pub mod backoff;
 pub mod cli;
 pub mod duration;
 pub mod env;
+pub mod fuzz_corpus;
+pub mod grpc_stream;
 pub mod identity;
 pub mod istio_stats;
 pub mod log;

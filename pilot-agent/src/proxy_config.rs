@@ -424,8 +424,13 @@ pub fn mesh_config_layer(path: &Path) -> Result<Option<Value>, ProxyConfigError>
         Ok(t) => t,
         Err(_) => return Ok(None),
     };
-    let name = format!("--meshConfig {}", path.display());
-    let mesh: MeshConfigFile = serde_yaml_ng::from_str(&text).map_err(|e| ProxyConfigError {
+    mesh_config_text_layer(&format!("--meshConfig {}", path.display()), &text)
+}
+
+/// [`mesh_config_layer`] of the file's text, `name` saying where it is from.
+pub fn mesh_config_text_layer(name: &str, text: &str) -> Result<Option<Value>, ProxyConfigError> {
+    let name = name.to_string();
+    let mesh: MeshConfigFile = serde_yaml_ng::from_str(text).map_err(|e| ProxyConfigError {
         source_name: name.clone(),
         reason: format!("not valid YAML: {e}"),
     })?;

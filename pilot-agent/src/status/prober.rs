@@ -46,7 +46,7 @@ const HOP_BY_HOP: [&str; 7] = [
 
 /// Whether `path` is routed to the probers (valid or not: an unknown probe
 /// answers 400, as Istio's does).
-pub(super) fn is_probe_path(path: &str) -> bool {
+pub(crate) fn is_probe_path(path: &str) -> bool {
     APP_PROBER_PREFIXES
         .iter()
         .any(|prefix| path.starts_with(prefix))
@@ -334,6 +334,21 @@ struct HealthCheckResponse {
 
 /// `ServingStatus.SERVING`.
 const SERVING: i32 = 1;
+
+/// Follows one redirect `Location` (the application writes it) from an
+/// HTTP probe of `http://127.0.0.1:8080/app/ready?verbose`, as the prober
+/// does: the next host, port and path, or why it cannot be followed.
+pub(crate) fn redirect_target(location: &str) -> Result<(String, u16, String), String> {
+    let probe = ProbeUrl {
+        https: false,
+        host: "127.0.0.1".into(),
+        port: 8080,
+        path: "/app/ready?verbose".into(),
+    };
+    probe
+        .resolve(location)
+        .map(|(next, _)| (next.host, next.port, next.path))
+}
 
 /// Where a probe request goes, possibly after redirects.
 #[derive(Debug, Clone, PartialEq)]
