@@ -211,6 +211,10 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     let ca_metrics = Arc::new(CaMetrics::new(&registry));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
+    tokio::spawn(crate::scavenger::run(
+        crate::scavenger::INTERVAL,
+        shutdown_rx.clone(),
+    ));
 
     let kube = match &config.kube {
         Some(connection) => Some(crate::kube::client(connection).await?),

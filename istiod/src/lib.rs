@@ -15,6 +15,7 @@ pub mod mesh;
 pub mod metrics;
 pub mod model;
 pub mod push;
+pub mod scavenger;
 pub mod source;
 pub mod token;
 pub mod webhooks;
