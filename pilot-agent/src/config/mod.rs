@@ -117,6 +117,10 @@ pub const ENV_PROMETHEUS_ANNOTATIONS: &str = "ISTIO_PROMETHEUS_ANNOTATIONS";
 pub const ENV_XDS_ROOT_CA: &str = "XDS_ROOT_CA";
 /// `XDS_HEADER_<NAME>`: extra gRPC metadata on the upstream xDS stream.
 pub const ENV_XDS_HEADER_PREFIX: &str = "XDS_HEADER_";
+/// `GRPC_KEEPALIVE_INTERVAL`: idle time before a gRPC keepalive PING (30s).
+pub const ENV_GRPC_KEEPALIVE_INTERVAL: &str = "GRPC_KEEPALIVE_INTERVAL";
+/// `GRPC_KEEPALIVE_TIMEOUT`: how long a keepalive PING may go unanswered (10s).
+pub const ENV_GRPC_KEEPALIVE_TIMEOUT: &str = "GRPC_KEEPALIVE_TIMEOUT";
 
 /// `ISTIO_META_DNS_CAPTURE`: run the DNS proxy (sidecars).
 pub const ENV_DNS_CAPTURE: &str = "ISTIO_META_DNS_CAPTURE";
