@@ -585,7 +585,7 @@ mod tests {
             });
             let client = CaClient::with_channel(&config, ca.in_memory_channel()).unwrap();
             let (tx, mut rx) = watch::channel(None);
-            let task = tokio::spawn(run_ca(client, config, tx));
+            let task = tokio::spawn(run_ca(client, config, tx, LastError::default()));
             rx.wait_for(Option::is_some).await.unwrap();
             Rotating {
                 ca,
