@@ -2,6 +2,8 @@
 //! in the background with every outcome kept, and the recovery figures a
 //! fault is judged by.
 
+pub mod pod;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
