@@ -109,7 +109,7 @@ impl XdsProxy {
         };
         let channel =
             common::tls::grpc_channel_with(addr, tls, Duration::from_secs(5), xds.keepalive)
-            .map_err(|e| Status::unavailable(format!("connecting to istiod at {addr}: {e}")))?;
+                .map_err(|e| Status::unavailable(format!("connecting to istiod at {addr}: {e}")))?;
         let client = AggregatedDiscoveryServiceClient::new(channel)
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);

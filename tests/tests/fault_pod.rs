@@ -25,22 +25,36 @@ fn a_pod_cut_off_past_the_keepalive_comes_back_current_and_others_never_fail() {
         "istiod's keepalive dropped the silent proxy's stream during the outage"
     );
     let (before, after) = &r.connections;
-    assert!(before.is_some() && after.is_some() && before != after, "{before:?} -> {after:?}");
+    assert!(
+        before.is_some() && after.is_some() && before != after,
+        "{before:?} -> {after:?}"
+    );
     assert!(r.recovery.sent > 0);
     assert_eq!(
         r.bystander_failures,
         Vec::<String>::new(),
         "routes not crossing the cut link never failed"
     );
-    let first = r.recovery.to_first_success.expect("a request succeeded after the link returned");
+    let first = r
+        .recovery
+        .to_first_success
+        .expect("a request succeeded after the link returned");
     assert!(first <= r.recovery.bound, "{first:?}");
     let ack = r.recovery.to_last_ack.unwrap();
-    assert!(ack <= r.recovery.bound, "SYNCED on the current push after {ack:?}");
-    let seen = r.change_seen_after.expect("the change made while the link was down took effect");
+    assert!(
+        ack <= r.recovery.bound,
+        "SYNCED on the current push after {ack:?}"
+    );
+    let seen = r
+        .change_seen_after
+        .expect("the change made while the link was down took effect");
     assert!(seen <= r.recovery.bound, "{seen:?}");
     for (code, body) in &r.responses_after {
         assert_eq!(*code, 200, "{body}");
-        assert!(body.contains("version=v2"), "every request goes to v2 now: {body}");
+        assert!(
+            body.contains("version=v2"),
+            "every request goes to v2 now: {body}"
+        );
         assert!(
             body.to_ascii_lowercase().contains("x-mesh-epoch: 2"),
             "the new route's header reached the app: {body}"
@@ -55,7 +69,10 @@ fn a_pod_without_its_ca_serves_until_expiry_says_why_and_recovers() {
     let r = pod::ca_unreachable(tmp.path());
     eprintln!("{r:#?}\n{}", r.recovery.row());
     let (valid, failed_while_valid) = &r.while_valid;
-    assert!(*valid > 0, "requests were sent while the certificate was valid");
+    assert!(
+        *valid > 0,
+        "requests were sent while the certificate was valid"
+    );
     assert_eq!(
         failed_while_valid,
         &Vec::<String>::new(),
@@ -70,8 +87,15 @@ fn a_pod_without_its_ca_serves_until_expiry_says_why_and_recovers() {
         "the CA's error names where it was sought: {body}"
     );
     assert!(r.ready_after <= r.recovery.bound, "{:?}", r.ready_after);
-    assert!(r.new_cert_after <= r.recovery.bound, "{:?}", r.new_cert_after);
-    let first = r.recovery.to_first_success.expect("a request succeeded after the CA returned");
+    assert!(
+        r.new_cert_after <= r.recovery.bound,
+        "{:?}",
+        r.new_cert_after
+    );
+    let first = r
+        .recovery
+        .to_first_success
+        .expect("a request succeeded after the CA returned");
     assert!(first <= r.recovery.bound, "{first:?}");
     assert!(r.recovery.sent > 0);
     assert_eq!(

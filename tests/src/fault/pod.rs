@@ -124,7 +124,11 @@ pub struct SynczEntry {
 /// istiod's `/debug/syncz`, proxies only (not debug clients).
 pub fn syncz(mesh: &LocalMesh) -> Vec<SynczEntry> {
     let http = mesh.istiod.http;
-    let Ok((200, body)) = mesh.hub.ns.run(move || crate::http_get(http, "/debug/syncz")) else {
+    let Ok((200, body)) = mesh
+        .hub
+        .ns
+        .run(move || crate::http_get(http, "/debug/syncz"))
+    else {
         return Vec::new();
     };
     let list: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap_or_default();
@@ -132,12 +136,18 @@ pub fn syncz(mesh: &LocalMesh) -> Vec<SynczEntry> {
         .filter(|e| !e["proxy"].as_str().unwrap_or("").starts_with("istioctl."))
         .map(|e| {
             let field = |k: String| e[k].as_str().unwrap_or("").to_string();
-            let synced = ["cluster", "listener", "endpoint", "route", "extensionconfig"]
-                .iter()
-                .all(|t| {
-                    let sent = field(format!("{t}_sent"));
-                    sent.is_empty() || sent == field(format!("{t}_acked"))
-                });
+            let synced = [
+                "cluster",
+                "listener",
+                "endpoint",
+                "route",
+                "extensionconfig",
+            ]
+            .iter()
+            .all(|t| {
+                let sent = field(format!("{t}_sent"));
+                sent.is_empty() || sent == field(format!("{t}_acked"))
+            });
             SynczEntry {
                 proxy: field("proxy".into()),
                 synced,
@@ -309,16 +319,15 @@ pub fn link_down(dir: &Path) -> LinkReport {
     let up = Instant::now();
     let outage = up - down;
 
-    crate::wait_for(
-        "sleep-1 SYNCED on the current push",
-        LINK_BOUND * 2,
-        || synced_on_current(&mesh, victim, "httpbin-v1.demo").then_some(()),
-    );
+    crate::wait_for("sleep-1 SYNCED on the current push", LINK_BOUND * 2, || {
+        synced_on_current(&mesh, victim, "httpbin-v1.demo").then_some(())
+    });
     let to_last_ack = up.elapsed();
     let sleep_ns = &mesh.pod("sleep-1").ns;
     let change_seen_after = (0..600)
         .find(|_| {
-            let seen = quick_request(sleep_ns, "/get").is_ok_and(|(c, b)| c == 200 && shows_change(&b));
+            let seen =
+                quick_request(sleep_ns, "/get").is_ok_and(|(c, b)| c == 200 && shows_change(&b));
             if !seen {
                 std::thread::sleep(Duration::from_millis(100));
             }
@@ -367,7 +376,9 @@ impl CaRelay {
         let up = Arc::new(AtomicBool::new(true));
         let quit = Arc::new(AtomicBool::new(false));
         let open = Arc::new(Mutex::new(Vec::<TcpStream>::new()));
-        let listen: SocketAddr = format!("{HUB_IP}:{CA_RELAY_PORT}").parse().expect("address");
+        let listen: SocketAddr = format!("{HUB_IP}:{CA_RELAY_PORT}")
+            .parse()
+            .expect("address");
         let target: SocketAddr = format!("{HUB_IP}:15012").parse().expect("address");
         let bind = move || {
             let l = TcpListener::bind(listen).expect("bind the CA relay");
@@ -447,7 +458,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Copies both ways between `a` and `b` on two threads, keeping clones to
 /// close them when the relay stops.
 fn relay(a: TcpStream, b: TcpStream, open: &Mutex<Vec<TcpStream>>) {
-    let (Ok(a2), Ok(b2), Ok(a3), Ok(b3)) = (a.try_clone(), b.try_clone(), a.try_clone(), b.try_clone())
+    let (Ok(a2), Ok(b2), Ok(a3), Ok(b3)) =
+        (a.try_clone(), b.try_clone(), a.try_clone(), b.try_clone())
     else {
         return;
     };
@@ -549,10 +561,8 @@ pub fn ca_unreachable(dir: &Path) -> CaReport {
     let expiry = crate::wait_for("Envoy's certificate", Duration::from_secs(10), || {
         envoy_cert_expiry(ns)
     });
-    let expiry_instant = Instant::now()
-        + expiry
-            .duration_since(SystemTime::now())
-            .unwrap_or_default();
+    let expiry_instant =
+        Instant::now() + expiry.duration_since(SystemTime::now()).unwrap_or_default();
     let limit = expiry_instant.saturating_duration_since(Instant::now()) + Duration::from_secs(30);
     let expired_readiness = crate::wait_for("readiness to fail on expiry", limit, || {
         Some(readiness(ns)).filter(|(c, _)| *c == 503)
@@ -567,13 +577,17 @@ pub fn ca_unreachable(dir: &Path) -> CaReport {
         envoy_cert_expiry(ns).filter(|e| *e > expiry)
     });
     let new_cert_after = back.elapsed();
-    crate::wait_for("a request from sleep-2 after the CA returned", CA_BOUND * 2, || {
-        cut_off
-            .outcomes()
-            .iter()
-            .any(|o| o.at >= back && o.ok())
-            .then_some(())
-    });
+    crate::wait_for(
+        "a request from sleep-2 after the CA returned",
+        CA_BOUND * 2,
+        || {
+            cut_off
+                .outcomes()
+                .iter()
+                .any(|o| o.at >= back && o.ok())
+                .then_some(())
+        },
+    );
     crate::wait_for("every proxy SYNCED", CA_BOUND * 2, || {
         let list = syncz(&mesh);
         (!list.is_empty() && list.iter().all(|e| e.synced)).then_some(())
