@@ -314,6 +314,26 @@ mod tests {
     }
 
     #[test]
+    fn grpc_keepalive_comes_from_istios_variables() {
+        let base = [("POD_NAMESPACE", "ns"), ("SERVICE_ACCOUNT", "sa")];
+        let config = Config::from_env(&args(), &MapEnv::from_pairs(base)).unwrap();
+        assert_eq!(
+            config.xds_proxy.keepalive,
+            common::tls::GrpcKeepalive::default()
+        );
+        let env = MapEnv::from_pairs(base.into_iter().chain([
+            ("GRPC_KEEPALIVE_INTERVAL", "2s"),
+            ("GRPC_KEEPALIVE_TIMEOUT", "500ms"),
+        ]));
+        let keepalive = Config::from_env(&args(), &env).unwrap().xds_proxy.keepalive;
+        assert_eq!(keepalive.interval, std::time::Duration::from_secs(2));
+        assert_eq!(keepalive.timeout, std::time::Duration::from_millis(500));
+        let env = MapEnv::from_pairs(base.into_iter().chain([("GRPC_KEEPALIVE_TIMEOUT", "x")]));
+        let err = Config::from_env(&args(), &env).unwrap_err().to_string();
+        assert!(err.contains("GRPC_KEEPALIVE_TIMEOUT"), "{err}");
+    }
+
+    #[test]
     fn reports_every_bad_value() {
         let env = MapEnv::from_pairs([
             ("SECRET_TTL", "soon"),
