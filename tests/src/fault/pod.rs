@@ -40,6 +40,10 @@ pub const SHORT_TTL: &str = "20s";
 /// retry cap without a valid certificate (5 s) plus a CSR and an SDS push.
 pub const CA_BOUND: Duration = Duration::from_secs(20);
 
+/// How long the CA stays away after readiness reported the expiry: past
+/// the agent's retry cap without a valid certificate (5 s).
+pub const RETRY_HOLD: Duration = Duration::from_secs(8);
+
 /// The port the CA relay listens on in the hub.
 pub const CA_RELAY_PORT: u16 = 15112;
 
@@ -567,6 +571,10 @@ pub fn ca_unreachable(dir: &Path) -> CaReport {
     let expired_readiness = crate::wait_for("readiness to fail on expiry", limit, || {
         Some(readiness(ns)).filter(|(c, _)| *c == 503)
     });
+    // Past the agent's longest wait between CSRs without a valid
+    // certificate, so recovery is held to that bound and not luck.
+    std::thread::sleep(RETRY_HOLD);
+    assert_eq!(readiness(ns).0, 503, "still not ready while the CA is away");
     relay.set_up(true);
     let back = Instant::now();
     crate::wait_for("readiness 200 again", CA_BOUND * 2, || {
