@@ -88,12 +88,43 @@ pub fn grpc_client_config(
 /// (it reads files): [`grpc_channel`] calls it on the blocking pool.
 pub type ClientConfigSource = Arc<dyn Fn() -> Result<Arc<ClientConfig>, TlsError> + Send + Sync>;
 
+/// gRPC HTTP/2 keepalive: a PING after `interval` without activity, the
+/// connection closed when its answer takes longer than `timeout` (Istio's
+/// `pkg/keepalive` options).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct GrpcKeepalive {
+    /// `GRPC_KEEPALIVE_INTERVAL` (30s).
+    pub interval: Duration,
+    /// `GRPC_KEEPALIVE_TIMEOUT` (10s).
+    pub timeout: Duration,
+}
+
+impl Default for GrpcKeepalive {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(30),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
 /// A lazily connecting gRPC channel to `addr` (`host:port`). With `tls`, the
-/// server certificate must be valid for `server_name`.
+/// server certificate must be valid for `server_name`. Istio's default
+/// keepalive ([`GrpcKeepalive::default`]).
 pub fn grpc_channel(
     addr: &str,
     tls: Option<(ClientConfigSource, ServerName<'static>)>,
     connect_timeout: Duration,
+) -> Result<Channel, TlsError> {
+    grpc_channel_with(addr, tls, connect_timeout, GrpcKeepalive::default())
+}
+
+/// [`grpc_channel`] with its keepalive.
+pub fn grpc_channel_with(
+    addr: &str,
+    tls: Option<(ClientConfigSource, ServerName<'static>)>,
+    connect_timeout: Duration,
+    keepalive: GrpcKeepalive,
 ) -> Result<Channel, TlsError> {
     let bad = |reason: String| TlsError::Address {
         addr: addr.to_string(),
@@ -102,8 +133,8 @@ pub fn grpc_channel(
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| bad(e.to_string()))?
         .connect_timeout(connect_timeout)
-        .http2_keep_alive_interval(Duration::from_secs(30))
-        .keep_alive_timeout(Duration::from_secs(10))
+        .http2_keep_alive_interval(keepalive.interval)
+        .keep_alive_timeout(keepalive.timeout)
         .keep_alive_while_idle(true);
     let Some((source, server_name)) = tls else {
         return Ok(endpoint.connect_lazy());

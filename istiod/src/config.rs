@@ -124,11 +124,12 @@ pub struct DiscoveryArgs {
     /// Root of the custom serving certificate.
     #[arg(long = "caCertFile", default_value = "")]
     pub ca_cert_file: String,
-    /// gRPC server keepalive interval.
-    #[arg(long = "keepaliveInterval", default_value = "30s", value_parser = parse_duration)]
+    /// gRPC server keepalive interval (its default from
+    /// `GRPC_KEEPALIVE_INTERVAL`, as Istio's `pkg/keepalive`).
+    #[arg(long = "keepaliveInterval", env = "GRPC_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub keepalive_interval: Duration,
-    /// gRPC server keepalive timeout.
-    #[arg(long = "keepaliveTimeout", default_value = "10s", value_parser = parse_duration)]
+    /// gRPC server keepalive timeout (its default from `GRPC_KEEPALIVE_TIMEOUT`).
+    #[arg(long = "keepaliveTimeout", env = "GRPC_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub keepalive_timeout: Duration,
     /// Maximum connection age (Helm sets 30m); 0 means unlimited.
     #[arg(long = "keepaliveMaxServerConnectionAge", default_value = "0s", value_parser = parse_duration)]

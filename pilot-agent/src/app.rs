@@ -149,7 +149,7 @@ pub async fn build(config: Arc<Config>, run: RunOptions) -> anyhow::Result<Bound
     let mut servers = Servers::new();
     let lifecycle = Arc::new(Lifecycle::new());
     let (status_addr, registry) = start_status(&config, &lifecycle, &mut servers).await?;
-    let secrets = start_sds(&config, &mut servers).await?;
+    let secrets = start_sds(&config, &lifecycle, &mut servers).await?;
     start_telemetry(&config, &run, &registry, &mut servers)?;
     let nds = start_dns(&config, &lifecycle).await?;
     start_xds_proxy(&config, secrets.clone(), nds, &mut servers)?;
@@ -250,7 +250,13 @@ fn start_telemetry(
 
 /// Step 2: the secret manager and the SDS server Envoy takes certificates from;
 /// returns the published workload secret.
-async fn start_sds(config: &Arc<Config>, servers: &mut Servers) -> anyhow::Result<SecretWatch> {
+/// Readiness fails once the workload certificate has expired, with the CA's
+/// last error ([`crate::secret_manager::check_certificate`]).
+async fn start_sds(
+    config: &Arc<Config>,
+    lifecycle: &Lifecycle,
+    servers: &mut Servers,
+) -> anyhow::Result<SecretWatch> {
     let socket = &config.identity.sds_socket;
     // An external SDS server on the well-known socket is not supported; a
     // dead socket is stale and removed.
@@ -270,6 +276,12 @@ async fn start_sds(config: &Arc<Config>, servers: &mut Servers) -> anyhow::Resul
     }
     let manager = SecretManager::start(config.clone()).context("starting the secret manager")?;
     let secrets = manager.watch();
+    let health = manager.clone();
+    lifecycle.add_readiness_check("workload certificate", move || {
+        health
+            .check_certificate()
+            .map_err(|e| crate::lifecycle::NotReady(e.to_string()))
+    });
     let listener = bind_uds(socket)
         .with_context(|| format!("cannot listen on the SDS socket {}", socket.display()))?;
     let sds = SdsServer::new(secrets.clone()).into_service();
@@ -337,10 +349,11 @@ fn start_xds_proxy(
         .with_context(|| format!("cannot listen on the xDS proxy socket {}", socket.display()))?;
     let xds = crate::xds_proxy::XdsProxy::new(config.clone(), secrets, nds).into_service();
     let stopping = servers.stopping();
+    let keepalive = config.xds_proxy.keepalive;
     servers.spawn(async move {
         tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
-            .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
+            .http2_keepalive_interval(Some(keepalive.interval))
+            .http2_keepalive_timeout(Some(keepalive.timeout))
             .add_service(xds)
             .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stopping)
             .await

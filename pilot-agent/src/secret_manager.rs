@@ -186,35 +186,117 @@ fn write_output(dir: &Path, secret: &WorkloadSecret, mode: u32) -> std::io::Resu
     Ok(())
 }
 
+/// The last failure to obtain a certificate, kept until one arrives: what
+/// readiness reports once the current certificate has expired.
+pub type LastError = Arc<std::sync::Mutex<Option<String>>>;
+
+/// Why the workload certificate no longer serves (see
+/// [`SecretManager::check_certificate`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CertificateError {
+    /// The certificate's life ended and no new one came.
+    #[error(
+        "workload certificate expired {ago} ago (serial {serial}) and no new one could be obtained: {cause}"
+    )]
+    Expired {
+        /// How long ago it expired.
+        ago: String,
+        /// Its serial.
+        serial: String,
+        /// The last failure (the CA's error), or that renewal is pending.
+        cause: String,
+    },
+}
+
+/// Readiness of the workload certificate: failing once the published one has
+/// expired, with the last error met while renewing it. Istio's readiness
+/// checks only Envoy (and DNS): an agent whose CA is unreachable stays
+/// ready while Envoy's certificate expires and mTLS fails. Here it says so.
+pub fn check_certificate(
+    secret: Option<&WorkloadSecret>,
+    last_error: Option<&str>,
+    now: SystemTime,
+) -> Result<(), CertificateError> {
+    let Some(secret) = secret else {
+        // Before the first certificate, Envoy's own readiness is not met.
+        return Ok(());
+    };
+    match now.duration_since(secret.expires) {
+        Err(_) => Ok(()),
+        Ok(ago) => Err(CertificateError::Expired {
+            ago: common::duration::format(Duration::from_secs(ago.as_secs())),
+            serial: secret.serial.clone(),
+            cause: last_error
+                .map(|e| format!("CA unreachable: {e}"))
+                .unwrap_or_else(|| "renewal pending".to_string()),
+        }),
+    }
+}
+
+/// The longest wait between two CSRs while the CA fails: a quarter of the
+/// current certificate's remaining life (between 1 s and the generic 60 s),
+/// and [`RETRY_MAX_WITHOUT_CERTIFICATE`] once it has expired or before the
+/// first one, so the agent recovers soon after the CA returns. (Istio's
+/// retries are the CSR interceptor's five attempts, then Envoy's SDS
+/// re-requests and the pre-warm loop's backoff, up to 60 s.)
+pub fn ca_retry_cap(secret: Option<&WorkloadSecret>, now: SystemTime) -> Duration {
+    match secret.and_then(|s| s.expires.duration_since(now).ok()) {
+        Some(left) => (left / 4).clamp(Duration::from_secs(1), Duration::from_secs(60)),
+        None => RETRY_MAX_WITHOUT_CERTIFICATE,
+    }
+}
+
+/// See [`ca_retry_cap`].
+pub const RETRY_MAX_WITHOUT_CERTIFICATE: Duration = Duration::from_secs(5);
+
 /// The handle of the running secret manager.
 #[derive(Clone)]
 pub struct SecretManager {
     rx: SecretWatch,
+    last_error: LastError,
 }
 
 impl SecretManager {
     /// Starts the manager for `config`'s certificate source.
     pub fn start(config: Arc<Config>) -> Result<Self, SecretError> {
         let (tx, rx) = watch::channel(None);
+        let last_error = LastError::default();
         match config.identity.cert_source.clone() {
             CertSource::Ca => {
                 let client = CaClient::new(&config)?;
-                tokio::spawn(run_ca(client, config, tx));
+                tokio::spawn(run_ca(client, config, tx, last_error.clone()));
             }
             CertSource::Files {
                 cert_chain,
                 key,
                 root,
             } => {
-                tokio::spawn(run_files(cert_chain, key, root, config, tx));
+                tokio::spawn(run_files(
+                    cert_chain,
+                    key,
+                    root,
+                    config,
+                    tx,
+                    last_error.clone(),
+                ));
             }
         }
-        Ok(Self { rx })
+        Ok(Self { rx, last_error })
     }
 
     /// A manager that serves a fixed secret (tests).
     pub fn fixed(rx: SecretWatch) -> Self {
-        Self { rx }
+        Self {
+            rx,
+            last_error: LastError::default(),
+        }
+    }
+
+    /// [`check_certificate`] for the published certificate, now.
+    pub fn check_certificate(&self) -> Result<(), CertificateError> {
+        let secret = self.rx.borrow().clone();
+        let last_error = lock(&self.last_error).clone();
+        check_certificate(secret.as_deref(), last_error.as_deref(), SystemTime::now())
     }
 
     /// Subscribes to the secret.
@@ -254,16 +336,23 @@ async fn publish(
     tx.send_replace(Some(secret));
 }
 
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Holds a plain value: a panic elsewhere cannot leave it inconsistent.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 async fn run_ca(
     client: CaClient,
     config: Arc<Config>,
     tx: watch::Sender<Option<Arc<WorkloadSecret>>>,
+    last_error: LastError,
 ) {
     let mut backoff = Backoff::default();
     loop {
         match fetch_from_ca(&client, &config).await {
             Ok(secret) => {
                 backoff.reset();
+                *lock(&last_error) = None;
                 let delay = rotation_delay(
                     secret.created,
                     secret.expires,
@@ -286,9 +375,12 @@ async fn run_ca(
                 tokio::time::sleep(delay).await;
             }
             Err(e) => {
-                let delay = backoff.next_delay();
-                let still_valid = tx
-                    .borrow()
+                *lock(&last_error) = Some(e.to_string());
+                let current = tx.borrow().clone();
+                let delay = backoff
+                    .next_delay()
+                    .min(ca_retry_cap(current.as_deref(), SystemTime::now()));
+                let still_valid = current
                     .as_ref()
                     .and_then(|s| s.expires.duration_since(SystemTime::now()).ok());
                 match still_valid {
@@ -319,6 +411,7 @@ async fn run_files(
     root: PathBuf,
     config: Arc<Config>,
     tx: watch::Sender<Option<Arc<WorkloadSecret>>>,
+    last_error: LastError,
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
     let mut last: Option<(String, String)> = None;
@@ -347,9 +440,11 @@ async fn run_files(
                 tracing::info!(target: "cache", "loaded workload certificate from {} serial={}", cert_chain.display(), secret.serial);
                 last = Some(current);
                 backoff.reset();
+                *lock(&last_error) = None;
                 publish(&tx, secret, &config).await;
             }
             Err(e) => {
+                *lock(&last_error) = Some(e.to_string());
                 tracing::warn!(target: "cache", "{e}; keeping the previous certificate");
                 tokio::time::sleep(backoff.next_delay()).await;
             }
@@ -391,6 +486,53 @@ mod tests {
             Duration::ZERO,
             "expired"
         );
+    }
+
+    fn secret_expiring(at_secs: u64) -> WorkloadSecret {
+        WorkloadSecret {
+            cert_chain_pem: String::new(),
+            key_pem: String::new(),
+            root_pem: String::new(),
+            serial: "ab12".into(),
+            created: at(0),
+            expires: at(at_secs),
+        }
+    }
+
+    #[test]
+    fn certificate_readiness_fails_once_expired_with_the_ca_error() {
+        let s = secret_expiring(100);
+        assert_eq!(check_certificate(None, Some("down"), at(500)), Ok(()));
+        assert_eq!(check_certificate(Some(&s), Some("down"), at(99)), Ok(()));
+        let err = check_certificate(
+            Some(&s),
+            Some("CSR to istiod:15012 failed: Unavailable: refused"),
+            at(112),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("expired 12s ago"), "{err}");
+        assert!(err.contains("serial ab12"), "{err}");
+        assert!(
+            err.contains("CA unreachable: CSR to istiod:15012 failed: Unavailable: refused"),
+            "{err}"
+        );
+        let pending = check_certificate(Some(&s), None, at(100)).unwrap_err();
+        assert!(pending.to_string().contains("renewal pending"), "{pending}");
+    }
+
+    #[test]
+    fn ca_retries_are_bounded_by_the_remaining_life() {
+        let s = secret_expiring(3600 * 24);
+        assert_eq!(ca_retry_cap(Some(&s), at(0)), Duration::from_secs(60));
+        let s = secret_expiring(20);
+        assert_eq!(ca_retry_cap(Some(&s), at(0)), Duration::from_secs(5));
+        assert_eq!(ca_retry_cap(Some(&s), at(18)), Duration::from_secs(1));
+        assert_eq!(
+            ca_retry_cap(Some(&s), at(30)),
+            RETRY_MAX_WITHOUT_CERTIFICATE
+        );
+        assert_eq!(ca_retry_cap(None, at(0)), RETRY_MAX_WITHOUT_CERTIFICATE);
     }
 
     #[test]
@@ -443,7 +585,7 @@ mod tests {
             });
             let client = CaClient::with_channel(&config, ca.in_memory_channel()).unwrap();
             let (tx, mut rx) = watch::channel(None);
-            let task = tokio::spawn(run_ca(client, config, tx));
+            let task = tokio::spawn(run_ca(client, config, tx, LastError::default()));
             rx.wait_for(Option::is_some).await.unwrap();
             Rotating {
                 ca,

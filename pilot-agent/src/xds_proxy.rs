@@ -107,8 +107,9 @@ impl XdsProxy {
                 Some((source, name))
             }
         };
-        let channel = common::tls::grpc_channel(addr, tls, Duration::from_secs(5))
-            .map_err(|e| Status::unavailable(format!("connecting to istiod at {addr}: {e}")))?;
+        let channel =
+            common::tls::grpc_channel_with(addr, tls, Duration::from_secs(5), xds.keepalive)
+                .map_err(|e| Status::unavailable(format!("connecting to istiod at {addr}: {e}")))?;
         let client = AggregatedDiscoveryServiceClient::new(channel)
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);

@@ -3,6 +3,7 @@
 //! fault is judged by.
 
 pub mod control_plane;
+pub mod pod;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

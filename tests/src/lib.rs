@@ -280,6 +280,20 @@ impl Istiod {
         )
     }
 
+    /// [`Istiod::start_hub`] with extra environment (`GRPC_KEEPALIVE_*`, say).
+    pub fn start_hub_with(
+        ns: &netns::Netns,
+        dir: &Path,
+        config_dir: &Path,
+        env: &[(&str, &str)],
+    ) -> Istiod {
+        let cd = config_dir.display().to_string();
+        let grpc: SocketAddr = "0.0.0.0:15012".parse().unwrap();
+        let mut env: Vec<(&str, &str)> = env.to_vec();
+        env.push(("TEST_ISTIOD_CONFIG_DIR", &cd));
+        Self::start_full(dir, grpc, &env, Some(ns.name.clone()))
+    }
+
     /// Starts istiod in the hub namespace on Istio's ports with
     /// `--kubeconfig kubeconfig` (a Kubernetes API) and no config directory.
     pub fn start_hub_kube(ns: &netns::Netns, dir: &Path, kubeconfig: &Path) -> Istiod {

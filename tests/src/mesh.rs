@@ -132,6 +132,7 @@ impl Hub {
             ns,
             etc,
             ip: pod_ip.to_string(),
+            hub_link: host_end,
         };
         net.write_resolv_conf("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n");
         net
@@ -150,6 +151,9 @@ pub struct PodNet {
     pub ns: Netns,
     /// The Pod IP.
     pub ip: String,
+    /// The hub's end of the Pod's veth pair (a port of the bridge): taking
+    /// it down cuts the Pod off, as a node's failed link would.
+    pub hub_link: String,
     etc: PathBuf,
 }
 
@@ -455,20 +459,31 @@ impl LocalMesh {
     /// Starts the mesh with the given capture, in `dir`, istiod reading the
     /// sample from its config directory.
     pub fn start_with(dir: &Path, capture: Capture, extra_agent_env: &[(&str, &str)]) -> LocalMesh {
-        Self::start_from(dir, capture, extra_agent_env, false)
+        Self::start_from(dir, capture, extra_agent_env, &[], false)
+    }
+
+    /// [`LocalMesh::start`] with extra environment for istiod too (its
+    /// `GRPC_KEEPALIVE_*`, say).
+    pub fn start_tuned(
+        dir: &Path,
+        istiod_env: &[(&str, &str)],
+        extra_agent_env: &[(&str, &str)],
+    ) -> LocalMesh {
+        Self::start_from(dir, Capture::Iptables, extra_agent_env, istiod_env, false)
     }
 
     /// Starts the mesh (iptables capture) with istiod on Kubernetes: the
     /// API stand-in, inside the hub, holds the sample's objects and istiod
     /// reads them through `--kubeconfig`, with no config directory.
     pub fn start_kube(dir: &Path) -> LocalMesh {
-        Self::start_from(dir, Capture::Iptables, &[], true)
+        Self::start_from(dir, Capture::Iptables, &[], &[], true)
     }
 
     fn start_from(
         dir: &Path,
         capture: Capture,
         extra_agent_env: &[(&str, &str)],
+        istiod_env: &[(&str, &str)],
         kube: bool,
     ) -> LocalMesh {
         // The proxy user must reach its Pod's files.
@@ -497,7 +512,12 @@ impl LocalMesh {
             let istiod = crate::Istiod::start_hub_kube(&hub.ns, &dir.join("istiod"), &kubeconfig);
             (istiod, Some(api))
         } else {
-            let istiod = crate::Istiod::start_hub(&hub.ns, &dir.join("istiod"), &config_dir);
+            let istiod = crate::Istiod::start_hub_with(
+                &hub.ns,
+                &dir.join("istiod"),
+                &config_dir,
+                istiod_env,
+            );
             (istiod, None)
         };
         let mut agent_env: Vec<(String, String)> = extra_agent_env
@@ -527,7 +547,7 @@ impl LocalMesh {
             ("httpbin-v1", "198.18.0.3", "httpbin", Some("v1")),
             ("httpbin-v2", "198.18.0.4", "httpbin", Some("v2")),
         ] {
-            mesh.launch_pod("demo", name, ip, sa, version);
+            mesh.launch_pod("demo", name, ip, sa, version, &[]);
         }
         for i in 0..mesh.pods.len() {
             mesh.wait_pod_ready(i);
@@ -549,6 +569,7 @@ impl LocalMesh {
         ip: &str,
         sa: &str,
         version: Option<&str>,
+        pod_env: &[(&str, &str)],
     ) {
         let net = self.hub.pod("pod", ip);
         let app_addr: SocketAddr = match self.capture {
@@ -581,6 +602,7 @@ impl LocalMesh {
             ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
         ];
         env.extend(self.agent_env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        env.extend(pod_env.iter().copied());
         let agent = match self.capture {
             Capture::Iptables => {
                 env.push(("ISTIO_META_INTERCEPTION_MODE", "REDIRECT"));
@@ -628,7 +650,22 @@ impl LocalMesh {
         sa: &str,
         app_version: &str,
     ) {
-        self.launch_pod(namespace, name, ip, sa, Some(app_version));
+        self.launch_pod(namespace, name, ip, sa, Some(app_version), &[]);
+        self.wait_pod_ready(self.pods.len() - 1);
+    }
+
+    /// Adds a Pod of namespace `demo` whose agent gets `env` on top of the
+    /// mesh's (its own `CA_ADDR`, `SECRET_TTL`, ...); with `app_version`,
+    /// it serves the app too. Its Kubernetes objects are the caller's.
+    pub fn add_pod_with_env(
+        &mut self,
+        name: &str,
+        ip: &str,
+        sa: &str,
+        app_version: Option<&str>,
+        env: &[(&str, &str)],
+    ) {
+        self.launch_pod("demo", name, ip, sa, app_version, env);
         self.wait_pod_ready(self.pods.len() - 1);
     }
 

@@ -117,6 +117,10 @@ pub const ENV_PROMETHEUS_ANNOTATIONS: &str = "ISTIO_PROMETHEUS_ANNOTATIONS";
 pub const ENV_XDS_ROOT_CA: &str = "XDS_ROOT_CA";
 /// `XDS_HEADER_<NAME>`: extra gRPC metadata on the upstream xDS stream.
 pub const ENV_XDS_HEADER_PREFIX: &str = "XDS_HEADER_";
+/// `GRPC_KEEPALIVE_INTERVAL`: idle time before a gRPC keepalive PING (30s).
+pub const ENV_GRPC_KEEPALIVE_INTERVAL: &str = "GRPC_KEEPALIVE_INTERVAL";
+/// `GRPC_KEEPALIVE_TIMEOUT`: how long a keepalive PING may go unanswered (10s).
+pub const ENV_GRPC_KEEPALIVE_TIMEOUT: &str = "GRPC_KEEPALIVE_TIMEOUT";
 
 /// `ISTIO_META_DNS_CAPTURE`: run the DNS proxy (sidecars).
 pub const ENV_DNS_CAPTURE: &str = "ISTIO_META_DNS_CAPTURE";
@@ -307,6 +311,26 @@ mod tests {
                 .ca_root_path,
             None
         );
+    }
+
+    #[test]
+    fn grpc_keepalive_comes_from_istios_variables() {
+        let base = [("POD_NAMESPACE", "ns"), ("SERVICE_ACCOUNT", "sa")];
+        let config = Config::from_env(&args(), &MapEnv::from_pairs(base)).unwrap();
+        assert_eq!(
+            config.xds_proxy.keepalive,
+            common::tls::GrpcKeepalive::default()
+        );
+        let env = MapEnv::from_pairs(base.into_iter().chain([
+            ("GRPC_KEEPALIVE_INTERVAL", "2s"),
+            ("GRPC_KEEPALIVE_TIMEOUT", "500ms"),
+        ]));
+        let keepalive = Config::from_env(&args(), &env).unwrap().xds_proxy.keepalive;
+        assert_eq!(keepalive.interval, std::time::Duration::from_secs(2));
+        assert_eq!(keepalive.timeout, std::time::Duration::from_millis(500));
+        let env = MapEnv::from_pairs(base.into_iter().chain([("GRPC_KEEPALIVE_TIMEOUT", "x")]));
+        let err = Config::from_env(&args(), &env).unwrap_err().to_string();
+        assert!(err.contains("GRPC_KEEPALIVE_TIMEOUT"), "{err}");
     }
 
     #[test]

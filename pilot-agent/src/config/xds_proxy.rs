@@ -28,6 +28,10 @@ pub struct XdsProxyConfig {
     pub socket: PathBuf,
     /// `ISTIO_DELTA_XDS`: Envoy uses Delta ADS (the bootstrap's API type).
     pub delta: bool,
+    /// `GRPC_KEEPALIVE_INTERVAL` and `GRPC_KEEPALIVE_TIMEOUT`: the upstream
+    /// connection's keepalive (a dead link to istiod is noticed after about
+    /// their sum) and the downstream server's, as Istio's `pkg/keepalive`.
+    pub keepalive: common::tls::GrpcKeepalive,
 }
 
 /// Reads the xDS proxy's settings from the environment and the ProxyConfig.
@@ -61,6 +65,11 @@ pub(super) fn parse(v: &mut Vars<'_>, proxy_config: &ProxyConfig) -> XdsProxyCon
     } else {
         Some(PathBuf::from(DEFAULT_ROOT_CERT_PATH))
     };
+    let default_keepalive = common::tls::GrpcKeepalive::default();
+    let keepalive = common::tls::GrpcKeepalive {
+        interval: v.duration(ENV_GRPC_KEEPALIVE_INTERVAL, default_keepalive.interval),
+        timeout: v.duration(ENV_GRPC_KEEPALIVE_TIMEOUT, default_keepalive.timeout),
+    };
     let headers = v
         .prefixed(ENV_XDS_HEADER_PREFIX)
         .into_iter()
@@ -73,5 +82,6 @@ pub(super) fn parse(v: &mut Vars<'_>, proxy_config: &ProxyConfig) -> XdsProxyCon
         headers,
         socket: PathBuf::from(proxy_config.config_path()).join("XDS"),
         delta,
+        keepalive,
     }
 }
