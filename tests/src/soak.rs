@@ -12,8 +12,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::fault::{Outcome, Traffic};
@@ -30,8 +30,10 @@ const EDIT_WEIGHTS: [(u32, u32); 2] = [(10, 90), (90, 10)];
 const EDIT_LIMIT: Duration = Duration::from_secs(15);
 /// How often each Envoy's `/certs` is read.
 const CERTS_EVERY: Duration = Duration::from_secs(2);
-/// How often resident memory is sampled (for the peak).
-const RSS_EVERY: Duration = Duration::from_secs(10);
+/// How often resident memory is sampled.
+const RSS_EVERY: Duration = Duration::from_secs(1);
+/// The longest window of samples the start and end figures are taken over.
+const RSS_WINDOW: Duration = Duration::from_secs(60);
 /// The main loop's tick.
 const TICK: Duration = Duration::from_millis(250);
 /// The subset cluster of each version, as Istio names outbound clusters.
@@ -80,18 +82,43 @@ pub struct Rss {
     pub pid: u32,
     /// Whether its growth decides the soak (istiod and agents; not Envoy).
     pub judged: bool,
-    /// After the warm-up.
+    /// The first reading after the warm-up.
     pub start_kib: u64,
-    /// At the end.
+    /// The last reading.
     pub end_kib: u64,
-    /// The highest sample after the warm-up.
-    pub peak_kib: u64,
+    /// Mean and highest reading over the start window (a reading a second
+    /// from the end of the warm-up, for [`SoakReport::rss_window`]).
+    pub start_window: (u64, u64),
+    /// Mean and highest reading over the last window before the end.
+    pub end_window: (u64, u64),
+}
+
+fn pct(from: u64, to: u64) -> f64 {
+    (to as f64 - from as f64) * 100.0 / from.max(1) as f64
 }
 
 impl Rss {
-    /// Growth from start to end, in percent.
+    /// Growth from the first to the last reading, in percent.
+    pub fn point_growth_pct(&self) -> f64 {
+        pct(self.start_kib, self.end_kib)
+    }
+
+    /// Growth of the window mean, in percent.
+    pub fn mean_growth_pct(&self) -> f64 {
+        pct(self.start_window.0, self.end_window.0)
+    }
+
+    /// Growth of the window peak, in percent.
+    pub fn peak_growth_pct(&self) -> f64 {
+        pct(self.start_window.1, self.end_window.1)
+    }
+
+    /// The growth the soak is judged by: the larger of the window mean's and
+    /// the window peak's. Single readings swing with where they fall in a
+    /// rotation cycle (the agent hands memory back a few seconds after each
+    /// one), so windows spanning several cycles are compared.
     pub fn growth_pct(&self) -> f64 {
-        (self.end_kib as f64 - self.start_kib as f64) * 100.0 / self.start_kib.max(1) as f64
+        self.mean_growth_pct().max(self.peak_growth_pct())
     }
 }
 
@@ -126,6 +153,8 @@ pub struct SoakReport {
     pub edits: Vec<Edit>,
     /// Resident memory per process.
     pub rss: Vec<Rss>,
+    /// The length of the start and end windows of [`Rss`].
+    pub rss_window: Duration,
 }
 
 impl SoakReport {
@@ -198,23 +227,46 @@ impl SoakReport {
             ));
         }
         line(format!(
-            "resident memory (VmRSS; start = after the {} warm-up):",
-            d(c.warmup)
+            "resident memory (VmRSS from /proc/<pid>/status, KiB, read every {}): start = first reading after the {} warm-up, end = last reading; mean and peak over the {} after the warm-up and the {} before the end; judged growth = the larger of the mean's and the peak's",
+            d(RSS_EVERY),
+            d(c.warmup),
+            d(self.rss_window),
+            d(self.rss_window)
         ));
         line(format!(
-            "  {:<20} {:>8} {:>12} {:>12} {:>12} {:>8}",
-            "process", "pid", "start KiB", "end KiB", "peak KiB", "growth"
+            "  {:<17} {:>7} {:>9} {:>9} {:>8} {:>10} {:>10} {:>8} {:>10} {:>10} {:>8} {:>8}",
+            "process",
+            "pid",
+            "start",
+            "end",
+            "growth",
+            "start mean",
+            "end mean",
+            "growth",
+            "start peak",
+            "end peak",
+            "growth",
+            "judged"
         ));
         for r in &self.rss {
             line(format!(
-                "  {:<20} {:>8} {:>12} {:>12} {:>12} {:>7.2}%{}",
+                "  {:<17} {:>7} {:>9} {:>9} {:>7.2}% {:>10} {:>10} {:>7.2}% {:>10} {:>10} {:>7.2}% {:>8}",
                 r.label,
                 r.pid,
                 r.start_kib,
                 r.end_kib,
-                r.peak_kib,
-                r.growth_pct(),
-                if r.judged { "" } else { " (information)" }
+                r.point_growth_pct(),
+                r.start_window.0,
+                r.end_window.0,
+                r.mean_growth_pct(),
+                r.start_window.1,
+                r.end_window.1,
+                r.peak_growth_pct(),
+                if r.judged {
+                    format!("{:.2}%", r.growth_pct())
+                } else {
+                    "info".to_string()
+                }
             ));
         }
         out
@@ -266,7 +318,11 @@ pub fn workload_serials(certs_json: &str) -> BTreeSet<String> {
                 .as_array()
                 .into_iter()
                 .flatten()
-                .any(|s| s["uri"].as_str().is_some_and(|u| u.starts_with("spiffe://")));
+                .any(|s| {
+                    s["uri"]
+                        .as_str()
+                        .is_some_and(|u| u.starts_with("spiffe://"))
+                });
             if spiffe && let Some(serial) = c["serial_number"].as_str() {
                 out.insert(serial.to_string());
             }
@@ -309,17 +365,22 @@ pub fn route_weights(config_dump: &str) -> Option<(u32, u32)> {
 
 /// The sample's `istio.yaml` with the VirtualService's weights set.
 fn with_weights(template: &str, (v1, v2): (u32, u32)) -> String {
-    template
-        .replacen(
-            &format!("weight: {}", SAMPLE_WEIGHTS.0),
-            &format!("weight: {v1}"),
-            1,
-        )
-        .replacen(
-            &format!("weight: {}", SAMPLE_WEIGHTS.1),
-            &format!("weight: {v2}"),
-            1,
-        )
+    // Both weights are found in the sample before either is written, so a
+    // new v1 weight equal to the sample's v2 weight is not taken for it.
+    let (a, b) = (
+        format!("weight: {}", SAMPLE_WEIGHTS.0),
+        format!("weight: {}", SAMPLE_WEIGHTS.1),
+    );
+    let (Some(i), Some(j)) = (template.find(&a), template.find(&b)) else {
+        return template.to_string();
+    };
+    let mut spans = [(i, a.len(), v1), (j, b.len(), v2)];
+    spans.sort_by_key(|s| std::cmp::Reverse(s.0));
+    let mut out = template.to_string();
+    for (at, len, w) in spans {
+        out.replace_range(at..at + len, &format!("weight: {w}"));
+    }
+    out
 }
 
 /// Answers per version, counted by the traffic thread.
@@ -331,7 +392,10 @@ struct Split {
 
 impl Split {
     fn read(&self) -> (u64, u64) {
-        (self.v1.load(Ordering::Relaxed), self.v2.load(Ordering::Relaxed))
+        (
+            self.v1.load(Ordering::Relaxed),
+            self.v2.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -418,15 +482,12 @@ pub fn run(cfg: SoakConfig, mut progress: impl FnMut(&str)) -> SoakReport {
     let mut edits: Vec<Edit> = Vec::new();
     let mut pending: Option<Pending> = None;
     let mut split_mark = split.read();
-    let mut rss_start: Option<Vec<u64>> = None;
-    let mut peaks = vec![0u64; watched.len()];
+    // (time since the start, VmRSS of each watched process), after the warm-up.
+    let mut samples: Vec<(Duration, Vec<u64>)> = Vec::new();
     let begun = Instant::now();
     let end = cfg.warmup + cfg.duration;
-    let (mut next_certs, mut next_edit, mut next_rss) = (
-        Duration::ZERO,
-        cfg.edit_every,
-        Duration::ZERO,
-    );
+    let (mut next_certs, mut next_edit, mut next_rss) =
+        (Duration::ZERO, cfg.edit_every, Duration::ZERO);
     let mut last_minute = 0;
     let ticks = (end.as_millis() / TICK.as_millis()) as usize + 10;
     for _ in 0..ticks {
@@ -447,8 +508,12 @@ pub fn run(cfg: SoakConfig, mut progress: impl FnMut(&str)) -> SoakReport {
         }
         if let Some(p) = &pending {
             let want = edits[p.index].weights;
-            let seen = admin_get(&mesh, "sleep-1", "/config_dump?resource=dynamic_route_configs")
-                .and_then(|b| route_weights(&b));
+            let seen = admin_get(
+                &mesh,
+                "sleep-1",
+                "/config_dump?resource=dynamic_route_configs",
+            )
+            .and_then(|b| route_weights(&b));
             if seen == Some(want) {
                 edits[p.index].seen_after = Some(p.at.elapsed());
                 pending = None;
@@ -480,15 +545,13 @@ pub fn run(cfg: SoakConfig, mut progress: impl FnMut(&str)) -> SoakReport {
                 at: Instant::now(),
             });
         }
-        if rss_start.is_none() && now >= cfg.warmup {
-            rss_start = Some(watched.iter().map(|(_, pid, _)| vm_rss_kib(*pid)).collect());
-            progress("warm-up over: start RSS taken");
-        }
-        if rss_start.is_some() && now >= next_rss {
-            next_rss = now + RSS_EVERY;
-            for (i, (_, pid, _)) in watched.iter().enumerate() {
-                peaks[i] = peaks[i].max(vm_rss_kib(*pid));
+        if now >= cfg.warmup && now >= next_rss {
+            if samples.is_empty() {
+                progress("warm-up over: RSS readings start");
             }
+            next_rss = now + RSS_EVERY;
+            let kib = watched.iter().map(|(_, pid, _)| vm_rss_kib(*pid)).collect();
+            samples.push((now, kib));
         }
         let minute = now.as_secs() / 60;
         if minute > last_minute {
@@ -503,24 +566,40 @@ pub fn run(cfg: SoakConfig, mut progress: impl FnMut(&str)) -> SoakReport {
         }
         std::thread::sleep(TICK);
     }
-    let rss_end: Vec<u64> = watched.iter().map(|(_, pid, _)| vm_rss_kib(*pid)).collect();
     let elapsed = begun.elapsed();
+    samples.push((
+        elapsed,
+        watched.iter().map(|(_, pid, _)| vm_rss_kib(*pid)).collect(),
+    ));
     let outcomes = traffic.stop();
     let counts = split.read();
     if let Some(last) = edits.last_mut() {
         last.answered = (counts.0 - split_mark.0, counts.1 - split_mark.1);
     }
-    let rss_start = rss_start.unwrap_or_else(|| rss_end.clone());
+    // Windows of at most a quarter of the run each, so they never overlap.
+    let window = RSS_WINDOW.min(cfg.duration / 4);
     let rss = watched
         .iter()
         .enumerate()
-        .map(|(i, (label, pid, judged))| Rss {
-            label: label.clone(),
-            pid: *pid,
-            judged: *judged,
-            start_kib: rss_start[i],
-            end_kib: rss_end[i],
-            peak_kib: peaks[i].max(rss_end[i]),
+        .map(|(i, (label, pid, judged))| {
+            let stats = |from: Duration, to: Duration| {
+                let v: Vec<u64> = samples
+                    .iter()
+                    .filter(|(t, _)| *t >= from && *t <= to)
+                    .map(|(_, kib)| kib[i])
+                    .collect();
+                let mean = v.iter().sum::<u64>() / (v.len().max(1) as u64);
+                (mean, v.iter().max().copied().unwrap_or(0))
+            };
+            Rss {
+                label: label.clone(),
+                pid: *pid,
+                judged: *judged,
+                start_kib: samples.first().map_or(0, |s| s.1[i]),
+                end_kib: samples.last().map_or(0, |s| s.1[i]),
+                start_window: stats(cfg.warmup, cfg.warmup + window),
+                end_window: stats(elapsed.saturating_sub(window), elapsed),
+            }
         })
         .collect();
     SoakReport {
@@ -537,6 +616,7 @@ pub fn run(cfg: SoakConfig, mut progress: impl FnMut(&str)) -> SoakReport {
             .collect(),
         edits,
         rss,
+        rss_window: window,
     }
 }
 

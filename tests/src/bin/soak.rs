@@ -55,7 +55,9 @@ fn main() {
     let tmp = tempfile::Builder::new().prefix("soak").tempdir().unwrap();
     let mut cfg = SoakConfig::new(tmp.path().to_path_buf());
     if let Err(e) = parse_args(&mut cfg) {
-        eprintln!("soak: {e}\nflags: --duration --warmup --pace --secret-ttl --edit-every (durations)");
+        eprintln!(
+            "soak: {e}\nflags: --duration --warmup --pace --secret-ttl --edit-every (durations)"
+        );
         std::process::exit(2);
     }
     let started = time::OffsetDateTime::now_utc();
