@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -531,10 +531,7 @@ pub fn run(cfg: SoakConfig, mut progress: impl FnMut(&str)) -> SoakReport {
             }
             split_mark = counts;
             let weights = EDIT_WEIGHTS[edits.len() % EDIT_WEIGHTS.len()];
-            // As an operator's tool writes a file: whole, then renamed over.
-            let tmp = mesh.config_dir.join(".istio.yaml.tmp");
-            std::fs::write(&tmp, with_weights(&template, weights)).expect("write the edit");
-            std::fs::rename(&tmp, &vs_file).expect("rename the edit into place");
+            write_edit(&vs_file, &with_weights(&template, weights));
             edits.push(Edit {
                 weights,
                 seen_after: None,
@@ -578,30 +575,12 @@ pub fn run(cfg: SoakConfig, mut progress: impl FnMut(&str)) -> SoakReport {
     }
     // Windows of at most a quarter of the run each, so they never overlap.
     let window = RSS_WINDOW.min(cfg.duration / 4);
-    let rss = watched
-        .iter()
-        .enumerate()
-        .map(|(i, (label, pid, judged))| {
-            let stats = |from: Duration, to: Duration| {
-                let v: Vec<u64> = samples
-                    .iter()
-                    .filter(|(t, _)| *t >= from && *t <= to)
-                    .map(|(_, kib)| kib[i])
-                    .collect();
-                let mean = v.iter().sum::<u64>() / (v.len().max(1) as u64);
-                (mean, v.iter().max().copied().unwrap_or(0))
-            };
-            Rss {
-                label: label.clone(),
-                pid: *pid,
-                judged: *judged,
-                start_kib: samples.first().map_or(0, |s| s.1[i]),
-                end_kib: samples.last().map_or(0, |s| s.1[i]),
-                start_window: stats(cfg.warmup, cfg.warmup + window),
-                end_window: stats(elapsed.saturating_sub(window), elapsed),
-            }
-        })
-        .collect();
+    let rss = rss_figures(
+        &watched,
+        &samples,
+        (cfg.warmup, cfg.warmup + window),
+        (elapsed.saturating_sub(window), elapsed),
+    );
     SoakReport {
         config: cfg,
         elapsed,
@@ -618,6 +597,48 @@ pub fn run(cfg: SoakConfig, mut progress: impl FnMut(&str)) -> SoakReport {
         rss,
         rss_window: window,
     }
+}
+
+/// Writes `text` over `file` as an operator's tool does: whole, to a
+/// temporary file in the same directory, then renamed into place.
+fn write_edit(file: &Path, text: &str) {
+    let tmp = file.with_file_name(".istio.yaml.tmp");
+    std::fs::write(&tmp, text).expect("write the edit");
+    std::fs::rename(&tmp, file).expect("rename the edit into place");
+}
+
+/// Each watched process's figures from the readings (`samples`: time since
+/// the start and each process's VmRSS), with the start and end windows.
+fn rss_figures(
+    watched: &[(String, u32, bool)],
+    samples: &[(Duration, Vec<u64>)],
+    start: (Duration, Duration),
+    end: (Duration, Duration),
+) -> Vec<Rss> {
+    watched
+        .iter()
+        .enumerate()
+        .map(|(i, (label, pid, judged))| {
+            let stats = |(from, to): (Duration, Duration)| {
+                let v: Vec<u64> = samples
+                    .iter()
+                    .filter(|(t, _)| *t >= from && *t <= to)
+                    .map(|(_, kib)| kib[i])
+                    .collect();
+                let mean = v.iter().sum::<u64>() / (v.len().max(1) as u64);
+                (mean, v.iter().max().copied().unwrap_or(0))
+            };
+            Rss {
+                label: label.clone(),
+                pid: *pid,
+                judged: *judged,
+                start_kib: samples.first().map_or(0, |s| s.1[i]),
+                end_kib: samples.last().map_or(0, |s| s.1[i]),
+                start_window: stats(start),
+                end_window: stats(end),
+            }
+        })
+        .collect()
 }
 
 /// Each failed request with when it was sent.
