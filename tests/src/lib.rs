@@ -21,6 +21,7 @@ pub mod mesh;
 pub mod netns;
 pub mod proxy_status;
 pub mod sample_mesh;
+pub mod soak;
 pub mod tls;
 
 /// The workspace's build output directory (`target/debug`).
