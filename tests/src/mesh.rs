@@ -330,21 +330,27 @@ pub fn http_request_with(
         s.write_all(request.as_bytes())?;
         let mut buf = String::new();
         s.read_to_string(&mut buf)?;
-        let status = buf
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let body = buf
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        Ok((status, body))
+        Ok(crate::mesh::split_response(&buf))
     })
 }
 
 /// A binary the proxy user can execute: `path` itself when uid 1337 can
 /// reach it, else a copy in `dir` (a checkout under a private home directory
+/// A whole HTTP/1.1 response read to its end: (status, body); status 0
+/// when the status line is missing.
+pub fn split_response(buf: &str) -> (u16, String) {
+    let status = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
 /// is out of the proxy user's reach, as it would be in a container).
 pub fn runnable_by_proxy(path: &Path, dir: &Path) -> PathBuf {
     let ok = Command::new("setpriv")

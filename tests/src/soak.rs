@@ -435,16 +435,7 @@ fn one_request(addr: SocketAddr) -> std::io::Result<(u16, String)> {
     s.write_all(b"GET /headers HTTP/1.1\r\nHost: httpbin:8000\r\nConnection: close\r\n\r\n")?;
     let mut buf = String::new();
     s.read_to_string(&mut buf)?;
-    let status = buf
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
+    Ok(crate::mesh::split_response(&buf))
 }
 
 /// The processes watched: (label, pid, judged).

@@ -73,16 +73,7 @@ fn quick_request_in(ns: &str, path: &str) -> std::io::Result<(u16, String)> {
         s.write_all(req.as_bytes())?;
         let mut buf = String::new();
         s.read_to_string(&mut buf)?;
-        let status = buf
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let body = buf
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        Ok((status, body))
+        Ok(crate::mesh::split_response(&buf))
     })
 }
 
