@@ -746,15 +746,20 @@ impl Pod {
 
     /// The pid of the Envoy the agent started.
     pub fn envoy_pid(&self) -> Option<u32> {
-        let out = std::process::Command::new("pgrep")
-            .args(["-P", &self.agent.pid().to_string()])
-            .output()
-            .ok()?;
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .next()?
-            .trim()
-            .parse()
-            .ok()
+        first_child(self.agent.pid())
     }
+}
+
+/// The first child process of `pid` (the Envoy an agent started).
+pub fn first_child(pid: u32) -> Option<u32> {
+    let out = std::process::Command::new("pgrep")
+        .args(["-P", &pid.to_string()])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()?
+        .trim()
+        .parse()
+        .ok()
 }

@@ -286,16 +286,7 @@ pub fn vm_rss_kib(pid: u32) -> u64 {
 
 /// The first child of `pid` (the Envoy an agent started).
 fn child_of(pid: u32) -> Option<u32> {
-    let out = std::process::Command::new("pgrep")
-        .args(["-P", &pid.to_string()])
-        .output()
-        .ok()?;
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .next()?
-        .trim()
-        .parse()
-        .ok()
+    crate::first_child(pid)
 }
 
 /// A GET to the Envoy admin of Pod `pod`.
