@@ -7,6 +7,7 @@ pub mod backoff;
 pub mod cli;
 pub mod duration;
 pub mod env;
+pub mod gateway_topology;
 pub mod fuzz_corpus;
 pub mod grpc_stream;
 pub mod identity;

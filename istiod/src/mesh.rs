@@ -33,6 +33,9 @@ pub struct MeshConfig {
     /// Access logging and tracing settings (boxed: the mesh config is
     /// passed by value).
     pub telemetry: Box<MeshTelemetry>,
+    /// `defaultConfig.gatewayTopology`: a router's topology when its node
+    /// sent no ProxyConfig (Istio's `ProxyConfigOrDefault`).
+    pub default_gateway_topology: common::gateway_topology::GatewayTopology,
 }
 
 /// The mesh config's access logging and tracing fields.
@@ -290,6 +293,17 @@ impl Mesh {
                 crate::model::ROOT_NAMESPACE
             ));
         }
+        let default_gateway_topology = file
+            .default_config
+            .as_ref()
+            .and_then(|c| c.get("gatewayTopology"))
+            .map(|t| serde_json::from_value(t.clone()))
+            .transpose()
+            .unwrap_or_else(|e| {
+                errors.push(format!("defaultConfig.gatewayTopology: {e}"));
+                None
+            })
+            .unwrap_or_default();
         if !errors.is_empty() {
             return Err(errors);
         }
@@ -299,6 +313,7 @@ impl Mesh {
                 outbound_traffic_policy,
                 extension_providers,
                 telemetry: Box::new(telemetry),
+                default_gateway_topology,
             },
             discovery_selectors,
             injection: MeshInjection {

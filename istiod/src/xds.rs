@@ -19,6 +19,7 @@ pub mod lds;
 pub mod metadata_encoding;
 pub mod nds;
 pub mod outbox;
+pub mod policy_attachment;
 pub mod proxy;
 pub mod proxy_dependencies;
 pub mod push_request;

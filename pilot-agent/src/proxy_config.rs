@@ -167,9 +167,9 @@ pub struct ProxyConfig {
     /// Extra stat tags.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extra_stat_tags: Vec<String>,
-    /// Gateway topology.
+    /// Gateway topology (applied by istiod to a router's listeners).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub gateway_topology: Option<Value>,
+    pub gateway_topology: Option<common::gateway_topology::GatewayTopology>,
     /// How long the agent waits after draining before stopping Envoy (5s).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub termination_drain_duration: Option<ProtoDuration>,

@@ -68,6 +68,12 @@ impl LocalMesh {
     /// certificate, its labels, and `pilot-agent proxy router`. It does not
     /// wait: the caller polls what it expects the gateway to serve.
     pub fn start_gateway(&self, spec: &GatewaySpec<'_>) -> GatewayPod {
+        self.start_gateway_with(spec, "")
+    }
+
+    /// [`LocalMesh::start_gateway`] with more ProxyConfig fields (JSON
+    /// members, such as `"gatewayTopology": {...}`) over the mesh's.
+    pub fn start_gateway_with(&self, spec: &GatewaySpec<'_>, proxy_config: &str) -> GatewayPod {
         let net = self.hub.pod("gw", spec.ip);
         let dir = PodDir::new(
             &self.dir.join(spec.name),
@@ -84,7 +90,11 @@ impl LocalMesh {
                 ("INSTANCE_IP", spec.ip),
                 ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
             ],
-            MESH_PROXY_CONFIG,
+            &if proxy_config.is_empty() {
+                MESH_PROXY_CONFIG.to_string()
+            } else {
+                format!("{MESH_PROXY_CONFIG}, {proxy_config}")
+            },
         );
         GatewayPod { net, dir, agent }
     }

@@ -15,6 +15,7 @@ pub mod ads;
 pub mod fault;
 pub mod gateway_pod;
 pub mod injected;
+pub mod jwt;
 pub mod kube_api;
 pub mod load;
 pub mod mesh;

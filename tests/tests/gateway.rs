@@ -5,14 +5,23 @@
 //! through it; inside the mesh the gateway speaks mTLS with its own SPIFFE
 //! identity; the sidecars' routing is untouched by a VirtualService bound
 //! only to the gateway; removing the Gateway removes its listener.
+//!
+//! Request-level policy that selects the gateway Pod is enforced there:
+//! a DENY by `remoteIpBlocks` (the client address `X-Forwarded-For` gives
+//! behind the gateway's `gatewayTopology.numTrustedProxies`) and by
+//! `ipBlocks` (the connection's peer), an ALLOW by `requestPrincipals`
+//! with a RequestAuthentication; deleting them restores access.
 
 #![allow(clippy::unwrap_used)]
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use serde_json::json;
 use tests::gateway_pod::GatewaySpec;
-use tests::mesh::{LocalMesh, http_request};
+use tests::jwt::{Signer, claims, jwks};
+use tests::mesh::{LocalMesh, http_request, http_request_with};
+use tests::netns::Netns;
 use tests::wait_for;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -21,6 +30,12 @@ const WAIT: Duration = Duration::from_secs(60);
 const GATEWAY_IP: &str = "198.18.0.20";
 /// A client outside the mesh.
 const CLIENT_IP: &str = "198.18.0.30";
+/// A second client outside the mesh.
+const OTHER_CLIENT_IP: &str = "198.18.0.31";
+/// RBAC's reply to a denied request.
+const DENIED: &str = "RBAC: access denied";
+/// Envoy's JWT filter's reply to a token it refuses.
+const BAD_TOKEN: &str = "Jwt verification fails";
 /// The gateway's identity.
 const GATEWAY_ID: &str = "spiffe://cluster.local/ns/istio-system/sa/istio-ingressgateway";
 const HTTPBIN_HOST: &str = "httpbin.demo.svc.cluster.local";
@@ -138,5 +153,166 @@ fn an_ingress_gateway_routes_outside_clients_into_the_mesh_over_mtls() {
             _ => None,
         }
     });
+    gw.assert_alive();
+}
+
+/// Calls in a row that must agree before a verdict counts: a policy change
+/// reaches the gateway's Envoy as a listener update, and connections
+/// accepted under the old listener finish with its filters.
+const STREAK: usize = 5;
+
+/// Polls until [`STREAK`] requests in a row from `ns` through the gateway
+/// answer `code` with a body for which `body_ok` holds.
+fn expect_at_gateway(
+    what: &str,
+    ns: &Netns,
+    headers: &[(&str, &str)],
+    code: u16,
+    body_ok: impl Fn(&str) -> bool,
+) {
+    let gateway: SocketAddr = format!("{GATEWAY_IP}:8080").parse().unwrap();
+    let start = std::time::Instant::now();
+    let mut streak = 0;
+    loop {
+        let got = http_request_with(ns, gateway, HTTPBIN_HOST, "/headers", headers);
+        match &got {
+            Ok((c, body)) if *c == code && body_ok(body) => {
+                streak += 1;
+                if streak == STREAK {
+                    return;
+                }
+                continue;
+            }
+            _ => streak = 0,
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "{what}: expected {code} {STREAK} times in a row within {WAIT:?}, last got {got:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn is_httpbin(body: &str) -> bool {
+    line(body, "version=") == "v2"
+}
+
+fn is_reply(reply: &'static str) -> impl Fn(&str) -> bool {
+    move |body| body.trim() == reply
+}
+
+#[test]
+fn policies_selecting_the_ingress_gateway_are_enforced_at_it() {
+    let _serial = tests::mesh::one_mesh_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let mesh = LocalMesh::start(tmp.path(), &[]);
+    let gateway_file = mesh.config_dir.join("gateway.yaml");
+    write_atomically(&gateway_file, &format!("{GATEWAY}---\n{GATEWAY_ROUTES}"));
+    // One trusted proxy in front: the client address is the one before the
+    // last in X-Forwarded-For (Envoy appends the peer's).
+    let mut gw = mesh.start_gateway_with(
+        &GatewaySpec::ingress(GATEWAY_IP),
+        r#""gatewayTopology": {"numTrustedProxies": 1}"#,
+    );
+    let a = mesh.plain_pod(CLIENT_IP);
+    let b = mesh.plain_pod(OTHER_CLIENT_IP);
+    let from = |ip: &'static str| [("x-forwarded-for", ip)];
+    expect_at_gateway("a, before any policy", &a.ns, &[], 200, is_httpbin);
+    gw.assert_alive();
+
+    // DENY by remoteIpBlocks: the client address behind the trusted proxy.
+    let policy_file = mesh.config_dir.join("gateway-policy.yaml");
+    let deny_remote = r#"apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: deny-listed, namespace: istio-system}
+spec:
+  selector: {matchLabels: {istio: ingressgateway}}
+  action: DENY
+  rules:
+  - from: [{source: {remoteIpBlocks: ["203.0.113.7/32"]}}]
+"#;
+    write_atomically(&policy_file, deny_remote);
+    expect_at_gateway(
+        "b, forwarded for the listed client",
+        &b.ns,
+        &from("203.0.113.7"),
+        403,
+        is_reply(DENIED),
+    );
+    expect_at_gateway(
+        "a, forwarded for another client",
+        &a.ns,
+        &from("203.0.113.8"),
+        200,
+        is_httpbin,
+    );
+
+    // DENY by ipBlocks: the connection's peer, whatever the header says.
+    write_atomically(
+        &policy_file,
+        &deny_remote
+            .replace("remoteIpBlocks: [\"203.0.113.7/32\"]", &format!("ipBlocks: [\"{OTHER_CLIENT_IP}\"]")),
+    );
+    expect_at_gateway(
+        "b's connection",
+        &b.ns,
+        &from("203.0.113.8"),
+        403,
+        is_reply(DENIED),
+    );
+    expect_at_gateway("a's connection", &a.ns, &from("203.0.113.7"), 200, is_httpbin);
+
+    // ALLOW by requestPrincipals with a RequestAuthentication on the gateway.
+    let issuer = "https://edge.example";
+    let key = Signer::new("edge-key");
+    let stranger = Signer::new("stranger");
+    write_atomically(
+        &policy_file,
+        &format!(
+            r#"apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata: {{name: edge-jwt, namespace: istio-system}}
+spec:
+  selector: {{matchLabels: {{istio: ingressgateway}}}}
+  jwtRules:
+  - issuer: {issuer}
+    jwks: '{keys}'
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {{name: require-jwt, namespace: istio-system}}
+spec:
+  selector: {{matchLabels: {{istio: ingressgateway}}}}
+  rules:
+  - from: [{{source: {{requestPrincipals: ["{issuer}/*"]}}}}]
+"#,
+            keys = jwks(&[&key])
+        ),
+    );
+    let good = format!("Bearer {}", key.sign(&claims(issuer, "alice", json!({}))));
+    let bad = format!(
+        "Bearer {}",
+        stranger.sign_as("edge-key", &claims(issuer, "alice", json!({})))
+    );
+    expect_at_gateway("no token", &a.ns, &[], 403, is_reply(DENIED));
+    expect_at_gateway(
+        "a forged token",
+        &a.ns,
+        &[("authorization", &bad)],
+        401,
+        is_reply(BAD_TOKEN),
+    );
+    expect_at_gateway(
+        "a good token",
+        &a.ns,
+        &[("authorization", &good)],
+        200,
+        is_httpbin,
+    );
+
+    // The policies go: access as before.
+    write_atomically(&policy_file, "");
+    expect_at_gateway("no token, no policy", &a.ns, &[], 200, is_httpbin);
+    expect_at_gateway("b, no policy", &b.ns, &[], 200, is_httpbin);
     gw.assert_alive();
 }

@@ -4,8 +4,11 @@
 //! mesh reaches httpbin through the gateway Pod (a `router` labelled
 //! `gateway.networking.k8s.io/gateway-name`), which speaks mTLS with its own
 //! SPIFFE identity; a header and path match, a 90/10 split, a missing
-//! backend's 500 and an unknown host's 404 behave as in Istio. On the
-//! Kubernetes source, istiod writes the routes' and Gateway's status back.
+//! backend's 500 and an unknown host's 404 behave as in Istio. Policies
+//! attached to the Gateway by `targetRefs` (the Gateway, or its Service)
+//! are enforced at its Pod, and those naming another Gateway are not. On
+//! the Kubernetes source, istiod writes the routes' and Gateway's status
+//! back.
 
 #![allow(clippy::unwrap_used)]
 
@@ -15,6 +18,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tests::jwt::{Signer, claims, jwks};
 use tests::kube_api::KubeApi;
 use tests::mesh::{LocalMesh, MESH_PROXY_CONFIG, http_request, http_request_with};
 use tests::{Proc, bin, free_port, http_get, wait_for};
@@ -215,12 +219,158 @@ fn a_gateway_api_gateway_routes_outside_clients_into_the_mesh() {
     );
     assert!(route.contains("Accepted=True (Accepted)"), "{route}");
 
+    attached_policies_are_enforced(&mesh, &client.ns, gateway);
+
     // The route goes: so do its virtual hosts (the listener stays, 404s).
     write_atomically(&mesh.config_dir.join("gateway-api.yaml"), GATEWAY);
     wait_for("the route removed from the gateway", WAIT, || {
         matches!(http_request(&client.ns, gateway, HOST, "/ip"), Ok((404, _))).then_some(())
     });
     assert!(agent.alive(), "{}", agent.log());
+}
+
+/// The gateway's Service, as Istio's automated deployment makes it, with
+/// the gateway Pod as its endpoint.
+const GATEWAY_SERVICE: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: ingress-istio, namespace: istio-system}
+spec:
+  clusterIP: 198.19.0.20
+  selector: {gateway.networking.k8s.io/gateway-name: ingress}
+  ports: [{name: http, port: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: ingress-istio-abc, namespace: istio-system, labels: {kubernetes.io/service-name: ingress-istio}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [198.18.0.21]
+  conditions: {ready: true}
+"#;
+
+/// Polls until five requests in a row to `path` through the gateway answer
+/// `code` with a body for which `ok` holds (a policy change reaches Envoy
+/// as a listener update; connections accepted before finish under the old
+/// one).
+fn expect_through(
+    what: &str,
+    ns: &tests::netns::Netns,
+    gateway: SocketAddr,
+    headers: &[(&str, &str)],
+    code: u16,
+    ok: impl Fn(&str) -> bool,
+) {
+    let start = std::time::Instant::now();
+    let mut streak = 0;
+    loop {
+        let got = http_request_with(ns, gateway, HOST, "/ip", headers);
+        match &got {
+            Ok((c, body)) if *c == code && ok(body) => {
+                streak += 1;
+                if streak == 5 {
+                    return;
+                }
+                continue;
+            }
+            _ => streak = 0,
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "{what}: expected {code} five times in a row within {WAIT:?}, last got {got:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// An ALLOW by `requestPrincipals` and its RequestAuthentication attached
+/// to the Gateway by `targetRefs`, beside a DENY-everything attached to
+/// another Gateway; then a DENY attached to the gateway's Service.
+fn attached_policies_are_enforced(
+    mesh: &LocalMesh,
+    ns: &tests::netns::Netns,
+    gateway: SocketAddr,
+) {
+    let served = |b: &str| !line(b, "version=").is_empty();
+    let reply = |r: &'static str| move |b: &str| b.trim() == r;
+    let issuer = "https://edge.example";
+    let key = Signer::new("edge-key");
+    let policies = mesh.config_dir.join("gateway-api-policy.yaml");
+    let target = |name: &str| {
+        format!("targetRefs: [{{group: gateway.networking.k8s.io, kind: Gateway, name: {name}}}]")
+    };
+    write_atomically(
+        &policies,
+        &format!(
+            r#"apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata: {{name: edge-jwt, namespace: istio-system}}
+spec:
+  {ingress}
+  jwtRules: [{{issuer: "{issuer}", jwks: '{keys}'}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {{name: require-jwt, namespace: istio-system}}
+spec:
+  {ingress}
+  rules: [{{from: [{{source: {{requestPrincipals: ["{issuer}/*"]}}}}]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {{name: deny-other, namespace: istio-system}}
+spec:
+  {other}
+  action: DENY
+  rules: [{{}}]
+"#,
+            ingress = target("ingress"),
+            other = target("other"),
+            keys = jwks(&[&key])
+        ),
+    );
+    let good = format!("Bearer {}", key.sign(&claims(issuer, "alice", json!({}))));
+    let bad = format!("Bearer {}", Signer::new("edge-key").sign(&claims(issuer, "alice", json!({}))));
+    expect_through("no token", ns, gateway, &[], 403, reply("RBAC: access denied"));
+    expect_through(
+        "a forged token",
+        ns,
+        gateway,
+        &[("authorization", &bad)],
+        401,
+        reply("Jwt verification fails"),
+    );
+    expect_through(
+        "a good token (the other Gateway's DENY does not reach this one)",
+        ns,
+        gateway,
+        &[("authorization", &good)],
+        200,
+        served,
+    );
+
+    // A DENY attached to the gateway's Service.
+    write_atomically(
+        &policies,
+        &format!(
+            r#"{GATEWAY_SERVICE}---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {{name: deny-ip, namespace: istio-system}}
+spec:
+  targetRefs: [{{kind: Service, group: "", name: ingress-istio}}]
+  action: DENY
+  rules: [{{to: [{{operation: {{paths: [/ip]}}}}]}}]
+"#
+        ),
+    );
+    expect_through("/ip denied by the Service's policy", ns, gateway, &[], 403, reply("RBAC: access denied"));
+    let (code, body) = http_request_with(ns, gateway, HOST, "/headers", &[]).unwrap();
+    assert_eq!(code, 200, "other paths pass: {body}");
+
+    // The policies go: access as before.
+    write_atomically(&policies, "");
+    expect_through("no policy", ns, gateway, &[], 200, served);
 }
 
 /// istiod against the API stand-in, with the Gateway API kinds.

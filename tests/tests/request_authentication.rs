@@ -10,11 +10,11 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use jsonwebtoken::jwk::{Jwk, JwkSet, PublicKeyUse};
-use jsonwebtoken::{Algorithm, EncodingKey, Header};
-use serde_json::{Value, json};
+use serde_json::json;
+use serde_json::Value;
+use tests::jwt::{Signer, claims, jwks, now};
 use tests::mesh::LocalMesh;
 
 const URL: &str = "http://httpbin:8000/headers";
@@ -23,66 +23,6 @@ const DENIED: &str = "RBAC: access denied";
 const JWT_FILTER_NAME: &str = "envoy.filters.http.jwt_authn";
 /// How long a policy edit, or a change of keys, may take to reach Envoy.
 const CONVERGE: Duration = Duration::from_secs(30);
-
-/// An ES256 signing key and its public JWK.
-struct Signer {
-    key: EncodingKey,
-    kid: String,
-}
-
-impl Signer {
-    fn new(kid: &str) -> Signer {
-        let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        Signer {
-            key: EncodingKey::from_ec_pem(pair.serialize_pem().as_bytes()).unwrap(),
-            kid: kid.to_string(),
-        }
-    }
-
-    fn jwk(&self) -> Jwk {
-        let mut jwk = Jwk::from_encoding_key(&self.key, Algorithm::ES256).unwrap();
-        jwk.common.key_id = Some(self.kid.clone());
-        jwk.common.public_key_use = Some(PublicKeyUse::Signature);
-        jwk
-    }
-
-    /// A token of `claims` signed by this key, naming it.
-    fn sign(&self, claims: &Value) -> String {
-        self.sign_as(&self.kid, claims)
-    }
-
-    /// A token naming key `kid` but signed by this key (a forgery when
-    /// `kid` is another signer's).
-    fn sign_as(&self, kid: &str, claims: &Value) -> String {
-        let mut header = Header::new(Algorithm::ES256);
-        header.kid = Some(kid.to_string());
-        jsonwebtoken::encode(&header, claims, &self.key).unwrap()
-    }
-}
-
-/// The JSON Web Key Set of `signers`.
-fn jwks(signers: &[&Signer]) -> String {
-    serde_json::to_string(&JwkSet {
-        keys: signers.iter().map(|s| s.jwk()).collect(),
-    })
-    .unwrap()
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-/// Claims valid for an hour, plus `extra`.
-fn claims(iss: &str, sub: &str, extra: Value) -> Value {
-    let mut c = json!({"iss": iss, "sub": sub, "iat": now(), "exp": now() + 3600});
-    if let (Some(c), Value::Object(extra)) = (c.as_object_mut(), extra) {
-        c.extend(extra);
-    }
-    c
-}
 
 /// A JWKS endpoint in the hub's namespace (where istiod runs) on
 /// `127.0.0.1`, answering every GET with the current (status, body);

@@ -29,6 +29,22 @@ pub struct PolicyTargetReference {
     pub namespace: String,
 }
 
+/// The Gateway API group a `Gateway` reference carries.
+pub const GATEWAY_API_GROUP: &str = "gateway.networking.k8s.io";
+
+impl PolicyTargetReference {
+    /// Whether it names a Gateway API `Gateway`.
+    pub fn names_gateway(&self) -> bool {
+        self.group == GATEWAY_API_GROUP && self.kind == "Gateway"
+    }
+
+    /// Whether it names a Kubernetes `Service` (group empty or `core`, as
+    /// Istio's `CanonicalGroup`).
+    pub fn names_service(&self) -> bool {
+        (self.group.is_empty() || self.group == "core") && self.kind == "Service"
+    }
+}
+
 /// A `security.istio.io` AuthorizationPolicy.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]

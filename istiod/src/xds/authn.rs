@@ -28,11 +28,11 @@ use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3:
 use proto::pb::google::protobuf::Empty;
 
 use super::Proxy;
-use super::context::{IstioContext, Named, policy_selects};
+use super::context::{IstioContext, Named};
+use super::policy_attachment::{PolicyScope, attaches};
 use super::util::any;
 use crate::jwks::JwksResolver;
 use crate::jwks::resolver::DEFAULT_TIMEOUT;
-use crate::model::ROOT_NAMESPACE;
 use crate::model::security::{JwtRule, RequestAuthentication};
 
 /// The filter's name, which is also its dynamic metadata namespace.
@@ -46,7 +46,7 @@ const DEFAULT_SPACE_DELIMITED_CLAIMS: [&str; 2] = ["permission", "scope"];
 /// The HTTP authentication filters for `proxy`'s inbound chains: one
 /// `jwt_authn` filter when any RequestAuthentication applies, else none.
 pub fn http_filters(ctx: &IstioContext, proxy: &Proxy) -> Vec<HttpFilter> {
-    let rules = jwt_rules(&ctx.request_authentications, proxy);
+    let rules = jwt_rules(ctx, &ctx.request_authentications, proxy);
     if rules.is_empty() {
         return Vec::new();
     }
@@ -58,28 +58,27 @@ pub fn http_filters(ctx: &IstioContext, proxy: &Proxy) -> Vec<HttpFilter> {
     }]
 }
 
-/// Whether a policy applies to the workload: a policy of its namespace, or
-/// of the root namespace, with no selector or one its labels match
-/// (Istio's `getConfigsForWorkload`).
-fn applies(ra: &Named<RequestAuthentication>, proxy: &Proxy) -> bool {
-    let in_scope = ra.namespace == proxy.namespace || ra.namespace == ROOT_NAMESPACE;
-    let namespace_wide = ra
-        .spec
-        .selector
-        .as_ref()
-        .is_none_or(|s| s.match_labels.is_empty());
-    in_scope && (namespace_wide || policy_selects(&ra.spec.selector, &proxy.labels))
-}
-
-/// The jwtRules of every applicable policy, the workload's namespace first,
-/// then sorted by issuer (stable), as Istio's `newPolicyApplier` orders
-/// them. Rules with the same issuer are all kept, as Istio keeps them.
+/// The jwtRules of every policy that attaches to the workload (see
+/// [`super::policy_attachment`]), the workload's namespace first, then
+/// sorted by issuer (stable), as Istio's `newPolicyApplier` orders them.
+/// Rules with the same issuer are all kept, as Istio keeps them.
 pub fn jwt_rules<'a>(
+    ctx: &IstioContext,
     policies: &'a [Named<RequestAuthentication>],
     proxy: &Proxy,
 ) -> Vec<&'a JwtRule> {
-    let mut applicable: Vec<&Named<RequestAuthentication>> =
-        policies.iter().filter(|ra| applies(ra, proxy)).collect();
+    let mut applicable: Vec<&Named<RequestAuthentication>> = policies
+        .iter()
+        .filter(|ra| {
+            let scope = PolicyScope::new(
+                &ra.namespace,
+                ra.spec.selector.as_ref(),
+                ra.spec.target_ref.as_ref(),
+                &ra.spec.target_refs,
+            );
+            attaches(ctx, proxy, &scope)
+        })
+        .collect();
     applicable.sort_by_key(|ra| (ra.namespace != proxy.namespace, &ra.namespace, &ra.name));
     let mut rules: Vec<&JwtRule> = applicable
         .iter()

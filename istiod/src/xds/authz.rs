@@ -1,9 +1,9 @@
 //! AuthorizationPolicy to Envoy's RBAC and ext_authz filters (Istio's
 //! `authz` builder).
 //!
-//! The policies that apply to a workload are those of the root namespace
-//! without a selector or whose selector matches its labels, and those of its
-//! own namespace without a selector or whose selector matches. They become,
+//! The policies that apply to a workload are those that attach to it (see
+//! [`super::policy_attachment`]: by selector, or by `targetRef(s)` on
+//! gateways). They become,
 //! in this order on every inbound chain: CUSTOM (a shadow RBAC filter, then
 //! ext_authz; see [`ext_authz`]), DENY (RBAC `DENY`), AUDIT (RBAC `LOG`),
 //! ALLOW (RBAC `ALLOW`). A filter is generated only for an action some
@@ -30,8 +30,8 @@ use proto::pb::envoy::extensions::filters::network::rbac::v3 as net_rbac;
 use proto::pb::google::protobuf::Any;
 
 use super::Proxy;
-use super::context::{IstioContext, Named, policy_selects};
-use crate::model::ROOT_NAMESPACE;
+use super::context::{IstioContext, Named};
+use super::policy_attachment::{PolicyScope, attaches};
 use crate::model::security::{AuthorizationAction, AuthorizationPolicy};
 
 mod ext_authz;
@@ -57,22 +57,20 @@ type NamedPolicy<'a> = &'a Named<AuthorizationPolicy>;
 /// Envoy policies by name, in a stable order.
 type Applied = Vec<(String, Policy)>;
 
-fn selector_applies(p: &Named<AuthorizationPolicy>, proxy: &Proxy) -> bool {
-    match &p.spec.selector {
-        None => true,
-        Some(s) if s.match_labels.is_empty() => true,
-        sel => policy_selects(sel, &proxy.labels),
-    }
-}
-
-/// The policies that apply to `proxy`'s workload, by namespace and name.
+/// The policies that attach to `proxy` (see [`super::policy_attachment`]),
+/// by namespace and name.
 pub fn applicable<'a>(ctx: &'a IstioContext, proxy: &Proxy) -> Vec<NamedPolicy<'a>> {
     let mut out: Vec<NamedPolicy<'a>> = ctx
         .authorization_policies
         .iter()
         .filter(|p| {
-            (p.namespace == ROOT_NAMESPACE || p.namespace == proxy.namespace)
-                && selector_applies(p, proxy)
+            let scope = PolicyScope::new(
+                &p.namespace,
+                p.spec.selector.as_ref(),
+                p.spec.target_ref.as_ref(),
+                &p.spec.target_refs,
+            );
+            attaches(ctx, proxy, &scope)
         })
         .collect();
     out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));

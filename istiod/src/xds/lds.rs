@@ -28,6 +28,7 @@ use proto::pb::envoy::extensions::filters::http::router::v3::Router;
 use proto::pb::envoy::extensions::filters::listener::http_inspector::v3::HttpInspector;
 use proto::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
 use proto::pb::envoy::extensions::filters::listener::original_src::v3::OriginalSrc;
+use proto::pb::envoy::extensions::filters::listener::proxy_protocol::v3::ProxyProtocol;
 use proto::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
@@ -197,6 +198,15 @@ fn tls_inspector() -> ListenerFilter {
             initial_read_buffer_size: Some(u32v(512)),
             ..Default::default()
         },
+    )
+}
+
+/// The PROXY protocol reader a gateway with `gatewayTopology.proxyProtocol`
+/// puts first (Istio's `xdsfilters.ProxyProtocol`).
+fn proxy_protocol_listener_filter() -> ListenerFilter {
+    listener_filter(
+        "envoy.filters.listener.proxy_protocol",
+        &ProxyProtocol::default(),
     )
 }
 

@@ -45,6 +45,10 @@ pub struct Proxy {
     /// (Istio's `VerifiedIdentity`): set on the authenticated port only,
     /// where [`Proxy::authorize`] passed. Credentials are served only then.
     pub verified: bool,
+    /// `PROXY_CONFIG.gatewayTopology`: `None` when the node sent no
+    /// ProxyConfig (the mesh's `defaultConfig` applies then, as Istio's
+    /// `ProxyConfigOrDefault`), else its value (the default when unset).
+    pub gateway_topology: Option<common::gateway_topology::GatewayTopology>,
 }
 
 /// The string values of a node's metadata.
@@ -58,6 +62,20 @@ fn string_metadata(node: &Node) -> BTreeMap<String, String> {
             _ => None,
         })
         .collect()
+}
+
+/// A ProxyConfig's `gatewayTopology`, read leniently as the rest of the
+/// node: a value that does not parse is logged and left at its default.
+fn gateway_topology(
+    pc: &serde_json::Map<String, serde_json::Value>,
+) -> common::gateway_topology::GatewayTopology {
+    pc.get("gatewayTopology")
+        .and_then(|t| {
+            serde_json::from_value(t.clone())
+                .inspect_err(|e| tracing::warn!(%e, "PROXY_CONFIG.gatewayTopology ignored"))
+                .ok()
+        })
+        .unwrap_or_default()
 }
 
 impl Proxy {
@@ -120,6 +138,7 @@ impl Proxy {
             dns_capture: meta.dns_capture.unwrap_or_default(),
             dns_auto_allocate: meta.dns_auto_allocate.unwrap_or_default(),
             verified: false,
+            gateway_topology: meta.proxy_config.as_ref().map(gateway_topology),
         })
     }
 

@@ -9,9 +9,12 @@ use super::super::security::{
 };
 use super::{Errors, check_policy_selector};
 
-/// Shared by both kinds: `selector` and `targetRef(s)` are exclusive, and a
-/// target reference attaches a policy to a gateway or waypoint, which this
-/// istiod does not serve: refused rather than accepted and never applied.
+/// Shared by both kinds: `selector` and `targetRef(s)` are exclusive, and
+/// a reference names a Gateway API `Gateway` or a Kubernetes `Service` of
+/// the policy's own namespace (Istio's `validatePolicyTargetReference`).
+/// Istio also admits `GatewayClass` and `ServiceEntry`, which attach to
+/// waypoints only: this istiod serves none, so they are refused rather than
+/// accepted and never applied.
 pub(super) fn scope(
     selector: bool,
     target_ref: Option<&PolicyTargetReference>,
@@ -24,18 +27,44 @@ pub(super) fn scope(
             "selector and targetRef(s) are mutually exclusive (keep one of them)",
         );
     }
-    if target_ref.is_some() {
+    if target_ref.is_some() && !target_refs.is_empty() {
         e.add(
             "spec.targetRef",
-            "attaches the policy to a gateway or waypoint, which this istiod does not serve; sidecars are chosen with spec.selector",
+            "only one of targetRef or targetRefs can be set (use targetRefs)",
         );
     }
-    if !target_refs.is_empty() {
+    if let Some(r) = target_ref {
+        target_reference("spec.targetRef", r, e);
+    }
+    for (i, r) in target_refs.iter().enumerate() {
+        target_reference(&format!("spec.targetRefs[{i}]"), r, e);
+    }
+}
+
+fn target_reference(field: &str, r: &PolicyTargetReference, e: &mut Errors) {
+    if r.name.is_empty() {
+        e.add(&format!("{field}.name"), "must be set");
+    }
+    if !r.namespace.is_empty() {
         e.add(
-            "spec.targetRefs",
-            "attach the policy to gateways or waypoints, which this istiod does not serve; sidecars are chosen with spec.selector",
+            &format!("{field}.namespace"),
+            "must not be set; cross namespace referencing is not supported",
         );
     }
+    if r.names_gateway() || r.names_service() {
+        return;
+    }
+    let reason = match r.kind.as_str() {
+        "GatewayClass" | "ServiceEntry" => format!(
+            "{}/{} attaches the policy to waypoints, which this istiod does not serve (name a gateway.networking.k8s.io/Gateway or a Service)",
+            r.group, r.kind
+        ),
+        _ => format!(
+            "must be to one of gateway.networking.k8s.io/Gateway or core/Service but was {}/{}",
+            r.group, r.kind
+        ),
+    };
+    e.add(field, &reason);
 }
 
 pub(super) fn authorization_policy(ap: &AuthorizationPolicy, e: &mut Errors) {
@@ -284,9 +313,35 @@ mod tests {
             "  action: CUSTOM\n  provider: {name: ext}\n  rules: [{to: [{operation: {hosts: [\"*.example.com\"]}}]}]",
             "  rules: [{when: [{key: \"request.auth.claims[groups][a]\", values: [x]}, {key: source.ip, notValues: [10.0.0.0/8]}, {key: destination.port, values: [\"80\"]}, {key: \"experimental.envoy.filters.network.mysql_proxy[db.table]\", values: [\"[update]\"]}]}]",
             "  rules: [{from: [{source: {serviceAccounts: [demo/sleep], requestPrincipals: [\"iss/*\"]}}]}]",
+            "  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: edge}]\n  rules: [{}]",
+            "  targetRef: {group: \"\", kind: Service, name: istio-ingressgateway}\n  rules: [{}]",
         ] {
             assert_eq!(errors(spec), Vec::<String>::new(), "{spec}");
         }
+    }
+
+    #[test]
+    fn refuses_target_references_it_cannot_attach() {
+        refused(
+            "  targetRefs: [{group: gateway.networking.k8s.io, kind: GatewayClass, name: istio-waypoint}]",
+            "spec.targetRefs[0]",
+            "waypoints",
+        );
+        refused(
+            "  targetRefs: [{group: gateway.networking.k8s.io, kind: HTTPRoute, name: r}]",
+            "spec.targetRefs[0]",
+            "must be to one of",
+        );
+        refused(
+            "  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: edge, namespace: other}]",
+            "spec.targetRefs[0].namespace",
+            "cross namespace",
+        );
+        refused(
+            "  selector: {matchLabels: {app: a}}\n  targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: edge}]",
+            "spec.targetRef",
+            "mutually exclusive",
+        );
     }
 
     #[test]

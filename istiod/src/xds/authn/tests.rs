@@ -3,6 +3,7 @@ use std::time::Duration;
 use prost::Message;
 
 use super::*;
+use crate::model::ROOT_NAMESPACE;
 use crate::jwks::resolver::FAKE_JWKS;
 use crate::model::istio::PolicySelector;
 use crate::model::security::{ClaimToHeader, JwtHeader};
@@ -48,7 +49,7 @@ fn policy(
 }
 
 fn issuers(policies: &[Named<RequestAuthentication>], p: &Proxy) -> Vec<String> {
-    jwt_rules(policies, p)
+    jwt_rules(&crate::xds::context::context_of_yaml(""), policies, p)
         .iter()
         .map(|r| r.issuer.clone())
         .collect()
