@@ -69,4 +69,3 @@ pub fn claims(iss: &str, sub: &str, extra: Value) -> Value {
     }
     c
 }
-

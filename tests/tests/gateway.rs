@@ -250,8 +250,10 @@ spec:
     // DENY by ipBlocks: the connection's peer, whatever the header says.
     write_atomically(
         &policy_file,
-        &deny_remote
-            .replace("remoteIpBlocks: [\"203.0.113.7/32\"]", &format!("ipBlocks: [\"{OTHER_CLIENT_IP}\"]")),
+        &deny_remote.replace(
+            "remoteIpBlocks: [\"203.0.113.7/32\"]",
+            &format!("ipBlocks: [\"{OTHER_CLIENT_IP}\"]"),
+        ),
     );
     expect_at_gateway(
         "b's connection",
@@ -260,7 +262,13 @@ spec:
         403,
         is_reply(DENIED),
     );
-    expect_at_gateway("a's connection", &a.ns, &from("203.0.113.7"), 200, is_httpbin);
+    expect_at_gateway(
+        "a's connection",
+        &a.ns,
+        &from("203.0.113.7"),
+        200,
+        is_httpbin,
+    );
 
     // ALLOW by requestPrincipals with a RequestAuthentication on the gateway.
     let issuer = "https://edge.example";

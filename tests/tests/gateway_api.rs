@@ -286,11 +286,7 @@ fn expect_through(
 /// An ALLOW by `requestPrincipals` and its RequestAuthentication attached
 /// to the Gateway by `targetRefs`, beside a DENY-everything attached to
 /// another Gateway; then a DENY attached to the gateway's Service.
-fn attached_policies_are_enforced(
-    mesh: &LocalMesh,
-    ns: &tests::netns::Netns,
-    gateway: SocketAddr,
-) {
+fn attached_policies_are_enforced(mesh: &LocalMesh, ns: &tests::netns::Netns, gateway: SocketAddr) {
     let served = |b: &str| !line(b, "version=").is_empty();
     let reply = |r: &'static str| move |b: &str| b.trim() == r;
     let issuer = "https://edge.example";
@@ -330,8 +326,18 @@ spec:
         ),
     );
     let good = format!("Bearer {}", key.sign(&claims(issuer, "alice", json!({}))));
-    let bad = format!("Bearer {}", Signer::new("edge-key").sign(&claims(issuer, "alice", json!({}))));
-    expect_through("no token", ns, gateway, &[], 403, reply("RBAC: access denied"));
+    let bad = format!(
+        "Bearer {}",
+        Signer::new("edge-key").sign(&claims(issuer, "alice", json!({})))
+    );
+    expect_through(
+        "no token",
+        ns,
+        gateway,
+        &[],
+        403,
+        reply("RBAC: access denied"),
+    );
     expect_through(
         "a forged token",
         ns,
@@ -364,7 +370,14 @@ spec:
 "#
         ),
     );
-    expect_through("/ip denied by the Service's policy", ns, gateway, &[], 403, reply("RBAC: access denied"));
+    expect_through(
+        "/ip denied by the Service's policy",
+        ns,
+        gateway,
+        &[],
+        403,
+        reply("RBAC: access denied"),
+    );
     let (code, body) = http_request_with(ns, gateway, HOST, "/headers", &[]).unwrap();
     assert_eq!(code, 200, "other paths pass: {body}");
 

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::json;
 use serde_json::Value;
+use serde_json::json;
 use tests::jwt::{Signer, claims, jwks, now};
 use tests::mesh::LocalMesh;
 

@@ -729,7 +729,8 @@ impl IstioContext {
         out
     }
 
-    /// The proxy's workload labels from the registry (Pod labels), or its metadata.
+    /// The proxy's workload labels from the registry (Pod labels), or its
+    /// metadata when no Pod backs its endpoint.
     pub fn workload_labels(&self, proxy: &Proxy) -> Labels {
         let services = self.registry.services();
         let first = proxy
@@ -746,6 +747,10 @@ impl IstioContext {
                     .iter()
                     .find(|e| proxy.ips.contains(&e.address))
             })
+            // An endpoint joined with no Pod carries no labels: the proxy's
+            // own are the workload's then (Istio falls back to the node
+            // metadata's when the registry has no Pod for the proxy).
+            .filter(|e| !e.labels.is_empty())
             .map(|e| e.labels.clone())
             .unwrap_or_else(|| proxy.labels.clone())
     }

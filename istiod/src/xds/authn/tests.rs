@@ -3,8 +3,8 @@ use std::time::Duration;
 use prost::Message;
 
 use super::*;
-use crate::model::ROOT_NAMESPACE;
 use crate::jwks::resolver::FAKE_JWKS;
+use crate::model::ROOT_NAMESPACE;
 use crate::model::istio::PolicySelector;
 use crate::model::security::{ClaimToHeader, JwtHeader};
 

@@ -123,14 +123,20 @@ fn a_policy_selecting_the_gateway_is_on_every_chain() {
     let tcp = listener(&ctx, &gw, "0.0.0.0_31400");
     assert_eq!(
         names(&tcp.filter_chains[0].filters),
-        ["envoy.filters.network.rbac", "envoy.filters.network.tcp_proxy"]
+        [
+            "envoy.filters.network.rbac",
+            "envoy.filters.network.tcp_proxy"
+        ]
     );
     let tls = listener(&ctx, &gw, "0.0.0.0_8443");
     assert!(!tls.filter_chains.is_empty());
     for chain in &tls.filter_chains {
         assert_eq!(
             names(&chain.filters),
-            ["envoy.filters.network.rbac", "envoy.filters.network.tcp_proxy"]
+            [
+                "envoy.filters.network.rbac",
+                "envoy.filters.network.tcp_proxy"
+            ]
         );
     }
     // Another gateway's Pods are not selected.
@@ -138,10 +144,12 @@ fn a_policy_selecting_the_gateway_is_on_every_chain() {
     let plain = crate::xds::context::context_of_yaml(
         &CONFIG.replace("istio: ingressgateway", "istio: egressgateway"),
     );
-    let with_policy = crate::xds::context::context_of_yaml(
-        &format!("{CONFIG}{DENY_BY_SELECTOR}")
-            .replacen("istio: ingressgateway", "istio: egressgateway", 1),
-    );
+    let with_policy =
+        crate::xds::context::context_of_yaml(&format!("{CONFIG}{DENY_BY_SELECTOR}").replacen(
+            "istio: ingressgateway",
+            "istio: egressgateway",
+            1,
+        ));
     assert_eq!(
         http_filter_names(&plain, &egress),
         http_filter_names(&with_policy, &egress)
@@ -186,18 +194,21 @@ spec:
         )
     ));
     let named = router(&[("gateway.networking.k8s.io/gateway-name", "edge-api")]);
-    assert_eq!(http_filter_names(&ctx, &named)[0], "envoy.filters.http.rbac");
+    assert_eq!(
+        http_filter_names(&ctx, &named)[0],
+        "envoy.filters.http.rbac"
+    );
     // The classic gateway Pod with the same Gateway servers is not an
     // instance of `edge-api`.
     let ctx = crate::xds::context::context_of_yaml(&format!(
         "{}{policy}",
-        CONFIG.replace(
-            "selector: {istio: ingressgateway}",
-            "selector: {app: edge}"
-        )
+        CONFIG.replace("selector: {istio: ingressgateway}", "selector: {app: edge}")
     ));
     let other = router(&[("app", "edge")]);
-    assert_eq!(http_filter_names(&ctx, &other)[0], "envoy.filters.http.fault");
+    assert_eq!(
+        http_filter_names(&ctx, &other)[0],
+        "envoy.filters.http.fault"
+    );
 }
 
 #[test]
@@ -248,5 +259,49 @@ fn gateway_topology_comes_from_the_proxy_else_the_mesh() {
             "envoy.filters.listener.proxy_protocol",
             "envoy.filters.listener.tls_inspector"
         ]
+    );
+}
+
+#[test]
+fn a_service_reference_attaches_to_the_routers_behind_the_service() {
+    // The gateway's Service, its endpoint the router's address with no Pod
+    // object behind it (the router keeps its own labels then).
+    let service = r#"
+---
+apiVersion: v1
+kind: Service
+metadata: {name: edge, namespace: istio-system}
+spec:
+  clusterIP: 198.19.0.20
+  selector: {istio: ingressgateway}
+  ports: [{name: http, port: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: edge-1, namespace: istio-system, labels: {kubernetes.io/service-name: edge}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [198.18.0.20]}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: deny, namespace: istio-system}
+spec:
+  targetRefs: [{kind: Service, group: "", name: edge}]
+  action: DENY
+  rules: [{}]
+"#;
+    let ctx = crate::xds::context::context_of_yaml(&format!("{CONFIG}{service}"));
+    assert_eq!(
+        http_filter_names(&ctx, &ingress())[0],
+        "envoy.filters.http.rbac"
+    );
+    // A router at another address is not behind the Service.
+    let mut elsewhere = ingress();
+    elsewhere.ips = vec!["198.18.0.29".into()];
+    elsewhere.ip = "198.18.0.29".into();
+    assert_eq!(
+        http_filter_names(&ctx, &elsewhere)[0],
+        "envoy.filters.http.fault"
     );
 }
