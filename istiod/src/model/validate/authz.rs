@@ -43,11 +43,11 @@ pub(super) fn scope(
 
 fn target_reference(field: &str, r: &PolicyTargetReference, e: &mut Errors) {
     if r.name.is_empty() {
-        e.add(&format!("{field}.name"), "must be set");
+        e.add(format!("{field}.name"), "must be set");
     }
     if !r.namespace.is_empty() {
         e.add(
-            &format!("{field}.namespace"),
+            format!("{field}.namespace"),
             "must not be set; cross namespace referencing is not supported",
         );
     }
@@ -64,7 +64,7 @@ fn target_reference(field: &str, r: &PolicyTargetReference, e: &mut Errors) {
             r.group, r.kind
         ),
     };
-    e.add(field, &reason);
+    e.add(field, reason);
 }
 
 pub(super) fn authorization_policy(ap: &AuthorizationPolicy, e: &mut Errors) {
