@@ -377,6 +377,21 @@ mod tests {
     }
 
     #[test]
+    fn default_gateway_topology_is_read_and_checked() {
+        let m = Mesh::parse("defaultConfig: {gatewayTopology: {numTrustedProxies: 2}}\n").unwrap();
+        assert_eq!(m.config.default_gateway_topology.num_trusted_proxies, 2);
+        let errors =
+            Mesh::parse("defaultConfig: {gatewayTopology: {numTrustedProxy: 2}}\n").unwrap_err();
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains("defaultConfig.gatewayTopology")
+                    && e.contains("numTrustedProxy")),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
     fn telemetry_fields_are_applied_or_refused() {
         let m = Mesh::parse(
             "accessLogFile: /dev/stdout\naccessLogEncoding: JSON\naccessLogFormat: '{\"m\": \"%REQ(:METHOD)%\"}'\nenableTracing: true\ndefaultConfig: {tracing: {sampling: 10}}\ndefaultProviders: {accessLogging: [envoy], metrics: [prometheus], tracing: [z]}\nextensionProviders:\n- {name: z, zipkin: {service: zipkin.istio-system.svc.cluster.local, port: 9411}}\n",
