@@ -24,6 +24,8 @@ mod gateway;
 mod gateway_api;
 mod gateway_tcp;
 mod gateway_tls;
+mod ingress;
+mod proxy_config;
 mod telemetry;
 #[cfg(test)]
 mod test_support;
@@ -66,6 +68,9 @@ pub fn validate(object: &Object) -> Vec<FieldError> {
         Spec::KubernetesGateway(gw) => gateway_api::gateway(gw, &mut e),
         Spec::HttpRoute(r) => gateway_api::http_route(r, &object.metadata.namespace, &mut e),
         Spec::Telemetry(t) => telemetry::telemetry(t, &mut e),
+        Spec::ProxyConfig(pc) => proxy_config::proxy_config(pc, &mut e),
+        Spec::Ingress(i) => ingress::ingress(i, &object.metadata.annotations, &mut e),
+        Spec::IngressClass(_) => {}
     }
     e.0
 }

@@ -275,14 +275,23 @@ impl IstioContext {
             name: g.name,
             spec: g.spec,
         };
+        // So do the Ingresses of Istio's class, as its ingress controller's.
+        let ingress = crate::model::ingress::convert(snapshot, &options.domain);
         let mut virtual_services: Vec<Named<VirtualService>> = collect(snapshot);
         virtual_services.extend(gateway_api.virtual_services.into_iter().map(named));
+        virtual_services.extend(ingress.virtual_services.into_iter().map(named));
         let mut gateways: Vec<Named<crate::model::gateway::Gateway>> = collect(snapshot);
-        gateways.extend(gateway_api.gateways.into_iter().map(|g| Named {
-            namespace: g.namespace,
-            name: g.name,
-            spec: g.spec,
-        }));
+        gateways.extend(
+            gateway_api
+                .gateways
+                .into_iter()
+                .chain(ingress.gateways)
+                .map(|g| Named {
+                    namespace: g.namespace,
+                    name: g.name,
+                    spec: g.spec,
+                }),
+        );
         let index = Index::new(
             &options.domain,
             &registry,
