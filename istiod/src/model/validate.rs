@@ -340,11 +340,8 @@ fn sidecar(sc: &Sidecar, e: &mut Errors) {
                 "TLS termination on Sidecar ingress is not supported by this istiod (remove it; inbound traffic uses the mesh's mutual TLS per PeerAuthentication)",
             );
         }
-        if ing.connection_pool.is_some() {
-            e.add(
-                format!("{field}.connectionPool"),
-                "inbound connection pool settings are not supported by this istiod yet (remove them)",
-            );
+        if let Some(cp) = &ing.connection_pool {
+            destination_rule::connection_pool(&format!("{field}.connectionPool"), cp, e);
         }
         if !ing.default_endpoint.is_empty() && !valid_default_endpoint(&ing.default_endpoint) {
             e.add(
@@ -356,11 +353,8 @@ fn sidecar(sc: &Sidecar, e: &mut Errors) {
             );
         }
     }
-    if sc.inbound_connection_pool.is_some() {
-        e.add(
-            "spec.inboundConnectionPool",
-            "inbound connection pool settings are not supported by this istiod yet (remove them)",
-        );
+    if let Some(cp) = &sc.inbound_connection_pool {
+        destination_rule::connection_pool("spec.inboundConnectionPool", cp, e);
     }
     if let Some(otp) = &sc.outbound_traffic_policy
         && let Some(proxy) = &otp.egress_proxy

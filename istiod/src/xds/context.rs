@@ -184,6 +184,10 @@ pub struct InboundPort {
     /// The services that send traffic to the port (the inbound cluster's
     /// `istio.services` metadata).
     pub services: Vec<super::istio_stats::ServiceRef>,
+    /// The Sidecar's connection pool for the port (Istio's
+    /// `InboundConnectionPoolForPort`): its ingress listener's, else its
+    /// `inboundConnectionPool`.
+    pub connection_pool: Option<crate::model::istio::ConnectionPoolSettings>,
 }
 
 /// One egress scope of a proxy: a Sidecar egress listener, or the implicit
@@ -465,10 +469,9 @@ impl IstioContext {
                 None => ports.push(p),
             }
         };
-        match self
-            .sidecar_for(proxy)
-            .filter(|s| !s.spec.ingress.is_empty())
-        {
+        let sidecar = self.sidecar_for(proxy);
+        let sidecar_pool = sidecar.and_then(|s| s.spec.inbound_connection_pool.clone());
+        match sidecar.filter(|s| !s.spec.ingress.is_empty()) {
             Some(sc) => {
                 for ing in &sc.spec.ingress {
                     let port = ing.port.number as u16;
@@ -485,6 +488,10 @@ impl IstioContext {
                         },
                         default_endpoint: ing.default_endpoint.clone(),
                         services: Vec::new(),
+                        connection_pool: ing
+                            .connection_pool
+                            .clone()
+                            .or_else(|| sidecar_pool.clone()),
                     });
                 }
             }
@@ -503,6 +510,7 @@ impl IstioContext {
                         bind_to_port: false,
                         default_endpoint: String::new(),
                         services: vec![super::istio_stats::ServiceRef::of(svc)],
+                        connection_pool: sidecar_pool.clone(),
                     });
                 }
             }
