@@ -337,7 +337,7 @@ fn sidecar(sc: &Sidecar, e: &mut Errors) {
         if ing.tls.is_some() {
             e.add(
                 format!("{field}.tls"),
-                "TLS termination on Sidecar ingress is not supported by this istiod (remove it; inbound traffic uses the mesh's mutual TLS per PeerAuthentication)",
+                "TLS termination on Sidecar ingress is not built by this istiod (Istio applies it only with ENABLE_TLS_ON_SIDECAR_INGRESS=true on a port whose PeerAuthentication mode is DISABLE); remove it: inbound traffic uses the mesh's mutual TLS per PeerAuthentication",
             );
         }
         if let Some(cp) = &ing.connection_pool {
@@ -1059,6 +1059,30 @@ mod tests {
             "Sidecar/demo/default",
             "spec.ingress[0].defaultEndpoint",
             "not a valid default endpoint",
+        );
+        assert_rejected(
+            &format!(
+                "{SC}spec: {{inboundConnectionPool: {{tcp: {{maxConnections: -1}}}}, ingress: [{{port: {{number: 9080, protocol: HTTP, name: http}}, connectionPool: {{http: {{idleTimeout: 1ns}}}}}}]}}\n"
+            ),
+            "Sidecar/demo/default",
+            "spec.inboundConnectionPool.tcp.maxConnections",
+            "",
+        );
+        assert_rejected(
+            &format!(
+                "{SC}spec: {{ingress: [{{port: {{number: 9080, protocol: HTTP, name: http}}, connectionPool: {{http: {{idleTimeout: 1ns}}}}}}]}}\n"
+            ),
+            "Sidecar/demo/default",
+            "spec.ingress[0].connectionPool.http.idleTimeout",
+            "",
+        );
+        assert_rejected(
+            &format!(
+                "{SC}spec: {{ingress: [{{port: {{number: 9080, protocol: HTTP, name: http}}, tls: {{mode: SIMPLE, credentialName: c}}}}]}}\n"
+            ),
+            "Sidecar/demo/default",
+            "spec.ingress[0].tls",
+            "ENABLE_TLS_ON_SIDECAR_INGRESS",
         );
         assert!(
             parse_file(
