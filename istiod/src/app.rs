@@ -304,6 +304,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     )
     .await?;
     let (inputs, jwks) = push_inputs(sources.batches, &sources.mesh, shutdown_rx.clone())?;
+    let config_snapshots = sources.store.watch();
     let builder = crate::push::Builder::new(
         sources.store,
         RegistryOptions {
@@ -433,10 +434,10 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
                 mesh.clone(),
                 shutdown_rx.clone(),
             );
-            Arc::new(inject::Injector::new(
-                state,
-                inject::InjectMetrics::new(&registry),
-            ))
+            Arc::new(
+                inject::Injector::new(state, inject::InjectMetrics::new(&registry))
+                    .with_config(config_snapshots.clone()),
+            )
         });
         let validator = Arc::new(validation::Validator::new(
             &config.webhooks.revision,

@@ -21,6 +21,8 @@ mod overrides;
 pub mod patch;
 pub mod policy;
 mod probes;
+#[cfg(test)]
+mod proxy_config_tests;
 pub mod quantity;
 mod sidecar;
 mod template;
@@ -33,6 +35,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use serde_json::{Map, Value, json};
+
+use crate::model::proxy_config::WorkloadProxyConfig;
 
 /// The sidecar container's name.
 pub const PROXY_CONTAINER: &str = "istio-proxy";
@@ -325,6 +329,9 @@ pub struct WorkloadMeta {
     pub api_version: String,
     /// Its `kind`.
     pub kind: String,
+    /// The ProxyConfig objects that apply to the pod, by its namespace and
+    /// labels (empty where none are known, as for `istioctl kube-inject`).
+    pub proxy_config: WorkloadProxyConfig,
 }
 
 impl WorkloadMeta {
@@ -357,6 +364,7 @@ impl WorkloadMeta {
                 namespace,
                 api_version: "v1".into(),
                 kind: "Pod".into(),
+                proxy_config: WorkloadProxyConfig::default(),
             };
         };
         let (kind, owner_name, api) = (
@@ -374,6 +382,7 @@ impl WorkloadMeta {
                 namespace,
                 api_version: "apps/v1".into(),
                 kind: "Deployment".into(),
+                proxy_config: WorkloadProxyConfig::default(),
             };
         }
         if kind == "Job"
@@ -386,6 +395,7 @@ impl WorkloadMeta {
                 namespace,
                 api_version: "batch/v1".into(),
                 kind: "CronJob".into(),
+                proxy_config: WorkloadProxyConfig::default(),
             };
         }
         Self {
@@ -393,6 +403,7 @@ impl WorkloadMeta {
             namespace,
             api_version: api,
             kind,
+            proxy_config: WorkloadProxyConfig::default(),
         }
     }
 }
@@ -438,7 +449,7 @@ pub fn inject_pod_in_namespace(
     }
     validate_annotations(&annotations)?;
     let templates = template::select(&annotations, cfg)?;
-    let proxy_config = proxy_config(&cfg.mesh, &annotations)?;
+    let proxy_config = proxy_config(&cfg.mesh, &annotations, &workload.proxy_config)?;
     let native_sidecar = annotations
         .get(ann::NATIVE_SIDECAR)
         .map(|v| v != "false")
@@ -733,41 +744,28 @@ fn names_or_null(items: &[Value]) -> Value {
     )
 }
 
-/// Mesh `defaultConfig` overrides with the pod's `proxy.istio.io/config` merged over them.
+/// The effective ProxyConfig (Istio's `EffectiveProxyConfig`): mesh `defaultConfig`, the
+/// namespace-wide ProxyConfig objects, the pod's `proxy.istio.io/config` and the ProxyConfig
+/// selecting the workload, each merged over the one before.
 fn proxy_config(
     mesh: &MeshSettings,
     annotations: &BTreeMap<String, String>,
+    objects: &WorkloadProxyConfig,
 ) -> Result<Map<String, Value>, InjectError> {
-    let mut pc = Value::Object(mesh.default_config.clone());
-    if let Some(text) = annotations.get(ann::PROXY_CONFIG) {
-        let overlay: Value = serde_yaml_ng::from_str(text)
-            .map_err(|e| InjectError::InvalidProxyConfig(e.to_string()))?;
-        if !overlay.is_object() {
-            return Err(InjectError::InvalidProxyConfig(format!(
-                "{text:?} is not an object"
-            )));
-        }
-        deep_merge(&mut pc, &overlay);
-    }
-    Ok(pc.as_object().cloned().unwrap_or_default())
-}
-
-fn deep_merge(target: &mut Value, overlay: &Value) {
-    match (target, overlay) {
-        (Value::Object(t), Value::Object(o)) => {
-            for (k, v) in o {
-                match t.get_mut(k) {
-                    Some(existing) if existing.is_object() && v.is_object() => {
-                        deep_merge(existing, v)
-                    }
-                    _ => {
-                        t.insert(k.clone(), v.clone());
-                    }
-                }
+    let annotation = match annotations.get(ann::PROXY_CONFIG) {
+        Some(text) => {
+            let overlay: Value = serde_yaml_ng::from_str(text)
+                .map_err(|e| InjectError::InvalidProxyConfig(e.to_string()))?;
+            if !overlay.is_object() {
+                return Err(InjectError::InvalidProxyConfig(format!(
+                    "{text:?} is not an object"
+                )));
             }
+            Some(overlay)
         }
-        (t, o) => *t = o.clone(),
-    }
+        None => None,
+    };
+    Ok(objects.effective(&mesh.default_config, annotation.as_ref()))
 }
 
 /// The merge key of a list in a container or pod spec, as Kubernetes' strategic merge

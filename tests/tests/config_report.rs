@@ -33,11 +33,11 @@ spec:
     - destination: {host: applied.example.com}
 "#;
 
-const PROXY_CONFIG: &str = r#"apiVersion: networking.istio.io/v1beta1
-kind: ProxyConfig
+const WASM_PLUGIN: &str = r#"apiVersion: extensions.istio.io/v1alpha1
+kind: WasmPlugin
 metadata: {name: tweak, namespace: demo}
 spec:
-  concurrency: 2
+  url: oci://example.com/filter:1
 "#;
 
 fn configz(http: SocketAddr) -> Value {
@@ -97,20 +97,20 @@ fn unimplemented_kinds_are_reported_by_file_and_kind() {
 
     // A file added while istiod runs is reported the same way.
     let filter_file = config.join("filter.yaml");
-    std::fs::write(&filter_file, PROXY_CONFIG).unwrap();
+    std::fs::write(&filter_file, WASM_PLUGIN).unwrap();
     let filter_path = filter_file.display().to_string();
     ns.run(move || {
-        wait_for("the ProxyConfig reported in configz", WAIT, || {
+        wait_for("the WasmPlugin reported in configz", WAIT, || {
             let c = configz(http);
             c["unimplemented"]
                 .as_array()
                 .unwrap()
                 .iter()
-                .any(|u| u["file"] == filter_path.as_str() && u["kind"] == "ProxyConfig")
+                .any(|u| u["file"] == filter_path.as_str() && u["kind"] == "WasmPlugin")
                 .then_some(())
         });
         assert_eq!(
-            rejected_count(monitoring, "ProxyConfig", &filter_path),
+            rejected_count(monitoring, "WasmPlugin", &filter_path),
             Some(1)
         );
     });

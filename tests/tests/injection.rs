@@ -125,6 +125,53 @@ fn install_webhooks(mesh: &LocalMesh, api: &KubeApi) {
     }
 }
 
+/// Waits until istiod's config store holds `key` (`Kind/namespace/name`).
+fn wait_for_configz(mesh: &LocalMesh, key: &str) {
+    let http = mesh.istiod.http;
+    let key = key.to_string();
+    mesh.hub.ns.run(move || {
+        tests::wait_for(&format!("{key} in istiod"), Duration::from_secs(30), || {
+            let (_, body) = tests::http_get(http, "/debug/configz").ok()?;
+            let c: Value = serde_json::from_str(&body).ok()?;
+            c["objects"]
+                .as_array()?
+                .iter()
+                .any(|o| o == key.as_str())
+                .then_some(())
+        })
+    })
+}
+
+/// The command line of the Envoy among the descendants of `pid`.
+fn envoy_cmdline(pid: u32) -> Option<Vec<String>> {
+    let mut queue = vec![pid];
+    for _ in 0..64 {
+        let p = queue.pop()?;
+        let raw = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+        let args: Vec<String> = raw
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args
+            .first()
+            .is_some_and(|a| Path::new(a).file_name().is_some_and(|f| f == "envoy"))
+        {
+            return Some(args);
+        }
+        let children = std::process::Command::new("pgrep")
+            .args(["-P", &p.to_string()])
+            .output()
+            .ok()?;
+        queue.extend(
+            String::from_utf8_lossy(&children.stdout)
+                .lines()
+                .filter_map(|l| l.trim().parse::<u32>().ok()),
+        );
+    }
+    None
+}
+
 #[test]
 fn an_injected_pod_joins_the_mesh_and_others_are_left_alone() {
     let _serial = tests::mesh::one_mesh_at_a_time();
@@ -158,6 +205,29 @@ fn an_injected_pod_joins_the_mesh_and_others_are_left_alone() {
     let (code, stored) = create_pod(&mesh, "demo", host);
     assert_eq!(code, 201, "{stored}");
     assert!(!has_proxy(&stored), "{stored}");
+
+    // ProxyConfig objects: the namespace's and the one selecting sleep,
+    // which wins; the root namespace's environment variables join in.
+    for (namespace, name, spec) in [
+        (
+            "istio-system",
+            "mesh-wide",
+            json!({"environmentVariables": {"FROM_ROOT_PROXYCONFIG": "yes"}}),
+        ),
+        ("demo", "namespace-wide", json!({"concurrency": 3})),
+        (
+            "demo",
+            "sleep",
+            json!({"selector": {"matchLabels": {"app": "sleep"}}, "concurrency": 1}),
+        ),
+    ] {
+        api.create(json!({
+            "apiVersion": "networking.istio.io/v1beta1", "kind": "ProxyConfig",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec
+        }))
+        .unwrap();
+    }
+    wait_for_configz(&mesh, "ProxyConfig/demo/sleep");
 
     // Injected.
     let (code, stored) = create_pod(
@@ -193,12 +263,39 @@ fn an_injected_pod_joins_the_mesh_and_others_are_left_alone() {
         }),
     };
     let pilot_agent = tests::mesh::runnable_by_proxy(&tests::bin("pilot-agent"), tmp.path());
-    let running = tests::injected::run(
+    let mut running = tests::injected::run(
         &mesh.hub,
         &pod,
         &facts,
         &pilot_agent,
         &tmp.path().join("sleep-injected"),
+    );
+
+    // The selected workload's ProxyConfig reaches its Envoy's command line
+    // (through the PROXY_CONFIG the agent reads), and the root's
+    // environment variables its proxy's environment.
+    let proxy = running.container("istio-proxy").pid();
+    let cmdline = tests::wait_for("Envoy's command line", Duration::from_secs(30), || {
+        envoy_cmdline(proxy)
+    });
+    assert!(
+        cmdline.windows(2).any(|w| w == ["--concurrency", "1"]),
+        "{cmdline:?}"
+    );
+    let proxy_env = ["initContainers", "containers"]
+        .iter()
+        .filter_map(|list| pod["spec"][list].as_array())
+        .flatten()
+        .find(|c| c["name"] == "istio-proxy")
+        .map(|c| c["env"].clone())
+        .unwrap();
+    assert!(
+        proxy_env
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "FROM_ROOT_PROXYCONFIG" && e["value"] == "yes"),
+        "{proxy_env}"
     );
 
     // Its traffic to httpbin's Service IP is captured and leaves over mTLS

@@ -2,16 +2,24 @@
 //! the API stand-in, istiod reads them with `--kubeconfig` (no config
 //! directory), and real Envoys in captured Pods follow what the API says:
 //! a VirtualService edited or deleted changes the route, and an
-//! EndpointSlice change reaches Envoy as EDS alone.
+//! EndpointSlice change reaches Envoy as EDS alone; a Kubernetes Ingress
+//! of Istio's class routes outside clients through the ingress gateway.
 
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tests::mesh::LocalMesh;
+use serde_json::json;
+use tests::gateway_pod::GatewaySpec;
+use tests::mesh::{LocalMesh, http_request};
 
 const SLEEP: &str = "spiffe://cluster.local/ns/demo/sa/sleep";
+/// The ingress gateway Pod's address on the hub.
+const GATEWAY_IP: &str = "198.18.0.20";
+/// A client outside the mesh.
+const CLIENT_IP: &str = "198.18.0.30";
+const GATEWAY_ID: &str = "spiffe://cluster.local/ns/istio-system/sa/istio-ingressgateway";
 
 fn versions(mesh: &LocalMesh, n: usize) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
@@ -103,5 +111,68 @@ fn envoys_follow_the_kubernetes_api() {
         mesh.envoy_stat("sleep-1", "listener_manager.lds.update_success"),
         lds,
         "no LDS push"
+    );
+
+    // A Kubernetes Ingress of Istio's class (by its IngressClass): the
+    // ingress gateway serves its host on port 80 and routes it to httpbin
+    // over mTLS with its own identity; other hosts are Istio's 404.
+    api.create(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "IngressClass",
+        "metadata": {"name": "istio"},
+        "spec": {"controller": "istio.io/ingress-controller"}
+    }))
+    .unwrap();
+    api.create(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+        "metadata": {"name": "httpbin", "namespace": "demo"},
+        "spec": {
+            "ingressClassName": "istio",
+            "rules": [{"host": "httpbin.example.com", "http": {"paths": [
+                {"path": "/status", "pathType": "Prefix",
+                 "backend": {"service": {"name": "httpbin", "port": {"number": 8000}}}},
+                {"path": "/headers", "pathType": "Exact",
+                 "backend": {"service": {"name": "httpbin", "port": {"number": 8000}}}}
+            ]}}]
+        }
+    }))
+    .unwrap();
+    let mut gw = mesh.start_gateway(&GatewaySpec::ingress(GATEWAY_IP));
+    let client = mesh.plain_pod(CLIENT_IP);
+    let gateway: std::net::SocketAddr = format!("{GATEWAY_IP}:80").parse().unwrap();
+    let body = tests::wait_for(
+        "httpbin through the Ingress",
+        Duration::from_secs(60),
+        || {
+            gw.assert_alive();
+            match http_request(&client.ns, gateway, "httpbin.example.com", "/headers") {
+                Ok((200, body)) => Some(body),
+                _ => None,
+            }
+        },
+    );
+    assert!(
+        body.contains(&format!("URI={GATEWAY_ID}")),
+        "httpbin saw the gateway's identity over mTLS: {body}"
+    );
+    // `Exact` /headers: a longer path is not routed; `Prefix` /status is.
+    let (code, _) =
+        http_request(&client.ns, gateway, "httpbin.example.com", "/headers/more").unwrap();
+    assert_eq!(code, 404);
+    let (code, body) =
+        http_request(&client.ns, gateway, "httpbin.example.com", "/status/200").unwrap();
+    assert_eq!(code, 200, "{body}");
+    let (code, _) = http_request(&client.ns, gateway, "other.example.com", "/headers").unwrap();
+    assert_eq!(code, 404);
+
+    // Deleting the Ingress removes its routes and its gateway server.
+    api.delete("networking.k8s.io/v1", "Ingress", "demo", "httpbin")
+        .unwrap();
+    tests::wait_for(
+        "the Ingress's port closed",
+        Duration::from_secs(30),
+        || match http_request(&client.ns, gateway, "httpbin.example.com", "/headers") {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Some(()),
+            _ => None,
+        },
     );
 }

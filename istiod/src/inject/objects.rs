@@ -66,6 +66,7 @@ pub fn inject_object_in_namespace(
             namespace: s("/metadata/namespace"),
             api_version: s("/apiVersion"),
             kind: kind.to_string(),
+            proxy_config: Default::default(),
         }
     };
     let Some(template) = out.pointer_mut(template_path) else {
@@ -113,6 +114,7 @@ fn inject_cron_job(
         namespace: s("/metadata/namespace"),
         api_version: s("/apiVersion"),
         kind: "CronJob".into(),
+        proxy_config: Default::default(),
     };
     let Some(job) = out.pointer_mut("/spec/jobTemplate") else {
         return Err(InjectError::NoPodTemplate {

@@ -1018,9 +1018,10 @@ pub struct Sidecar {
     /// What happens to traffic for unknown destinations.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outbound_traffic_policy: Option<OutboundTrafficPolicy>,
-    /// Inbound connection pool (accepted, not interpreted).
+    /// The connection pool of every inbound cluster of the workload, unless
+    /// its ingress listener sets its own (it replaces a DestinationRule's).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub inbound_connection_pool: Option<Opaque>,
+    pub inbound_connection_pool: Option<ConnectionPoolSettings>,
 }
 
 /// `captureMode` of a Sidecar listener.
@@ -1051,9 +1052,10 @@ pub struct IstioIngressListener {
     /// Server TLS (accepted, not interpreted).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<Opaque>,
-    /// Connection pool (accepted, not interpreted).
+    /// The connection pool of this port's inbound cluster (over
+    /// `inboundConnectionPool`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub connection_pool: Option<Opaque>,
+    pub connection_pool: Option<ConnectionPoolSettings>,
 }
 
 /// An outbound listener (scope) of a Sidecar.

@@ -10,10 +10,12 @@ use serde::{Deserialize, Serialize};
 use super::envoy_filter::EnvoyFilter;
 use super::gateway::Gateway;
 use super::gateway_api::{GatewayClass, HttpRoute, KubernetesGateway};
+use super::ingress::{Ingress, IngressClass};
 use super::istio::{
     DestinationRule, PeerAuthentication, ServiceEntry, Sidecar, VirtualService, WorkloadEntry,
 };
 use super::kube::{EndpointSlice, Namespace, Node, Pod, Service};
+use super::proxy_config::ProxyConfig;
 use super::secret::Secret;
 use super::security::{AuthorizationPolicy, RequestAuthentication};
 use super::telemetry::Telemetry;
@@ -28,6 +30,8 @@ pub const TELEMETRY_GROUP: &str = "telemetry.istio.io";
 pub const GATEWAY_API_GROUP: &str = super::gateway_api::GROUP;
 /// The Kubernetes discovery API group (EndpointSlice).
 pub const DISCOVERY_GROUP: &str = "discovery.k8s.io";
+/// The Kubernetes networking API group (Ingress, IngressClass).
+pub const K8S_NETWORKING_GROUP: &str = "networking.k8s.io";
 /// The namespace an object of a namespaced kind gets when its metadata names none
 /// (Istio's file source treats it the same way).
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -75,11 +79,19 @@ pub enum Kind {
     Secret,
     /// `telemetry.istio.io` Telemetry: access logging, tracing, metrics.
     Telemetry,
+    /// `networking.istio.io/v1beta1` ProxyConfig: per-namespace and
+    /// per-workload proxy settings, applied at injection.
+    ProxyConfig,
+    /// Kubernetes `networking.k8s.io/v1` Ingress: translated to a Gateway
+    /// and VirtualServices when it is of Istio's class.
+    Ingress,
+    /// Kubernetes `networking.k8s.io/v1` IngressClass (cluster-scoped).
+    IngressClass,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 20] = [
+    pub const ALL: [Kind; 23] = [
         Kind::ServiceEntry,
         Kind::WorkloadEntry,
         Kind::VirtualService,
@@ -100,6 +112,9 @@ impl Kind {
         Kind::HttpRoute,
         Kind::Secret,
         Kind::Telemetry,
+        Kind::ProxyConfig,
+        Kind::Ingress,
+        Kind::IngressClass,
     ];
 
     /// The kind's name as written in `kind:`.
@@ -125,6 +140,9 @@ impl Kind {
             Kind::HttpRoute => "HTTPRoute",
             Kind::Secret => "Secret",
             Kind::Telemetry => "Telemetry",
+            Kind::ProxyConfig => "ProxyConfig",
+            Kind::Ingress => "Ingress",
+            Kind::IngressClass => "IngressClass",
         }
     }
 
@@ -137,12 +155,14 @@ impl Kind {
             | Kind::DestinationRule
             | Kind::Sidecar
             | Kind::Gateway
-            | Kind::EnvoyFilter => NETWORKING_GROUP,
+            | Kind::EnvoyFilter
+            | Kind::ProxyConfig => NETWORKING_GROUP,
             Kind::PeerAuthentication | Kind::AuthorizationPolicy | Kind::RequestAuthentication => {
                 SECURITY_GROUP
             }
             Kind::Telemetry => TELEMETRY_GROUP,
             Kind::EndpointSlice => DISCOVERY_GROUP,
+            Kind::Ingress | Kind::IngressClass => K8S_NETWORKING_GROUP,
             Kind::GatewayClass | Kind::KubernetesGateway | Kind::HttpRoute => GATEWAY_API_GROUP,
             Kind::Service | Kind::Pod | Kind::Namespace | Kind::Node | Kind::Secret => "",
         }
@@ -153,6 +173,10 @@ impl Kind {
         if self == Kind::EnvoyFilter {
             // Istio serves EnvoyFilter at v1alpha3 only.
             return &["v1alpha3"];
+        }
+        if self == Kind::ProxyConfig {
+            // Istio serves ProxyConfig at v1beta1 only.
+            return &["v1beta1"];
         }
         match self.group() {
             NETWORKING_GROUP => &["v1", "v1beta1", "v1alpha3"],
@@ -172,7 +196,10 @@ impl Kind {
 
     /// Whether objects of this kind live in a namespace.
     pub fn is_namespaced(self) -> bool {
-        !matches!(self, Kind::Namespace | Kind::Node | Kind::GatewayClass)
+        !matches!(
+            self,
+            Kind::Namespace | Kind::Node | Kind::GatewayClass | Kind::IngressClass
+        )
     }
 
     /// Whether this is a Gateway API kind.
@@ -351,6 +378,12 @@ pub enum Spec {
     Secret(Secret),
     /// A Telemetry's `spec`.
     Telemetry(Telemetry),
+    /// A ProxyConfig's `spec`.
+    ProxyConfig(ProxyConfig),
+    /// An Ingress (its `spec`).
+    Ingress(Ingress),
+    /// An IngressClass (its `spec`).
+    IngressClass(IngressClass),
 }
 
 impl Spec {
@@ -377,6 +410,9 @@ impl Spec {
             Spec::HttpRoute(_) => Kind::HttpRoute,
             Spec::Secret(_) => Kind::Secret,
             Spec::Telemetry(_) => Kind::Telemetry,
+            Spec::ProxyConfig(_) => Kind::ProxyConfig,
+            Spec::Ingress(_) => Kind::Ingress,
+            Spec::IngressClass(_) => Kind::IngressClass,
         }
     }
 }
@@ -480,6 +516,9 @@ kind_spec!(
     HttpRoute,
     Secret,
     Telemetry,
+    ProxyConfig,
+    Ingress,
+    IngressClass,
 );
 
 #[cfg(test)]
@@ -510,7 +549,12 @@ mod tests {
             Ok(Some(Kind::EnvoyFilter))
         );
         assert_eq!(
-            Kind::resolve("networking.istio.io/v1alpha3", "ProxyConfig"),
+            Kind::resolve("networking.istio.io/v1beta1", "ProxyConfig"),
+            Ok(Some(Kind::ProxyConfig))
+        );
+        assert!(Kind::resolve("networking.istio.io/v1", "ProxyConfig").is_err());
+        assert_eq!(
+            Kind::resolve("extensions.istio.io/v1alpha1", "WasmPlugin"),
             Ok(None)
         );
         assert!(Kind::resolve("networking.istio.io/v1", "EnvoyFilter").is_err());

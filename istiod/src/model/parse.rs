@@ -242,6 +242,9 @@ fn decode_body(kind: Kind, map: Map<String, Value>) -> Result<Spec, FieldError> 
         Kind::HttpRoute => Spec::HttpRoute(istio(body)?),
         Kind::Secret => Spec::Secret(typed(body)?),
         Kind::Telemetry => Spec::Telemetry(istio(body)?),
+        Kind::ProxyConfig => Spec::ProxyConfig(istio(body)?),
+        Kind::Ingress => Spec::Ingress(typed(body)?),
+        Kind::IngressClass => Spec::IngressClass(typed(body)?),
     })
 }
 
@@ -457,10 +460,10 @@ status: {podIP: 10.244.0.9, phase: Running, conditions: []}
             "f.yaml",
             r#"
 ---
-apiVersion: networking.istio.io/v1beta1
-kind: ProxyConfig
+apiVersion: extensions.istio.io/v1alpha1
+kind: WasmPlugin
 metadata: {name: g}
-spec: {concurrency: 2}
+spec: {url: oci://example.com/filter:1}
 ---
 apiVersion: apps/v1
 kind: Deployment
@@ -474,7 +477,7 @@ metadata: {name: d}
         assert_eq!(
             shown,
             vec![
-                "networking.istio.io/v1beta1 ProxyConfig",
+                "extensions.istio.io/v1alpha1 WasmPlugin",
                 "apps/v1 Deployment"
             ]
         );

@@ -24,6 +24,8 @@ mod gateway;
 mod gateway_api;
 mod gateway_tcp;
 mod gateway_tls;
+mod ingress;
+mod proxy_config;
 mod telemetry;
 #[cfg(test)]
 mod test_support;
@@ -66,6 +68,9 @@ pub fn validate(object: &Object) -> Vec<FieldError> {
         Spec::KubernetesGateway(gw) => gateway_api::gateway(gw, &mut e),
         Spec::HttpRoute(r) => gateway_api::http_route(r, &object.metadata.namespace, &mut e),
         Spec::Telemetry(t) => telemetry::telemetry(t, &mut e),
+        Spec::ProxyConfig(pc) => proxy_config::proxy_config(pc, &mut e),
+        Spec::Ingress(i) => ingress::ingress(i, &object.metadata.annotations, &mut e),
+        Spec::IngressClass(_) => {}
     }
     e.0
 }
@@ -332,14 +337,11 @@ fn sidecar(sc: &Sidecar, e: &mut Errors) {
         if ing.tls.is_some() {
             e.add(
                 format!("{field}.tls"),
-                "TLS termination on Sidecar ingress is not supported by this istiod (remove it; inbound traffic uses the mesh's mutual TLS per PeerAuthentication)",
+                "TLS termination on Sidecar ingress is not built by this istiod (Istio applies it only with ENABLE_TLS_ON_SIDECAR_INGRESS=true on a port whose PeerAuthentication mode is DISABLE); remove it: inbound traffic uses the mesh's mutual TLS per PeerAuthentication",
             );
         }
-        if ing.connection_pool.is_some() {
-            e.add(
-                format!("{field}.connectionPool"),
-                "inbound connection pool settings are not supported by this istiod yet (remove them)",
-            );
+        if let Some(cp) = &ing.connection_pool {
+            destination_rule::connection_pool(&format!("{field}.connectionPool"), cp, e);
         }
         if !ing.default_endpoint.is_empty() && !valid_default_endpoint(&ing.default_endpoint) {
             e.add(
@@ -351,11 +353,8 @@ fn sidecar(sc: &Sidecar, e: &mut Errors) {
             );
         }
     }
-    if sc.inbound_connection_pool.is_some() {
-        e.add(
-            "spec.inboundConnectionPool",
-            "inbound connection pool settings are not supported by this istiod yet (remove them)",
-        );
+    if let Some(cp) = &sc.inbound_connection_pool {
+        destination_rule::connection_pool("spec.inboundConnectionPool", cp, e);
     }
     if let Some(otp) = &sc.outbound_traffic_policy
         && let Some(proxy) = &otp.egress_proxy
@@ -1060,6 +1059,30 @@ mod tests {
             "Sidecar/demo/default",
             "spec.ingress[0].defaultEndpoint",
             "not a valid default endpoint",
+        );
+        assert_rejected(
+            &format!(
+                "{SC}spec: {{inboundConnectionPool: {{tcp: {{maxConnections: -1}}}}, ingress: [{{port: {{number: 9080, protocol: HTTP, name: http}}, connectionPool: {{http: {{idleTimeout: 1ns}}}}}}]}}\n"
+            ),
+            "Sidecar/demo/default",
+            "spec.inboundConnectionPool.tcp.maxConnections",
+            "",
+        );
+        assert_rejected(
+            &format!(
+                "{SC}spec: {{ingress: [{{port: {{number: 9080, protocol: HTTP, name: http}}, connectionPool: {{http: {{idleTimeout: 1ns}}}}}}]}}\n"
+            ),
+            "Sidecar/demo/default",
+            "spec.ingress[0].connectionPool.http.idleTimeout",
+            "",
+        );
+        assert_rejected(
+            &format!(
+                "{SC}spec: {{ingress: [{{port: {{number: 9080, protocol: HTTP, name: http}}, tls: {{mode: SIMPLE, credentialName: c}}}}]}}\n"
+            ),
+            "Sidecar/demo/default",
+            "spec.ingress[0].tls",
+            "ENABLE_TLS_ON_SIDECAR_INGRESS",
         );
         assert!(
             parse_file(

@@ -289,12 +289,22 @@ impl Resolved {
             }
             // The Gateway API becomes Gateways and VirtualServices bound to
             // them: only routers see them (Istio pushes gateways for these).
-            Kind::GatewayClass | Kind::KubernetesGateway | Kind::HttpRoute => {
+            // Ingresses too (Istio's ingress controller feeds Gateways and
+            // VirtualServices bound to them).
+            Kind::GatewayClass
+            | Kind::KubernetesGateway
+            | Kind::HttpRoute
+            | Kind::Ingress
+            | Kind::IngressClass => {
                 self.changes
                     .push(change(&reason, Audience::Routers, Types::LDS | Types::RDS));
             }
             // Handled before: every proxy.
             Kind::Namespace => {}
+            // Applied at injection, to the Pods admitted next (Istio's
+            // injector reads them the same way): nothing istiod serves
+            // over xDS depends on them.
+            Kind::ProxyConfig => {}
         }
     }
 

@@ -131,7 +131,7 @@ impl FileSource {
     }
 
     /// The documents whose kind this istiod does not implement although it
-    /// is Istio configuration (ProxyConfig, Telemetry, ...), with
+    /// is Istio configuration (WasmPlugin, WorkloadGroup, ...), with
     /// their file: stored nowhere and applied to nothing, so reported.
     pub fn unimplemented(&self) -> Vec<(String, IgnoredKind)> {
         let state = self
@@ -582,7 +582,7 @@ mod tests {
         write(
             dir,
             "nested/filter.yaml",
-            "apiVersion: networking.istio.io/v1beta1\nkind: ProxyConfig\nmetadata: {name: g, namespace: demo}\nspec: {}\n",
+            "apiVersion: extensions.istio.io/v1alpha1\nkind: WasmPlugin\nmetadata: {name: g, namespace: demo}\nspec: {}\n",
         );
         // Not YAML by name, hidden, or an editor's backup: not read.
         write(dir, "c.json", &vs("c", "c"));

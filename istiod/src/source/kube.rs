@@ -64,6 +64,9 @@ pub fn plural(kind: Kind) -> &'static str {
         Kind::HttpRoute => "httproutes",
         Kind::Secret => "secrets",
         Kind::Telemetry => "telemetries",
+        Kind::ProxyConfig => "proxyconfigs",
+        Kind::Ingress => "ingresses",
+        Kind::IngressClass => "ingressclasses",
     }
 }
 

@@ -46,6 +46,8 @@ use crate::inject::{
     WorkloadMeta,
 };
 use crate::mesh::Mesh;
+use crate::model::Snapshot;
+use crate::model::proxy_config::WorkloadProxyConfig;
 
 /// How often the injector files are checked for changes.
 const FILE_POLL: Duration = Duration::from_secs(2);
@@ -147,12 +149,24 @@ struct InjectorTexts {
 pub struct Injector {
     state: watch::Receiver<Option<Arc<InjectorState>>>,
     metrics: InjectMetrics,
+    config: Option<watch::Receiver<Arc<Snapshot>>>,
 }
 
 impl Injector {
     /// An injector whose settings come from `state`.
     pub fn new(state: watch::Receiver<Option<Arc<InjectorState>>>, metrics: InjectMetrics) -> Self {
-        Self { state, metrics }
+        Self {
+            state,
+            metrics,
+            config: None,
+        }
+    }
+
+    /// Applies the ProxyConfig objects of the config store's snapshots to
+    /// the Pods it injects, as Istio's injector does.
+    pub fn with_config(mut self, snapshots: watch::Receiver<Arc<Snapshot>>) -> Self {
+        self.config = Some(snapshots);
+        self
     }
 
     /// Whether the injector has settings to inject with.
@@ -227,7 +241,11 @@ impl Injector {
             self.metrics.skip.inc();
             return AdmissionResponse::allow(&req.uid);
         }
-        let workload = WorkloadMeta::from_pod(&pod);
+        let mut workload = WorkloadMeta::from_pod(&pod);
+        if let Some(config) = &self.config {
+            let snapshot = config.borrow().clone();
+            workload.proxy_config = WorkloadProxyConfig::lookup(&snapshot, &req.namespace, &labels);
+        }
         match inject::inject_pod(&pod, &workload, &state.injection) {
             Ok(Outcome::Injected(mut injected)) => {
                 update_cluster_envs(&mut injected, proxy_envs);

@@ -260,7 +260,7 @@ mod tests {
         let mut other = vs(150);
         other["metadata"]["labels"] = json!({"istio.io/rev": "canary"});
         assert!(validator().validate(&request(other, "CREATE")).allowed);
-        let gw = json!({"apiVersion": "networking.istio.io/v1beta1", "kind": "ProxyConfig",
+        let gw = json!({"apiVersion": "extensions.istio.io/v1alpha1", "kind": "WasmPlugin",
             "metadata": {"name": "g"}, "spec": {}});
         let r = validator().validate(&request(gw, "CREATE"));
         assert!(r.allowed);

@@ -298,12 +298,6 @@ fn outbound(
 /// The key of a cluster's HTTP protocol options.
 const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
 
-/// Istio's upstream protocol for a port: HTTP/2 for `http2`/`grpc`, the
-/// downstream's protocol for ports whose protocol is detected.
-fn upstream_protocol(protocol: Protocol) -> Option<HttpProtocolOptions> {
-    http_options(protocol, None, tls::AutoSni::default())
-}
-
 /// Whether the cluster speaks HTTP/2 upstream: `http2`/`grpc` ports, and
 /// HTTP ports a DestinationRule upgrades (`h2UpgradePolicy: UPGRADE`, not
 /// with `useClientProtocol`).

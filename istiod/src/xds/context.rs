@@ -184,6 +184,10 @@ pub struct InboundPort {
     /// The services that send traffic to the port (the inbound cluster's
     /// `istio.services` metadata).
     pub services: Vec<super::istio_stats::ServiceRef>,
+    /// The Sidecar's connection pool for the port (Istio's
+    /// `InboundConnectionPoolForPort`): its ingress listener's, else its
+    /// `inboundConnectionPool`.
+    pub connection_pool: Option<crate::model::istio::ConnectionPoolSettings>,
 }
 
 /// One egress scope of a proxy: a Sidecar egress listener, or the implicit
@@ -275,14 +279,23 @@ impl IstioContext {
             name: g.name,
             spec: g.spec,
         };
+        // So do the Ingresses of Istio's class, as its ingress controller's.
+        let ingress = crate::model::ingress::convert(snapshot, &options.domain);
         let mut virtual_services: Vec<Named<VirtualService>> = collect(snapshot);
         virtual_services.extend(gateway_api.virtual_services.into_iter().map(named));
+        virtual_services.extend(ingress.virtual_services.into_iter().map(named));
         let mut gateways: Vec<Named<crate::model::gateway::Gateway>> = collect(snapshot);
-        gateways.extend(gateway_api.gateways.into_iter().map(|g| Named {
-            namespace: g.namespace,
-            name: g.name,
-            spec: g.spec,
-        }));
+        gateways.extend(
+            gateway_api
+                .gateways
+                .into_iter()
+                .chain(ingress.gateways)
+                .map(|g| Named {
+                    namespace: g.namespace,
+                    name: g.name,
+                    spec: g.spec,
+                }),
+        );
         let index = Index::new(
             &options.domain,
             &registry,
@@ -456,10 +469,9 @@ impl IstioContext {
                 None => ports.push(p),
             }
         };
-        match self
-            .sidecar_for(proxy)
-            .filter(|s| !s.spec.ingress.is_empty())
-        {
+        let sidecar = self.sidecar_for(proxy);
+        let sidecar_pool = sidecar.and_then(|s| s.spec.inbound_connection_pool.clone());
+        match sidecar.filter(|s| !s.spec.ingress.is_empty()) {
             Some(sc) => {
                 for ing in &sc.spec.ingress {
                     let port = ing.port.number as u16;
@@ -476,6 +488,10 @@ impl IstioContext {
                         },
                         default_endpoint: ing.default_endpoint.clone(),
                         services: Vec::new(),
+                        connection_pool: ing
+                            .connection_pool
+                            .clone()
+                            .or_else(|| sidecar_pool.clone()),
                     });
                 }
             }
@@ -494,6 +510,7 @@ impl IstioContext {
                         bind_to_port: false,
                         default_endpoint: String::new(),
                         services: vec![super::istio_stats::ServiceRef::of(svc)],
+                        connection_pool: sidecar_pool.clone(),
                     });
                 }
             }

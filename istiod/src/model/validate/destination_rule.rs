@@ -197,7 +197,7 @@ fn load_balancer(field: &str, lb: &LoadBalancerSettings, e: &mut Errors) {
     }
 }
 
-fn connection_pool(field: &str, cp: &ConnectionPoolSettings, e: &mut Errors) {
+pub(super) fn connection_pool(field: &str, cp: &ConnectionPoolSettings, e: &mut Errors) {
     if let Some(tcp) = &cp.tcp {
         non_negative(
             &format!("{field}.tcp.maxConnections"),

@@ -2,7 +2,9 @@
 //! to the workload (the original destination, from `127.0.0.6` so iptables
 //! lets the hop through; a Sidecar ingress `defaultEndpoint` instead when
 //! set), and the built-in `BlackHoleCluster`, `PassthroughCluster` and
-//! `InboundPassthroughCluster`.
+//! `InboundPassthroughCluster`. A Sidecar's `ingress[].connectionPool` or
+//! `inboundConnectionPool` sets the inbound cluster's circuit breakers,
+//! connect timeout and HTTP options, as on the client side.
 
 use std::time::Duration;
 
@@ -21,8 +23,8 @@ use super::super::util::{
     PASSTHROUGH_CLUSTER, any, delimited, duration, socket,
 };
 use super::{
-    CONNECT_TIMEOUT, HTTP_PROTOCOL_OPTIONS, inbound_name, kind, passthrough_protocol_options,
-    unlimited_breakers, upstream_protocol,
+    CONNECT_TIMEOUT, HTTP_PROTOCOL_OPTIONS, http_options, inbound_name, kind,
+    passthrough_protocol_options, unlimited_breakers,
 };
 
 /// Istio's cleanup interval for inbound ORIGINAL_DST clusters: the longest a
@@ -97,10 +99,15 @@ fn source(ip: &str) -> SocketAddress {
 fn inbound(proxy: &Proxy, ip: IpMode, p: &InboundPort) -> Cluster {
     let name = inbound_name(p.port);
     let endpoint = default_endpoint(&p.default_endpoint, proxy, ip);
+    let pool = p.connection_pool.as_ref();
     let mut c = Cluster {
         name: name.clone(),
         alt_stat_name: delimited(&name),
-        connect_timeout: Some(duration(CONNECT_TIMEOUT)),
+        connect_timeout: Some(duration(
+            pool.and_then(|cp| cp.tcp.as_ref())
+                .and_then(|t| t.connect_timeout)
+                .unwrap_or(CONNECT_TIMEOUT),
+        )),
         circuit_breakers: Some(unlimited_breakers()),
         metadata: Some(super::super::istio_stats::cluster_metadata(
             &p.services,
@@ -108,6 +115,11 @@ fn inbound(proxy: &Proxy, ip: IpMode, p: &InboundPort) -> Cluster {
         )),
         ..Default::default()
     };
+    // The Sidecar's connection pool, so that the server side has the
+    // capacity its clients are given (Istio's `buildInboundClusterForPortOrUDS`).
+    if let Some(cp) = pool {
+        super::policy::apply_connection_pool(&mut c, cp);
+    }
     if endpoint.as_ref().is_none_or(|a| !is_localhost(a)) {
         c.upstream_bind_config = Some(BindConfig {
             source_address: Some(source(ip.passthrough_bind())),
@@ -139,7 +151,7 @@ fn inbound(proxy: &Proxy, ip: IpMode, p: &InboundPort) -> Cluster {
             c.cleanup_interval = Some(duration(NEVER));
         }
     }
-    if let Some(options) = upstream_protocol(p.protocol) {
+    if let Some(options) = http_options(p.protocol, pool, super::tls::AutoSni::default()) {
         c.typed_extension_protocol_options
             .insert(HTTP_PROTOCOL_OPTIONS.into(), any(&options));
     }

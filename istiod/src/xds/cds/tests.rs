@@ -94,3 +94,51 @@ fn simple_and_mutual_rules_originate_tls_on_the_cluster() {
     assert_eq!(ctx.sni, "api.example");
     assert_eq!(ctx.common_tls_context.unwrap().tls_certificates.len(), 1);
 }
+
+#[test]
+fn sidecar_connection_pools_set_the_inbound_clusters() {
+    let sidecar = r#"apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: demo}
+spec:
+  inboundConnectionPool: {tcp: {maxConnections: 11}}
+  ingress:
+  - port: {number: 9080, protocol: HTTP, name: http}
+    defaultEndpoint: 127.0.0.1:8080
+    connectionPool:
+      tcp: {maxConnections: 7, connectTimeout: 3s}
+      http: {http1MaxPendingRequests: 5, idleTimeout: 30s}
+  - port: {number: 9090, protocol: TCP, name: tcp}
+    defaultEndpoint: 127.0.0.1:9090
+"#;
+    let breakers = |c: &Cluster| {
+        let t = &c.circuit_breakers.as_ref().unwrap().thresholds[0];
+        (
+            t.max_connections.map(|v| v.value),
+            t.max_pending_requests.map(|v| v.value),
+        )
+    };
+    // The listener's own pool, over `inboundConnectionPool`.
+    let c = cluster(sidecar, "inbound|9080||");
+    assert_eq!(breakers(&c), (Some(7), Some(5)));
+    assert_eq!(c.connect_timeout.unwrap().seconds, 3);
+    let options = c.typed_extension_protocol_options[HTTP_PROTOCOL_OPTIONS].clone();
+    let options = HttpProtocolOptions::decode(options.value.as_slice()).unwrap();
+    assert_eq!(
+        options
+            .common_http_protocol_options
+            .unwrap()
+            .idle_timeout
+            .unwrap()
+            .seconds,
+        30
+    );
+    // `inboundConnectionPool` for the others.
+    let c = cluster(sidecar, "inbound|9090||");
+    assert_eq!(breakers(&c).0, Some(11));
+    assert_eq!(c.connect_timeout.unwrap().seconds, 10);
+    // Without them, Istio's unlimited breakers.
+    let plain = sidecar.replace("  inboundConnectionPool: {tcp: {maxConnections: 11}}\n", "");
+    let c = cluster(&plain, "inbound|9090||");
+    assert_eq!(breakers(&c).0, Some(u32::MAX));
+}
