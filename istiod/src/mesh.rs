@@ -33,6 +33,10 @@ pub struct MeshConfig {
     /// Access logging and tracing settings (boxed: the mesh config is
     /// passed by value).
     pub telemetry: Box<MeshTelemetry>,
+    /// `localityLbSetting`: the locality load balancing of every cluster
+    /// whose DestinationRule sets none. `None` is Istio's default
+    /// (`enabled: true`: failover by locality when outlier detection is on).
+    pub locality_lb_setting: Option<crate::model::istio::LocalityLbSetting>,
 }
 
 /// The mesh config's access logging and tracing fields.
@@ -143,6 +147,8 @@ struct MeshConfigFile {
     default_providers: Option<MeshDefaultProviders>,
     #[serde(default)]
     enable_envoy_access_log_service: Option<bool>,
+    #[serde(default)]
+    locality_lb_setting: Option<crate::model::istio::LocalityLbSetting>,
 }
 
 /// The telemetry fields of the mesh config, every problem added to `errors`.
@@ -278,6 +284,13 @@ impl Mesh {
                 }
             }
         }
+        if let Some(l) = &file.locality_lb_setting {
+            errors.extend(
+                crate::model::validate::locality_lb_setting("localityLbSetting", l)
+                    .iter()
+                    .map(|e| e.to_string()),
+            );
+        }
         // The root namespace decides which policies (Sidecar, PeerAuthentication,
         // AuthorizationPolicy, RequestAuthentication) apply mesh-wide: one that
         // is not applied must not be accepted.
@@ -299,6 +312,7 @@ impl Mesh {
                 outbound_traffic_policy,
                 extension_providers,
                 telemetry: Box::new(telemetry),
+                locality_lb_setting: file.locality_lb_setting,
             },
             discovery_selectors,
             injection: MeshInjection {
