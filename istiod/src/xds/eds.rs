@@ -331,3 +331,6 @@ fn grouped(
     };
     (cla, endpoint_labels)
 }
+
+#[cfg(test)]
+mod tests;

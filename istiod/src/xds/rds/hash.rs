@@ -185,4 +185,84 @@ subsets:
         assert_eq!(tcp_hash_policy(&rule, "v2").len(), 1);
         assert!(tcp_hash_policy(&rule, "v1").is_empty());
     }
+
+    /// httpbin (8000, its rule hashing on `x-user`) and echo (9090, a
+    /// VirtualService splitting it between echo and httpbin).
+    const MESH: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: httpbin, namespace: demo}
+spec: {clusterIP: 198.19.0.10, selector: {app: httpbin}, ports: [{name: http, port: 8000, targetPort: 8080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo, namespace: demo}
+spec: {clusterIP: 198.19.0.11, selector: {app: echo}, ports: [{name: http, port: 9090, targetPort: 8080}]}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: httpbin, namespace: demo}
+spec:
+  host: httpbin
+  trafficPolicy: {loadBalancer: {consistentHash: {httpHeaderName: x-user}}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: echo, namespace: demo}
+spec:
+  hosts: [echo]
+  http:
+  - route:
+    - {destination: {host: echo}, weight: 50}
+    - {destination: {host: httpbin}, weight: 50}
+"#;
+
+    fn route_action(port: &str, vhost: &str) -> proto::pb::envoy::config::route::v3::RouteAction {
+        use prost::Message;
+        use proto::pb::envoy::config::route::v3::{RouteConfiguration, route};
+        let ctx = crate::xds::context::context_of_yaml(MESH);
+        let proxy = crate::xds::Proxy {
+            proxy_type: common::ProxyType::Sidecar,
+            ip: "198.18.0.2".into(),
+            ips: vec!["198.18.0.2".into()],
+            namespace: "demo".into(),
+            ..Default::default()
+        };
+        let names = [port.to_string()].into();
+        let r = super::super::build(&ctx, &proxy, &names).remove(0);
+        let rc = RouteConfiguration::decode(r.resource.value.as_slice()).unwrap();
+        let vh = rc
+            .virtual_hosts
+            .into_iter()
+            .find(|v| v.name == vhost)
+            .unwrap();
+        match vh.routes[0].action.clone().unwrap() {
+            route::Action::Route(a) => a,
+            other => panic!("not a route: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn routes_to_a_hashed_service_carry_its_hash_policy() {
+        use hash_policy::PolicySpecifier;
+        let header = |a: &proto::pb::envoy::config::route::v3::RouteAction| -> Vec<String> {
+            a.hash_policy
+                .iter()
+                .map(|h| match &h.policy_specifier {
+                    Some(PolicySpecifier::Header(h)) => h.header_name.clone(),
+                    other => panic!("{other:?}"),
+                })
+                .collect()
+        };
+        // The default route (no VirtualService), with Istio's default
+        // retries.
+        let default = route_action("8000", "httpbin.demo.svc.cluster.local:8000");
+        assert_eq!(header(&default), ["x-user"]);
+        assert_eq!(default.retry_policy.unwrap().retry_host_predicate.len(), 1);
+        // A split whose one destination hashes: its policy, and retries
+        // stay on the hashed host.
+        let split = route_action("9090", "echo.demo.svc.cluster.local:9090");
+        assert_eq!(header(&split), ["x-user"]);
+        assert!(split.retry_policy.unwrap().retry_host_predicate.is_empty());
+    }
 }
