@@ -265,11 +265,11 @@ fn ms(d: Duration) -> f64 {
 fn main() {
     let rounds = env_usize("ROUNDS", 30).max(1);
     let services = env_usize("SERVICES", 100);
-    let base = mesh(services);
+    let sample = mesh(services);
     // One unmeasured pass each, so both cases start with warm allocators.
-    measure(0, 1, &base);
-    measure(50, 1, &base);
-    let rows = [measure(0, rounds, &base), measure(50, rounds, &base)];
+    measure(0, 1, &sample);
+    measure(50, 1, &sample);
+    let rows = [measure(0, rounds, &sample), measure(50, rounds, &sample)];
     println!(
         "LDS+RDS+CDS for one sidecar, {} services, {rounds} rounds (medians)",
         services + 3
@@ -297,8 +297,8 @@ fn main() {
     );
 
     // DestinationRules with and without consistent hashing and locality.
-    let plain = lb_mesh(&base, services, false);
-    let hashed = lb_mesh(&base, services, true);
+    let plain = lb_mesh(&sample, services, false);
+    let hashed = lb_mesh(&sample, services, true);
     measure_yaml(0, 1, &plain, true);
     measure_yaml(1, 1, &hashed, true);
     let rows = [
