@@ -513,11 +513,12 @@ fn destination_rule_originates_tls_simple_and_mutual_to_a_server_outside_the_mes
 // Load balancing by DestinationRule: consistent hashing and locality.
 
 const WEB: &str = "http://web.demo.svc.cluster.local:8000/";
-/// Envoy's count of healthy hosts of sleep's cluster for `web`.
-const WEB_HEALTHY: &str = "cluster.outbound|8000||web.demo.svc.cluster.local.membership_healthy";
+/// Envoy's count of healthy hosts of sleep's cluster for `web` (Istio's
+/// stat names end the cluster name with `;`).
+const WEB_HEALTHY: &str = "cluster.outbound|8000||web.demo.svc.cluster.local;.membership_healthy";
 /// Hosts of that cluster outlier detection has ejected now.
 const WEB_EJECTED: &str =
-    "cluster.outbound|8000||web.demo.svc.cluster.local.outlier_detection.ejections_active";
+    "cluster.outbound|8000||web.demo.svc.cluster.local;.outlier_detection.ejections_active";
 
 /// Two Nodes in two zones of region `r1`, and Service `web` with one Pod
 /// per `(name, ip, node)`, its DestinationRule's `trafficPolicy` as given.
@@ -568,11 +569,19 @@ fn mesh_with_web(dir: &std::path::Path, pods: &[(&str, &str, &str)], policy: &st
     for (name, ip, _) in pods {
         mesh.add_pod(name, ip, "web", name);
     }
-    tests::wait_for(
-        "every web endpoint healthy at sleep's Envoy",
-        Duration::from_secs(30),
-        || (mesh.envoy_stat("sleep-1", WEB_HEALTHY) == pods.len() as u64).then_some(()),
-    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while mesh.envoy_stat("sleep-1", WEB_HEALTHY) != pods.len() as u64 {
+        if std::time::Instant::now() > deadline {
+            let clusters = mesh.pod("sleep-1").ns.run(|| {
+                tests::http_get(SocketAddr::from(([127, 0, 0, 1], 15000)), "/clusters")
+                    .map(|(_, body)| body)
+                    .unwrap_or_default()
+            });
+            let web: Vec<&str> = clusters.lines().filter(|l| l.contains("web.demo")).collect();
+            panic!("sleep's Envoy does not have every web endpoint healthy: {web:#?}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     mesh
 }
 
