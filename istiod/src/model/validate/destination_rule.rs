@@ -280,7 +280,10 @@ fn check_locality(field: &str, locality: &str, e: &mut Errors) {
 }
 
 fn is_prime(n: u64) -> bool {
-    n >= 2 && (2..).take_while(|d| d * d <= n).all(|d| n % d != 0)
+    n >= 2
+        && (2..)
+            .take_while(|d| d * d <= n)
+            .all(|d| !n.is_multiple_of(d))
 }
 
 fn connection_pool(field: &str, cp: &ConnectionPoolSettings, e: &mut Errors) {
