@@ -182,28 +182,30 @@ fn measure(filters: usize, rounds: usize, base: &str) -> Row {
     measure_yaml(filters, rounds, &yaml, false)
 }
 
-/// The traffic policy of every DestinationRule in the load-balancing
-/// comparison: with consistent hashing and locality failover, or a plain
-/// connection pool.
-fn lb_policy(lb: bool) -> &'static str {
+/// The traffic policy parts of every DestinationRule in the
+/// load-balancing comparison: with consistent hashing and locality
+/// failover, or a plain connection pool.
+fn lb_policy(lb: bool) -> &'static [&'static str] {
     if lb {
-        "{loadBalancer: {consistentHash: {httpHeaderName: x-user}, localityLbSetting: {failover: [{from: r1, to: r2}]}}, outlierDetection: {consecutive5xxErrors: 3}}"
+        &[
+            "loadBalancer: {consistentHash: {httpHeaderName: x-user}, localityLbSetting: {failover: [{from: r1, to: r2}]}}",
+            "outlierDetection: {consecutive5xxErrors: 3}",
+        ]
     } else {
-        "{connectionPool: {tcp: {maxConnections: 100}}}"
+        &["connectionPool: {tcp: {maxConnections: 100}}"]
     }
 }
 
 /// `base` with Pods on Nodes in two zones and a DestinationRule on every
 /// service (see [`lb_policy`]).
 fn lb_mesh(base: &str, services: usize, lb: bool) -> String {
-    let policy = lb_policy(lb);
+    let parts = lb_policy(lb);
+    let block: String = parts.iter().map(|p| format!("    {p}\n")).collect();
+    let flow = format!("{{{}}}", parts.join(", "));
     let mut yaml = base
         .replace(
             "    tls:\n      mode: ISTIO_MUTUAL\n",
-            &format!(
-                "    tls:\n      mode: ISTIO_MUTUAL\n    {}\n",
-                &policy[1..policy.len() - 1]
-            ),
+            &format!("    tls:\n      mode: ISTIO_MUTUAL\n{block}"),
         )
         .replace(
             "  serviceAccountName: sleep\n",
@@ -226,7 +228,7 @@ fn lb_mesh(base: &str, services: usize, lb: bool) -> String {
     }
     for i in 0..services {
         yaml.push_str(&format!(
-            "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: svc-{i}, namespace: demo}}\nspec:\n  host: svc-{i}\n  trafficPolicy: {policy}\n---\n"
+            "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: svc-{i}, namespace: demo}}\nspec:\n  host: svc-{i}\n  trafficPolicy: {flow}\n---\n"
         ));
     }
     yaml
