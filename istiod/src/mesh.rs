@@ -376,6 +376,25 @@ mod tests {
     }
 
     #[test]
+    fn locality_lb_setting_is_read_and_validated() {
+        let mesh = Mesh::parse("localityLbSetting: {enabled: false}\n").unwrap();
+        assert_eq!(
+            mesh.config.locality_lb_setting.and_then(|l| l.enabled),
+            Some(false)
+        );
+        assert_eq!(Mesh::parse("").unwrap().config.locality_lb_setting, None);
+        let errors = Mesh::parse(
+            "localityLbSetting: {distribute: [{from: r1, to: {r1: 100}}], failover: [{from: r1, to: r2}]}\n",
+        )
+        .unwrap_err();
+        assert!(
+            errors[0].starts_with("localityLbSetting:")
+                && errors[0].contains("'distribute' and 'failover'"),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
     fn telemetry_fields_are_applied_or_refused() {
         let m = Mesh::parse(
             "accessLogFile: /dev/stdout\naccessLogEncoding: JSON\naccessLogFormat: '{\"m\": \"%REQ(:METHOD)%\"}'\nenableTracing: true\ndefaultConfig: {tracing: {sampling: 10}}\ndefaultProviders: {accessLogging: [envoy], metrics: [prometheus], tracing: [z]}\nextensionProviders:\n- {name: z, zipkin: {service: zipkin.istio-system.svc.cluster.local, port: 9411}}\n",
