@@ -36,6 +36,10 @@ pub struct MeshConfig {
     /// `defaultConfig.gatewayTopology`: a router's topology when its node
     /// sent no ProxyConfig (Istio's `ProxyConfigOrDefault`).
     pub default_gateway_topology: common::gateway_topology::GatewayTopology,
+    /// `localityLbSetting`: the locality load balancing of every cluster
+    /// whose DestinationRule sets none. `None` is Istio's default
+    /// (`enabled: true`: failover by locality when outlier detection is on).
+    pub locality_lb_setting: Option<crate::model::istio::LocalityLbSetting>,
 }
 
 /// The mesh config's access logging and tracing fields.
@@ -146,6 +150,8 @@ struct MeshConfigFile {
     default_providers: Option<MeshDefaultProviders>,
     #[serde(default)]
     enable_envoy_access_log_service: Option<bool>,
+    #[serde(default)]
+    locality_lb_setting: Option<crate::model::istio::LocalityLbSetting>,
 }
 
 /// The telemetry fields of the mesh config, every problem added to `errors`.
@@ -281,6 +287,13 @@ impl Mesh {
                 }
             }
         }
+        if let Some(l) = &file.locality_lb_setting {
+            errors.extend(
+                crate::model::validate::locality_lb_setting("localityLbSetting", l)
+                    .iter()
+                    .map(|e| e.to_string()),
+            );
+        }
         // The root namespace decides which policies (Sidecar, PeerAuthentication,
         // AuthorizationPolicy, RequestAuthentication) apply mesh-wide: one that
         // is not applied must not be accepted.
@@ -314,6 +327,7 @@ impl Mesh {
                 extension_providers,
                 telemetry: Box::new(telemetry),
                 default_gateway_topology,
+                locality_lb_setting: file.locality_lb_setting,
             },
             discovery_selectors,
             injection: MeshInjection {
@@ -387,6 +401,25 @@ mod tests {
                 .iter()
                 .any(|e| e.contains("defaultConfig.gatewayTopology")
                     && e.contains("numTrustedProxy")),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn locality_lb_setting_is_read_and_validated() {
+        let mesh = Mesh::parse("localityLbSetting: {enabled: false}\n").unwrap();
+        assert_eq!(
+            mesh.config.locality_lb_setting.and_then(|l| l.enabled),
+            Some(false)
+        );
+        assert_eq!(Mesh::parse("").unwrap().config.locality_lb_setting, None);
+        let errors = Mesh::parse(
+            "localityLbSetting: {distribute: [{from: r1, to: {r1: 100}}], failover: [{from: r1, to: r2}]}\n",
+        )
+        .unwrap_err();
+        assert!(
+            errors[0].starts_with("localityLbSetting:")
+                && errors[0].contains("'distribute' and 'failover'"),
             "{errors:?}"
         );
     }

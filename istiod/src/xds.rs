@@ -16,6 +16,7 @@ pub mod gateway;
 pub mod generator;
 pub mod istio_stats;
 pub mod lds;
+pub mod locality;
 pub mod metadata_encoding;
 pub mod nds;
 pub mod outbox;

@@ -509,3 +509,214 @@ fn destination_rule_originates_tls_simple_and_mutual_to_a_server_outside_the_mes
     });
     assert_eq!(body, "sni=tls.example\nclient=client.sleep.example\n");
 }
+
+// Load balancing by DestinationRule: consistent hashing and locality.
+
+const WEB: &str = "http://web.demo.svc.cluster.local:8000/";
+/// Envoy's count of healthy hosts of sleep's cluster for `web` (Istio's
+/// stat names end the cluster name with `;`).
+const WEB_HEALTHY: &str = "cluster.outbound|8000||web.demo.svc.cluster.local;.membership_healthy";
+/// Hosts of that cluster outlier detection has ejected now.
+const WEB_EJECTED: &str =
+    "cluster.outbound|8000||web.demo.svc.cluster.local;.outlier_detection.ejections_active";
+
+/// Two Nodes in two zones of region `r1`, and Service `web` with one Pod
+/// per `(name, ip, node)`, its DestinationRule's `trafficPolicy` as given.
+fn web_config(pods: &[(&str, &str, &str)], traffic_policy: &str) -> String {
+    let mut out = String::new();
+    for (node, zone) in [("node-a", "zone-a"), ("node-b", "zone-b")] {
+        out.push_str(&format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: {node}, labels: {{topology.kubernetes.io/region: r1, topology.kubernetes.io/zone: {zone}}}}}\n---\n"
+        ));
+    }
+    out.push_str("apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: demo, labels: {app: web}}\nspec: {clusterIP: 198.19.0.20, selector: {app: web}, ports: [{name: http, port: 8000, targetPort: 8080}]}\n---\n");
+    let mut endpoints = String::new();
+    for (name, ip, node) in pods {
+        out.push_str(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: demo, labels: {{app: web, version: {name}, security.istio.io/tlsMode: istio}}}}\nspec: {{serviceAccountName: web, nodeName: {node}, containers: [{{name: web, image: web}}]}}\nstatus: {{phase: Running, podIP: {ip}}}\n---\n"
+        ));
+        endpoints.push_str(&format!(
+            "- {{addresses: [{ip}], conditions: {{ready: true}}, targetRef: {{kind: Pod, namespace: demo, name: {name}}}}}\n"
+        ));
+    }
+    out.push_str(&format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: web-1, namespace: demo, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints:\n{endpoints}---\n"
+    ));
+    out.push_str(&format!(
+        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: web, namespace: demo}}\nspec:\n  host: web.demo.svc.cluster.local\n  trafficPolicy: {traffic_policy}\n"
+    ));
+    out
+}
+
+/// Puts sleep-1's Pod on `node-a` (zone `r1/zone-a`).
+fn sleep_on_node_a(mesh: &LocalMesh) {
+    let text = std::fs::read_to_string(mesh.config_dir.join("sleep.yaml")).unwrap();
+    let edited = text.replace(
+        "  serviceAccountName: sleep\n",
+        "  serviceAccountName: sleep\n  nodeName: node-a\n",
+    );
+    assert_ne!(text, edited, "sleep.yaml has sleep-1's Pod spec");
+    write_config(mesh, "sleep.yaml", &edited);
+}
+
+/// Starts the mesh with Service `web` (its Pods serving their own names as
+/// versions), sleep-1 on node-a, and waits until sleep's Envoy has every
+/// `web` endpoint healthy.
+fn mesh_with_web(dir: &std::path::Path, pods: &[(&str, &str, &str)], policy: &str) -> LocalMesh {
+    let mut mesh = LocalMesh::start(dir, &[]);
+    sleep_on_node_a(&mesh);
+    write_config(&mesh, "web.yaml", &web_config(pods, policy));
+    for (name, ip, _) in pods {
+        mesh.add_pod(name, ip, "web", name);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while mesh.envoy_stat("sleep-1", WEB_HEALTHY) != pods.len() as u64 {
+        if std::time::Instant::now() > deadline {
+            let clusters = mesh.pod("sleep-1").ns.run(|| {
+                tests::http_get(SocketAddr::from(([127, 0, 0, 1], 15000)), "/clusters")
+                    .map(|(_, body)| body)
+                    .unwrap_or_default()
+            });
+            let web: Vec<&str> = clusters
+                .lines()
+                .filter(|l| l.contains("web.demo"))
+                .collect();
+            panic!("sleep's Envoy does not have every web endpoint healthy: {web:#?}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    mesh
+}
+
+/// One request from sleep-1 to `web`: which Pod answered, or the status
+/// (or curl's error) of a failure.
+fn web_answer(mesh: &LocalMesh, args: &[&str]) -> Result<String, String> {
+    match mesh.app_curl_with("sleep-1", args, WEB) {
+        Ok((200, body)) => body
+            .lines()
+            .find_map(|l| l.strip_prefix("version="))
+            .map(String::from)
+            .ok_or(format!("no version in {body:?}")),
+        Ok((code, body)) => Err(format!("{code}: {body}")),
+        Err(e) => Err(e),
+    }
+}
+
+#[test]
+fn consistent_hash_on_a_header_sends_one_key_to_one_endpoint() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let pods = [
+        ("web-1", "198.18.0.21", "node-a"),
+        ("web-2", "198.18.0.22", "node-a"),
+        ("web-3", "198.18.0.23", "node-a"),
+    ];
+    let mesh = mesh_with_web(
+        tmp.path(),
+        &pods,
+        "{loadBalancer: {consistentHash: {httpHeaderName: x-user}}}",
+    );
+    tests::wait_for("web answers sleep", Duration::from_secs(20), || {
+        web_answer(&mesh, &["-H", "x-user: probe"]).ok()
+    });
+    let one_key: std::collections::BTreeMap<String, usize> =
+        (0..50).fold(Default::default(), |mut m, _| {
+            *m.entry(web_answer(&mesh, &["-H", "x-user: alice"]).unwrap())
+                .or_default() += 1;
+            m
+        });
+    assert_eq!(
+        one_key.len(),
+        1,
+        "50 requests with x-user: alice reach one endpoint: {one_key:?}"
+    );
+    let keys: std::collections::BTreeSet<String> = (0..30)
+        .map(|i| web_answer(&mesh, &["-H", &format!("x-user: user-{i}")]).unwrap())
+        .collect();
+    assert!(
+        keys.len() > 1,
+        "30 different keys reach more than one of the three endpoints: {keys:?}"
+    );
+}
+
+#[test]
+fn locality_failover_keeps_traffic_in_zone_until_its_endpoint_is_ejected() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let pods = [
+        ("web-a", "198.18.0.21", "node-a"),
+        ("web-b", "198.18.0.22", "node-b"),
+    ];
+    // Istio's default locality load balancing, on because outlier
+    // detection is.
+    let mesh = mesh_with_web(
+        tmp.path(),
+        &pods,
+        "{outlierDetection: {consecutive5xxErrors: 1, interval: 1s, baseEjectionTime: 3m, maxEjectionPercent: 100}}",
+    );
+    tests::wait_for("web answers sleep", Duration::from_secs(20), || {
+        web_answer(&mesh, &[]).ok()
+    });
+    let in_zone: Vec<String> = (0..30).map(|_| web_answer(&mesh, &[]).unwrap()).collect();
+    assert!(
+        in_zone.iter().all(|v| v == "web-a"),
+        "sleep (zone-a) reaches web-a (zone-a) only: {in_zone:?}"
+    );
+
+    // web-a's app refuses connections: its Envoy answers 503, which
+    // ejects it, and traffic moves to zone-b.
+    let status = mesh
+        .pod("web-a")
+        .ns
+        .command("iptables")
+        .args(["-I", "INPUT", "-p", "tcp", "--dport", "8080"])
+        .args(["-j", "REJECT", "--reject-with", "tcp-reset"])
+        .status()
+        .unwrap();
+    assert!(status.success(), "iptables in web-a's namespace");
+    let after: Vec<Result<String, String>> = (0..30).map(|_| web_answer(&mesh, &[])).collect();
+    let failed = after.iter().filter(|r| r.is_err()).count();
+    eprintln!("requests failed while web-a was ejected: {failed} of 30");
+    assert!(
+        failed <= 3,
+        "at most the requests before the ejection fail (Envoy retries the rest elsewhere): {after:?}"
+    );
+    assert!(
+        after[10..].iter().all(|r| r.as_deref() == Ok("web-b")),
+        "after the ejection web-b (zone-b) answers: {after:?}"
+    );
+    assert_eq!(
+        mesh.envoy_stat("sleep-1", WEB_EJECTED),
+        1,
+        "web-a is ejected"
+    );
+}
+
+#[test]
+fn locality_distribute_weights_hold_within_a_binomial_bound() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let pods = [
+        ("web-a", "198.18.0.21", "node-a"),
+        ("web-b", "198.18.0.22", "node-b"),
+    ];
+    let mesh = mesh_with_web(
+        tmp.path(),
+        &pods,
+        "{loadBalancer: {localityLbSetting: {distribute: [{from: r1/zone-a/*, to: {r1/zone-a/*: 80, r1/zone-b/*: 20}}]}}}",
+    );
+    tests::wait_for("web answers sleep", Duration::from_secs(20), || {
+        web_answer(&mesh, &[]).ok()
+    });
+    const N: usize = 200;
+    let in_zone = (0..N)
+        .filter(|_| web_answer(&mesh, &[]).unwrap() == "web-a")
+        .count();
+    eprintln!("{in_zone} of {N} requests answered in zone-a (80% asked)");
+    // 80% of 200 is 160, with a standard deviation of sqrt(200 * 0.8 *
+    // 0.2) = 5.7: four of them either side. Even balancing would give 100.
+    assert!(
+        (137..=183).contains(&in_zone),
+        "{in_zone} of {N} requests went to zone-a, where 80% should"
+    );
+}

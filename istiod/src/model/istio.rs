@@ -711,9 +711,9 @@ pub struct TrafficPolicy {
     /// Tunnel settings (accepted, not interpreted).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tunnel: Option<Opaque>,
-    /// PROXY protocol (accepted, not interpreted).
+    /// PROXY protocol sent upstream.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub proxy_protocol: Option<Opaque>,
+    pub proxy_protocol: Option<ProxyProtocol>,
 }
 
 /// A traffic policy for one port.
@@ -747,12 +747,65 @@ pub struct LoadBalancerSettings {
     /// Consistent hashing.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub consistent_hash: Option<ConsistentHashLb>,
-    /// Locality settings (accepted, not interpreted).
+    /// Locality load balancing.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub locality_lb_setting: Option<Opaque>,
+    pub locality_lb_setting: Option<LocalityLbSetting>,
     /// Slow-start window.
     #[serde(with = "go_duration", skip_serializing_if = "Option::is_none")]
     pub warmup_duration_secs: Option<Duration>,
+}
+
+/// `TrafficPolicy.proxyProtocol`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ProxyProtocol {
+    /// The PROXY protocol version (V1 when unset, as Istio's proto default).
+    pub version: ProxyProtocolVersion,
+}
+
+/// `ProxyProtocol.version`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+pub enum ProxyProtocolVersion {
+    /// Text header.
+    #[default]
+    V1,
+    /// Binary header.
+    V2,
+}
+
+/// `LocalityLoadBalancerSetting`, in a DestinationRule or the mesh config.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct LocalityLbSetting {
+    /// Weights by destination locality, per source locality.
+    pub distribute: Vec<LocalityDistribute>,
+    /// Region failover (`from` region to `to` region).
+    pub failover: Vec<LocalityFailover>,
+    /// Labels ordering endpoints into failover priorities.
+    pub failover_priority: Vec<String>,
+    /// On (the default) or off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+}
+
+/// `LocalityLoadBalancerSetting.Distribute`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct LocalityDistribute {
+    /// Source locality (`region/zone/subzone`, `*` matching any part).
+    pub from: String,
+    /// Destination locality to weight (percent; the weights sum to 100).
+    pub to: BTreeMap<String, u32>,
+}
+
+/// `LocalityLoadBalancerSetting.Failover`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct LocalityFailover {
+    /// Source region.
+    pub from: String,
+    /// Region to fail over to.
+    pub to: String,
 }
 
 /// `LoadBalancerSettings.simple`.

@@ -44,6 +44,17 @@ impl Errors {
     }
 }
 
+/// The problems of a mesh config `localityLbSetting` (Istio's
+/// `ValidateLocalityLbSetting`, as for a DestinationRule's).
+pub fn locality_lb_setting(
+    field: &str,
+    setting: &super::istio::LocalityLbSetting,
+) -> Vec<FieldError> {
+    let mut e = Errors::default();
+    destination_rule::locality_lb_setting(field, setting, &mut e);
+    e.0
+}
+
 /// Validates an object; returns every problem found (empty when valid).
 pub fn validate(object: &Object) -> Vec<FieldError> {
     let mut e = Errors::default();

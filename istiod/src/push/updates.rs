@@ -11,7 +11,7 @@
 //! | endpoints only (EndpointSlice, Pod, WorkloadEntry, Node, ServiceEntry endpoints) | proxies that see the service | EDS for its host (and CDS for DNS services, whose clusters carry endpoints) |
 //! | a Pod or WorkloadEntry, or an endpoint that came, went or changed | the proxy at that IP | all |
 //! | VirtualService | proxies it is exported to that see one of its hosts (old or new) | RDS |
-//! | DestinationRule | proxies it is exported to that see its host | CDS, EDS |
+//! | DestinationRule | proxies it is exported to that see its host | CDS, EDS, RDS, LDS |
 //! | VirtualService bound to gateways | every router | RDS |
 //! | Gateway | every router (sidecars ignore Gateways) | LDS, RDS |
 //! | Secret | routers of its namespace that watch it | SDS, its own resources only |
@@ -240,7 +240,13 @@ impl Resolved {
                     find(&ctx.destination_rules, key)
                         .map(|dr| destination_rule_audience(dr, domain))
                 });
-                self.config(key, audiences, Types::CDS | Types::EDS);
+                // Its consistent hash also goes into routes (RDS) and TCP
+                // proxies (LDS).
+                self.config(
+                    key,
+                    audiences,
+                    Types::CDS | Types::EDS | Types::RDS | Types::LDS,
+                );
                 // A gateway's tcp_proxy takes `tcp.maxConnectionDuration`
                 // from its destination's DestinationRule, as Istio's does.
                 self.changes

@@ -4,7 +4,7 @@
 //! `InboundPassthroughCluster`.
 
 mod inbound;
-mod policy;
+pub(super) mod policy;
 #[cfg(test)]
 mod tests;
 mod tls;
@@ -222,13 +222,24 @@ fn outbound(
             });
         }
     }
-    policy::apply_load_balancer(&mut c, policy.and_then(|p| p.load_balancer.as_ref()));
+    let lb = policy.and_then(|p| p.load_balancer.as_ref());
+    policy::apply_load_balancer(&mut c, lb);
     let pool = policy.and_then(|p| p.connection_pool.as_ref());
     if let Some(cp) = pool {
         policy::apply_connection_pool(&mut c, cp);
     }
     if let Some(od) = policy.and_then(|p| p.outlier_detection.as_ref()) {
         policy::apply_outlier_detection(&mut c, od);
+    }
+    // Locality priorities and weights go into EDS, per proxy; a DNS
+    // cluster's endpoints (in the cluster, shared by every proxy of the
+    // scope) have no locality to weigh.
+    if let Some(setting) = super::locality::effective(
+        ctx.mesh.locality_lb_setting.as_ref(),
+        lb.and_then(|l| l.locality_lb_setting.as_ref()),
+    ) && c.eds_cluster_config.is_some()
+    {
+        super::locality::apply_to_cluster(&mut c, setting);
     }
     let user_tls = policy.and_then(|p| p.tls.as_ref());
     let http2 = upstream_is_http2(port.protocol, pool);
@@ -291,6 +302,9 @@ fn outbound(
         // mesh-external services and DISABLE ones without a policy get
         // plain text.
         _ => {}
+    }
+    if let Some(pp) = policy.and_then(|p| p.proxy_protocol.as_ref()) {
+        policy::apply_proxy_protocol(&mut c, pp);
     }
     c
 }

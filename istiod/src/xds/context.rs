@@ -746,9 +746,8 @@ impl IstioContext {
         out
     }
 
-    /// The proxy's workload labels from the registry (Pod labels), or its
-    /// metadata when no Pod backs its endpoint.
-    pub fn workload_labels(&self, proxy: &Proxy) -> Labels {
+    /// The registry's endpoint of the proxy's workload, if it serves any.
+    fn workload_endpoint(&self, proxy: &Proxy) -> Option<&crate::model::service::Endpoint> {
         let services = self.registry.services();
         let first = proxy
             .ips
@@ -756,20 +755,46 @@ impl IstioContext {
             .filter_map(|ip| self.index.inbound_by_ip.get(ip))
             .flatten()
             .map(|(s, _, _, _)| *s)
-            .min();
-        first
-            .and_then(|s| {
-                services[s]
-                    .endpoints
-                    .iter()
-                    .find(|e| proxy.ips.contains(&e.address))
-            })
+            .min()?;
+        services[first]
+            .endpoints
+            .iter()
+            .find(|e| proxy.ips.contains(&e.address))
+    }
+
+    /// The proxy's workload labels from the registry (Pod labels), or its
+    /// metadata when no Pod backs its endpoint.
+    pub fn workload_labels(&self, proxy: &Proxy) -> Labels {
+        self.workload_endpoint(proxy)
             // An endpoint joined with no Pod carries no labels: the proxy's
             // own are the workload's then (Istio falls back to the node
             // metadata's when the registry has no Pod for the proxy).
             .filter(|e| !e.labels.is_empty())
             .map(|e| e.labels.clone())
             .unwrap_or_else(|| proxy.labels.clone())
+    }
+
+    /// The proxy's locality and labels as Istio's `setTopologyLabels` sets
+    /// them: the registry's locality of its workload (its Node's topology
+    /// labels, or its `istio-locality` label), else the node's own
+    /// `locality`; its labels with the topology labels added.
+    pub fn proxy_locality(&self, proxy: &Proxy) -> super::locality::ProxyLocality {
+        let ep = self.workload_endpoint(proxy);
+        let locality = ep
+            .map(|e| e.locality.clone())
+            .filter(|l| !l.is_empty())
+            .unwrap_or_else(|| proxy.locality.clone());
+        let labels = ep.map_or(&proxy.labels, |e| &e.labels);
+        let network = ep.map(|e| e.network.as_str()).unwrap_or_default();
+        let cluster = if proxy.cluster_id.is_empty() {
+            &self.cluster_id
+        } else {
+            &proxy.cluster_id
+        };
+        super::locality::ProxyLocality {
+            labels: super::locality::augment(labels, &locality, network, cluster),
+            locality,
+        }
     }
 }
 

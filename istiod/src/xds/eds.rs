@@ -5,16 +5,18 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use proto::pb::envoy::config::core::v3::{HealthStatus, Locality, Metadata};
+use proto::pb::envoy::config::core::v3::{HealthStatus, Metadata};
 use proto::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
 };
 
 use super::cache::KeyBuilder;
 use super::context::IstioContext;
+use super::locality::{self, LocalityPlan, ProxyLocality};
 use super::scope::SidecarScope;
 use super::util::{socket, struct_of, u32v};
 use super::{Proxy, Resource};
+use crate::model::istio::Labels;
 use crate::model::service::{EndpointTlsMode, Service, ServiceResolution};
 
 /// Splits `outbound|<port>|<subset>|<host>`.
@@ -37,6 +39,9 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy, names: &BTreeSet<String>) -> Vec
         built = true;
         build_scope(ctx, &scope)
     });
+    let plans = scope
+        .locality_plans
+        .get_or_init(|| locality_plans(ctx, &scope));
     let out: Vec<Arc<Resource>> = if names.is_empty() {
         let mut out: Vec<Arc<Resource>> = all.values().cloned().collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -54,7 +59,113 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy, names: &BTreeSet<String>) -> Vec
         let shared = out.iter().filter(|r| all.contains_key(&r.name)).count();
         ctx.cache.count_shared(shared);
     }
+    if plans.is_empty() {
+        return out;
+    }
+    // Locality priorities and weights are the proxy's own.
+    let locality = ctx.proxy_locality(proxy);
+    out.into_iter()
+        .map(|r| match plans.get(&r.name) {
+            Some(plan) => for_locality(ctx, &scope, &r.name, plan, &locality).unwrap_or(r),
+            None => r,
+        })
+        .collect()
+}
+
+/// The scope's EDS clusters whose load assignment depends on the proxy's
+/// locality (Istio's default failover with outlier detection, or a
+/// `localityLbSetting`), with the setting that applies.
+fn locality_plans(ctx: &IstioContext, scope: &SidecarScope) -> HashMap<String, LocalityPlan> {
+    let mut out = HashMap::new();
+    for cluster in super::cds::outbound_clusters(ctx, scope).iter() {
+        let Some((port, subset, host)) = parse_cluster(&cluster.name) else {
+            continue;
+        };
+        let Some(svc) = scope.service(host) else {
+            continue;
+        };
+        if svc.resolution != ServiceResolution::ClientSideLb {
+            continue;
+        }
+        let dr = ctx.destination_rule(&scope.namespace, svc);
+        let subset = dr.and_then(|d| d.spec.subsets.iter().find(|s| s.name == subset));
+        let policy = super::cds::policy::effective(
+            dr.and_then(|d| d.spec.traffic_policy.as_ref()),
+            subset,
+            port,
+        );
+        let rule = policy
+            .as_ref()
+            .and_then(|p| p.load_balancer.as_ref())
+            .and_then(|l| l.locality_lb_setting.as_ref());
+        let Some(setting) = locality::effective(ctx.mesh.locality_lb_setting.as_ref(), rule) else {
+            continue;
+        };
+        let outlier_detection = policy
+            .as_ref()
+            .is_some_and(|p| p.outlier_detection.is_some());
+        if locality::per_proxy(setting, outlier_detection) {
+            out.insert(
+                cluster.name.clone(),
+                LocalityPlan {
+                    setting: setting.clone(),
+                    outlier_detection,
+                },
+            );
+        }
+    }
     out
+}
+
+/// One load assignment with the proxy's locality priorities or weights,
+/// from the XDS cache when a proxy of the same locality (and labels, when
+/// `failoverPriority` compares them) asked in this or an earlier push.
+fn for_locality(
+    ctx: &IstioContext,
+    scope: &SidecarScope,
+    name: &str,
+    plan: &LocalityPlan,
+    proxy: &ProxyLocality,
+) -> Option<Arc<Resource>> {
+    let (port, subset, host) = parse_cluster(name)?;
+    let svc = scope.service(host)?;
+    let dr = ctx.destination_rule(&scope.namespace, svc);
+    let mut key = KeyBuilder::new("EDS", name)
+        .with((&svc.hostname, &svc.namespace, svc.revision))
+        .with(dr.map(|d| (&d.namespace, &d.name)))
+        .with(&proxy.locality)
+        .with(&plan.setting.failover_priority);
+    if !plan.setting.failover_priority.is_empty() {
+        key.add(&proxy.labels);
+    }
+    let dependencies = || super::cds::dependencies(svc, dr);
+    let labels = dr
+        .and_then(|dr| dr.spec.subsets.iter().find(|s| s.name == subset))
+        .map(|s| &s.labels);
+    Some(
+        ctx.cache
+            .get_or_build(key.key(), name, ctx.seq, dependencies, || {
+                let (mut cla, endpoint_labels) = grouped(
+                    name,
+                    svc,
+                    port,
+                    labels,
+                    &ctx.cluster_id,
+                    !plan.setting.failover_priority.is_empty(),
+                );
+                locality::apply_to_load_assignment(
+                    &mut cla,
+                    &endpoint_labels,
+                    proxy,
+                    &plan.setting,
+                    plan.outlier_detection,
+                );
+                Resource::new(
+                    name.to_string(),
+                    super::metadata_encoding::load_assignment(&cla),
+                )
+            }),
+    )
 }
 
 /// A requested name the scope has no EDS cluster of: an empty assignment
@@ -140,7 +251,21 @@ fn load_assignment(
     labels: Option<&BTreeMap<String, String>>,
     cluster_id: &str,
 ) -> ClusterLoadAssignment {
-    let mut by_locality: BTreeMap<String, Vec<LbEndpoint>> = BTreeMap::new();
+    grouped(name, svc, port, labels, cluster_id, false).0
+}
+
+/// [`load_assignment`], and with `with_labels` each endpoint's labels
+/// with Istio's topology labels added (what `failoverPriority` compares),
+/// in the order of the assignment's endpoints.
+fn grouped(
+    name: &str,
+    svc: &Service,
+    port: u16,
+    labels: Option<&BTreeMap<String, String>>,
+    cluster_id: &str,
+    with_labels: bool,
+) -> (ClusterLoadAssignment, Vec<Vec<Labels>>) {
+    let mut by_locality: BTreeMap<String, (Vec<LbEndpoint>, Vec<Labels>)> = BTreeMap::new();
     for ep in svc.endpoints_for(port) {
         if let Some(want) = labels
             && !want.iter().all(|(k, v)| ep.labels.get(k) == Some(v))
@@ -162,43 +287,50 @@ fn load_assignment(
                 struct_of(&[("workload", &workload)]),
             );
         }
-        by_locality
-            .entry(ep.locality.clone())
-            .or_default()
-            .push(LbEndpoint {
-                host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
-                    address: Some(socket(&ep.address, ep.port.into())),
-                    ..Default::default()
-                })),
-                health_status: if ep.healthy {
-                    HealthStatus::Healthy
-                } else {
-                    HealthStatus::Unhealthy
-                }
-                .into(),
-                metadata: Some(metadata),
-                load_balancing_weight: Some(u32v(ep.weight.max(1))),
-            });
+        let group = by_locality.entry(ep.locality.clone()).or_default();
+        if with_labels {
+            group.1.push(locality::augment(
+                &ep.labels,
+                &ep.locality,
+                &ep.network,
+                cluster_id,
+            ));
+        }
+        group.0.push(LbEndpoint {
+            host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+                address: Some(socket(&ep.address, ep.port.into())),
+                ..Default::default()
+            })),
+            health_status: if ep.healthy {
+                HealthStatus::Healthy
+            } else {
+                HealthStatus::Unhealthy
+            }
+            .into(),
+            metadata: Some(metadata),
+            load_balancing_weight: Some(u32v(ep.weight.max(1))),
+        });
     }
+    let mut endpoint_labels = Vec::new();
     let endpoints = by_locality
         .into_iter()
-        .map(|(loc, eps)| {
-            let mut parts = loc.splitn(3, '/');
+        .map(|(loc, (eps, labels))| {
+            endpoint_labels.push(labels);
             LocalityLbEndpoints {
-                locality: Some(Locality {
-                    region: parts.next().unwrap_or_default().to_string(),
-                    zone: parts.next().unwrap_or_default().to_string(),
-                    sub_zone: parts.next().unwrap_or_default().to_string(),
-                }),
+                locality: Some(locality::parse(&loc)),
                 load_balancing_weight: Some(u32v(eps.len() as u32)),
                 lb_endpoints: eps,
                 ..Default::default()
             }
         })
         .collect();
-    ClusterLoadAssignment {
+    let cla = ClusterLoadAssignment {
         cluster_name: name.to_string(),
         endpoints,
         ..Default::default()
-    }
+    };
+    (cla, endpoint_labels)
 }
+
+#[cfg(test)]
+mod tests;

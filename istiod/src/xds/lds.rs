@@ -134,14 +134,40 @@ fn http_filter<M: prost::Message + prost::Name>(name: &str, m: &M) -> HttpFilter
 
 /// A TCP proxy to `cluster`; Istio's stat prefix is the cluster's name.
 fn tcp_proxy_to(cluster: &str) -> Filter {
+    tcp_proxy_hashed(cluster, Vec::new())
+}
+
+fn tcp_proxy_hashed(
+    cluster: &str,
+    hash_policy: Vec<proto::pb::envoy::r#type::v3::HashPolicy>,
+) -> Filter {
     network_filter(
         "envoy.filters.network.tcp_proxy",
         &TcpProxy {
             stat_prefix: cluster.into(),
             cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster.into())),
+            hash_policy,
             ..Default::default()
         },
     )
+}
+
+/// The source-IP hash of a TCP proxy to the outbound `cluster`, when its
+/// service's DestinationRule (as `client_ns` sees it) asks for one.
+fn tcp_hash_policy(
+    ctx: &IstioContext,
+    client_ns: &str,
+    cluster: &str,
+) -> Vec<proto::pb::envoy::r#type::v3::HashPolicy> {
+    let Some((_, subset, host)) = super::eds::parse_cluster(cluster) else {
+        return Vec::new();
+    };
+    ctx.registry
+        .by_hostname(host)
+        .next()
+        .and_then(|svc| ctx.destination_rule(client_ns, svc))
+        .map(|dr| super::rds::hash::tcp_hash_policy(&dr.spec, subset))
+        .unwrap_or_default()
 }
 
 /// The outbound HTTP connection manager: routes by RDS name.

@@ -34,6 +34,10 @@ pub struct Proxy {
     pub metadata: BTreeMap<String, String>,
     /// Metadata `CLUSTER_ID`.
     pub cluster_id: String,
+    /// `node.locality` as `region/zone/subzone` (empty parts kept), what
+    /// the proxy says of itself; the registry's locality of its workload
+    /// wins (see `IstioContext::proxy_locality`).
+    pub locality: String,
     /// Metadata `INTERCEPTION_MODE` (`REDIRECT` when absent or unknown, as
     /// Istio's `GetInterceptionMode`).
     pub interception_mode: InterceptionMode,
@@ -134,6 +138,12 @@ impl Proxy {
             istio_version: meta.istio_version.unwrap_or_default(),
             metadata: string_metadata(node),
             cluster_id: meta.cluster_id.unwrap_or_default(),
+            locality: node
+                .locality
+                .as_ref()
+                .filter(|l| !(l.region.is_empty() && l.zone.is_empty() && l.sub_zone.is_empty()))
+                .map(|l| format!("{}/{}/{}", l.region, l.zone, l.sub_zone))
+                .unwrap_or_default(),
             interception_mode: meta.interception_mode.unwrap_or_default(),
             dns_capture: meta.dns_capture.unwrap_or_default(),
             dns_auto_allocate: meta.dns_auto_allocate.unwrap_or_default(),

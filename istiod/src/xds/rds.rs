@@ -14,6 +14,7 @@
 mod gateway;
 #[cfg(test)]
 mod gateway_api_tests;
+pub(crate) mod hash;
 mod ops;
 #[cfg(test)]
 mod tests;
@@ -126,6 +127,7 @@ fn virtual_host(
         let clusters = Clusters {
             ctx,
             vs_ns: &vs.namespace,
+            client_ns: &proxy.namespace,
             port,
             gateway_semantics: false,
         };
@@ -150,6 +152,13 @@ fn virtual_host(
             &svc.hostname,
         )));
         action.retry_policy = Some(default_retries());
+        // Istio's `hashForService`: the rule's (port-level) consistent hash.
+        action.hash_policy = ctx
+            .destination_rule(&proxy.namespace, svc)
+            .and_then(|dr| hash::for_destination(&dr.spec, port, ""))
+            .and_then(hash::hash_policy)
+            .into_iter()
+            .collect();
         routes.push(Route {
             name: "default".into(),
             r#match: Some(route_match(None)),
@@ -187,13 +196,22 @@ impl RoutePlan<'_> {
             .with(&scope.sidecar_key)
             .with(&self.catch_all);
         let mut source_labels = false;
+        // The DestinationRules of the destinations: their consistent hash
+        // goes into the routes.
+        let dr = |svc: &Service| {
+            ctx.destination_rule(&proxy.namespace, svc)
+                .map(|d| (d.namespace.clone(), d.name.clone()))
+        };
         for (svc, vss) in &self.services {
             key.add((&svc.hostname, &svc.namespace, svc.revision));
+            key.add(dr(svc));
             for vs in vss {
                 key.add((&vs.namespace, &vs.name));
                 for host in vs.spec.destination_hosts() {
                     let host = resolve_host(host, &vs.namespace, &ctx.domain);
-                    key.add(ctx.registry.by_hostname(&host).next().map(|s| s.revision));
+                    let dest = ctx.registry.by_hostname(&host).next();
+                    key.add(dest.map(|s| s.revision));
+                    key.add(dest.and_then(|s| dr(s)));
                 }
                 source_labels |= vs
                     .spec
@@ -216,8 +234,14 @@ impl RoutePlan<'_> {
         {
             out.push(Dependency::Config(ObjectKey::new(Kind::Sidecar, ns, name)));
         }
+        let dr = |svc: &Service| {
+            ctx.destination_rule(&scope.namespace, svc).map(|d| {
+                Dependency::Config(ObjectKey::new(Kind::DestinationRule, &d.namespace, &d.name))
+            })
+        };
         for (svc, vss) in &self.services {
             out.push(Dependency::Service(svc.hostname.clone()));
+            out.extend(dr(svc));
             for vs in vss {
                 out.push(Dependency::Config(ObjectKey::new(
                     Kind::VirtualService,
@@ -225,11 +249,9 @@ impl RoutePlan<'_> {
                     &vs.name,
                 )));
                 for host in vs.spec.destination_hosts() {
-                    out.push(Dependency::Service(resolve_host(
-                        host,
-                        &vs.namespace,
-                        &ctx.domain,
-                    )));
+                    let host = resolve_host(host, &vs.namespace, &ctx.domain);
+                    out.extend(ctx.registry.by_hostname(&host).next().and_then(|s| dr(s)));
+                    out.push(Dependency::Service(host));
                 }
             }
         }

@@ -51,6 +51,9 @@ pub struct SidecarScope {
     pub(super) outbound_clusters: OnceLock<Arc<[Arc<Resource>]>>,
     /// The load assignments of those clusters, by name, likewise.
     pub(super) load_assignments: OnceLock<HashMap<String, Arc<Resource>>>,
+    /// The EDS clusters whose load assignment depends on each proxy's
+    /// locality, with the locality setting that applies.
+    pub(super) locality_plans: OnceLock<HashMap<String, super::locality::LocalityPlan>>,
     /// The outbound listeners, by what else they depend on (the proxy's IP
     /// families and interception mode).
     outbound_listeners: Mutex<HashMap<String, Arc<[Arc<Resource>]>>>,
@@ -130,6 +133,7 @@ impl SidecarScope {
             egress_hosts,
             outbound_clusters: OnceLock::new(),
             load_assignments: OnceLock::new(),
+            locality_plans: OnceLock::new(),
             outbound_listeners: Mutex::default(),
             routes: Mutex::default(),
             routes_need_labels: OnceLock::new(),

@@ -12,10 +12,17 @@
 //! - `warm`: a later generation in the same context (scope caches shared,
 //!   as for the second proxy of a push).
 //!
+//! A second table, in the same run, compares DestinationRules on every
+//! service (the sample's httpbin and each added one) with consistent
+//! hashing and locality failover (`consistentHash`, `localityLbSetting`
+//! with `failover`, and the outlier detection failover needs) against the
+//! same rules without them, generating EDS too (locality priorities are
+//! per proxy there); the Pods sit on Nodes in two zones.
+//!
 //! `cargo build --release -p tests --bin bench_envoy_filter &&
 //! target/release/bench_envoy_filter`. `ROUNDS` (default 30) and `SERVICES`
 //! (default 100) set the size. Prints medians and the ratio to the
-//! 0-filter baseline; asserts nothing about speed.
+//! baselines; asserts nothing about speed.
 
 #![allow(clippy::unwrap_used)]
 
@@ -26,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use istiod::model::{ConfigStore, RegistryOptions, Update, parse_file};
 use istiod::xds::context::IstioContext;
-use istiod::xds::{CLUSTER_TYPE, LISTENER_TYPE, Proxy, PushContext, ROUTE_TYPE};
+use istiod::xds::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, Proxy, PushContext, ROUTE_TYPE};
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -133,8 +140,9 @@ fn sleep() -> Proxy {
     }
 }
 
-/// One LDS + RDS + CDS generation: (time, resources, bytes).
-fn generate(ctx: &IstioContext, proxy: &Proxy) -> (Duration, usize, usize) {
+/// One LDS + RDS + CDS (+ EDS with `eds`) generation: (time, resources,
+/// bytes).
+fn generate(ctx: &IstioContext, proxy: &Proxy, eds: bool) -> (Duration, usize, usize) {
     let start = Instant::now();
     let mut out = ctx
         .generate(proxy, LISTENER_TYPE, &BTreeSet::new())
@@ -142,6 +150,12 @@ fn generate(ctx: &IstioContext, proxy: &Proxy) -> (Duration, usize, usize) {
     let routes = istiod::xds::lds::route_names(ctx, proxy);
     out.extend(ctx.generate(proxy, ROUTE_TYPE, &routes).unwrap());
     out.extend(ctx.generate(proxy, CLUSTER_TYPE, &BTreeSet::new()).unwrap());
+    if eds {
+        out.extend(
+            ctx.generate(proxy, ENDPOINT_TYPE, &BTreeSet::new())
+                .unwrap(),
+        );
+    }
     let took = start.elapsed();
     let bytes = out.iter().map(|r| r.resource.value.len()).sum();
     (took, out.len(), bytes)
@@ -165,7 +179,63 @@ fn measure(filters: usize, rounds: usize, base: &str) -> Row {
     let yaml: String = std::iter::once(base.to_string())
         .chain((0..filters).map(envoy_filter))
         .collect();
-    let store = store_of(&yaml);
+    measure_yaml(filters, rounds, &yaml, false)
+}
+
+/// The traffic policy parts of every DestinationRule in the
+/// load-balancing comparison: with consistent hashing and locality
+/// failover, or a plain connection pool.
+fn lb_policy(lb: bool) -> &'static [&'static str] {
+    if lb {
+        &[
+            "loadBalancer: {consistentHash: {httpHeaderName: x-user}, localityLbSetting: {failover: [{from: r1, to: r2}]}}",
+            "outlierDetection: {consecutive5xxErrors: 3}",
+        ]
+    } else {
+        &["connectionPool: {tcp: {maxConnections: 100}}"]
+    }
+}
+
+/// `base` with Pods on Nodes in two zones and a DestinationRule on every
+/// service (see [`lb_policy`]).
+fn lb_mesh(base: &str, services: usize, lb: bool) -> String {
+    let parts = lb_policy(lb);
+    let block: String = parts.iter().map(|p| format!("    {p}\n")).collect();
+    let flow = format!("{{{}}}", parts.join(", "));
+    let mut yaml = base
+        .replace(
+            "    tls:\n      mode: ISTIO_MUTUAL\n",
+            &format!("    tls:\n      mode: ISTIO_MUTUAL\n{block}"),
+        )
+        .replace(
+            "  serviceAccountName: sleep\n",
+            "  serviceAccountName: sleep\n  nodeName: node-a\n",
+        )
+        .replacen(
+            "  serviceAccountName: httpbin\n",
+            "  serviceAccountName: httpbin\n  nodeName: node-a\n",
+            1,
+        )
+        .replacen(
+            "  serviceAccountName: httpbin\n  containers",
+            "  serviceAccountName: httpbin\n  nodeName: node-b\n  containers",
+            1,
+        );
+    for (node, zone) in [("node-a", "zone-a"), ("node-b", "zone-b")] {
+        yaml.push_str(&format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: {node}, labels: {{topology.kubernetes.io/region: r1, topology.kubernetes.io/zone: {zone}}}}}\n---\n"
+        ));
+    }
+    for i in 0..services {
+        yaml.push_str(&format!(
+            "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: svc-{i}, namespace: demo}}\nspec:\n  host: svc-{i}\n  trafficPolicy: {flow}\n---\n"
+        ));
+    }
+    yaml
+}
+
+fn measure_yaml(label: usize, rounds: usize, yaml: &str, eds: bool) -> Row {
+    let store = store_of(yaml);
     let snapshot = store.snapshot();
     let options = RegistryOptions::default();
     let proxy = sleep();
@@ -175,13 +245,13 @@ fn measure(filters: usize, rounds: usize, base: &str) -> Row {
         let start = Instant::now();
         let ctx = IstioContext::new(format!("bench/{round}"), &snapshot, &options);
         context.push(start.elapsed());
-        let (t, n, b) = generate(&ctx, &proxy);
+        let (t, n, b) = generate(&ctx, &proxy, eds);
         cold.push(t);
         (resources, bytes) = (n, b);
-        warm.push(generate(&ctx, &proxy).0);
+        warm.push(generate(&ctx, &proxy, eds).0);
     }
     Row {
-        filters,
+        filters: label,
         context: median(context),
         cold: median(cold),
         warm: median(warm),
@@ -197,11 +267,11 @@ fn ms(d: Duration) -> f64 {
 fn main() {
     let rounds = env_usize("ROUNDS", 30).max(1);
     let services = env_usize("SERVICES", 100);
-    let base = mesh(services);
+    let sample = mesh(services);
     // One unmeasured pass each, so both cases start with warm allocators.
-    measure(0, 1, &base);
-    measure(50, 1, &base);
-    let rows = [measure(0, rounds, &base), measure(50, rounds, &base)];
+    measure(0, 1, &sample);
+    measure(50, 1, &sample);
+    let rows = [measure(0, rounds, &sample), measure(50, rounds, &sample)];
     println!(
         "LDS+RDS+CDS for one sidecar, {} services, {rounds} rounds (medians)",
         services + 3
@@ -227,4 +297,40 @@ fn main() {
         "bytes generated: {} (0 filters), {} (50 filters)",
         rows[0].bytes, rows[1].bytes
     );
+
+    // DestinationRules with and without consistent hashing and locality.
+    let plain = lb_mesh(&sample, services, false);
+    let hashed = lb_mesh(&sample, services, true);
+    measure_yaml(0, 1, &plain, true);
+    measure_yaml(1, 1, &hashed, true);
+    let rows = [
+        measure_yaml(0, rounds, &plain, true),
+        measure_yaml(1, rounds, &hashed, true),
+    ];
+    println!();
+    println!(
+        "LDS+RDS+CDS+EDS for one sidecar, a DestinationRule on each of {} services, {rounds} rounds (medians)",
+        services + 3
+    );
+    println!(
+        "{:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "rules", "context ms", "cold ms", "warm ms", "cold x", "warm x", "resources", "bytes"
+    );
+    for r in &rows {
+        println!(
+            "{:>12} {:>12.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10} {:>10}",
+            if r.filters == 0 {
+                "plain"
+            } else {
+                "hash+locality"
+            },
+            ms(r.context),
+            ms(r.cold),
+            ms(r.warm),
+            ms(r.cold) / ms(rows[0].cold),
+            ms(r.warm) / ms(rows[0].warm),
+            r.resources,
+            r.bytes,
+        );
+    }
 }

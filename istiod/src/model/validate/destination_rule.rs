@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use super::super::istio::{
     ClientTlsSettings, ConnectionPoolSettings, DestinationRule, LoadBalancerSettings,
-    OutlierDetection, SimpleLb, TlsMode, TrafficPolicy,
+    LocalityLbSetting, OutlierDetection, SimpleLb, TlsMode, TrafficPolicy,
 };
 use super::{
     Errors, check_export_to, check_host, check_min_duration, check_port, is_dns1123_label,
@@ -85,12 +85,6 @@ fn traffic_policy(field: &str, tp: &TrafficPolicy, port_level: bool, e: &mut Err
             "tunnelling (HTTP CONNECT) is not supported by this istiod (remove it)",
         );
     }
-    if tp.proxy_protocol.is_some() {
-        e.add(
-            format!("{field}.proxyProtocol"),
-            "sending the PROXY protocol upstream is not supported by this istiod yet (remove it)",
-        );
-    }
     if !port_level {
         return;
     }
@@ -137,17 +131,8 @@ fn load_balancer(field: &str, lb: &LoadBalancerSettings, e: &mut Errors) {
             "PASSTHROUGH (original destination) is not supported by this istiod (use LEAST_REQUEST, ROUND_ROBIN or RANDOM)",
         );
     }
-    if lb.consistent_hash.is_some() {
-        e.add(
-            format!("{field}.consistentHash"),
-            "consistent hashing is not supported by this istiod yet (use simple: LEAST_REQUEST, ROUND_ROBIN or RANDOM)",
-        );
-    }
-    if lb.locality_lb_setting.is_some() {
-        e.add(
-            format!("{field}.localityLbSetting"),
-            "locality load balancing settings are not supported by this istiod yet (remove them; endpoints are balanced across localities)",
-        );
+    if let Some(l) = &lb.locality_lb_setting {
+        locality_lb_setting(&format!("{field}.localityLbSetting"), l, e);
     }
     if let Some(w) = lb.warmup_duration_secs {
         check_min_duration(&format!("{field}.warmupDurationSecs"), w, e);
@@ -188,6 +173,16 @@ fn load_balancer(field: &str, lb: &LoadBalancerSettings, e: &mut Errors) {
                 "is required (name the cookie to hash on)",
             );
         }
+        if let Some(size) = ch.maglev.as_ref().and_then(|m| m.table_size)
+            && !is_prime(size)
+        {
+            e.add(
+                format!("{field}.consistentHash.maglev.tableSize"),
+                format!(
+                    "{size} is not a prime number (Envoy requires a prime table size, e.g. 65537)"
+                ),
+            );
+        }
         if ch.ring_hash.is_some() && ch.maglev.is_some() {
             e.add(
                 format!("{field}.consistentHash"),
@@ -195,6 +190,100 @@ fn load_balancer(field: &str, lb: &LoadBalancerSettings, e: &mut Errors) {
             );
         }
     }
+}
+
+/// Istio's `ValidateLocalityLbSetting`, for a DestinationRule and for the
+/// mesh config's `localityLbSetting`.
+pub(super) fn locality_lb_setting(field: &str, l: &LocalityLbSetting, e: &mut Errors) {
+    if !l.distribute.is_empty() && !l.failover.is_empty() {
+        e.add(
+            field,
+            "can not simultaneously specify 'distribute' and 'failover' (keep one of them)",
+        );
+        return;
+    }
+    if !l.failover.is_empty() {
+        for label in &l.failover_priority {
+            if TOPOLOGY_LABELS.contains(&label.as_str()) {
+                e.add(
+                    format!("{field}.failoverPriority"),
+                    format!("can not simultaneously set 'failover' and topology label {label:?} in 'failoverPriority'"),
+                );
+                return;
+            }
+        }
+    }
+    for (i, d) in l.distribute.iter().enumerate() {
+        let df = format!("{field}.distribute[{i}]");
+        check_locality(&format!("{df}.from"), &d.from, e);
+        if d.to.values().any(|w| !(1..=100).contains(w)) {
+            e.add(
+                format!("{df}.to"),
+                "locality weight must be in range [1, 100]",
+            );
+            continue;
+        }
+        let total: u32 = d.to.values().sum();
+        if total != 100 {
+            e.add(
+                format!("{df}.to"),
+                format!("total locality weight {total} != 100 (the weights are percentages)"),
+            );
+        }
+        for loc in d.to.keys() {
+            check_locality(&format!("{df}.to"), loc, e);
+        }
+    }
+    for (i, f) in l.failover.iter().enumerate() {
+        let ff = format!("{field}.failover[{i}]");
+        if f.from == f.to {
+            e.add(
+                &ff,
+                "locality lb failover settings must specify different regions",
+            );
+        }
+        if f.from.contains('/') || f.to.contains('/') {
+            e.add(&ff, "locality lb failover only specify region");
+        }
+        if f.from.contains('*') || f.to.contains('*') {
+            e.add(
+                &ff,
+                "locality lb failover region should not contain '*' wildcard",
+            );
+        }
+    }
+}
+
+/// Istio's topology labels, which `failover` already orders by.
+const TOPOLOGY_LABELS: [&str; 3] = [
+    "topology.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
+    "topology.istio.io/subzone",
+];
+
+/// Istio's `validateLocalities`: `region/zone/subzone`, a `*` only as the
+/// last part.
+fn check_locality(field: &str, locality: &str, e: &mut Errors) {
+    let parts: Vec<&str> = locality.split('/').collect();
+    let bad = locality.is_empty()
+        || parts.len() > 3
+        || parts
+            .iter()
+            .enumerate()
+            .any(|(i, p)| p.is_empty() || (p.contains('*') && (*p != "*" || i + 1 != parts.len())));
+    if bad {
+        e.add(
+            field,
+            format!("{locality:?} is not a locality (use region, region/zone or region/zone/subzone; '*' only as the last part)"),
+        );
+    }
+}
+
+fn is_prime(n: u64) -> bool {
+    n >= 2
+        && (2..)
+            .take_while(|d| d * d <= n)
+            .all(|d| !n.is_multiple_of(d))
 }
 
 pub(super) fn connection_pool(field: &str, cp: &ConnectionPoolSettings, e: &mut Errors) {
@@ -385,6 +474,22 @@ mod tests {
     }
 
     #[test]
+    fn consistent_hash_locality_and_proxy_protocol_are_accepted() {
+        for spec in [
+            "{host: a, trafficPolicy: {loadBalancer: {consistentHash: {httpHeaderName: x-user}}}}",
+            "{host: a, trafficPolicy: {loadBalancer: {consistentHash: {httpCookie: {name: c, path: /, ttl: 10s}, ringHash: {minimumRingSize: 2048}}}}}",
+            "{host: a, trafficPolicy: {loadBalancer: {consistentHash: {useSourceIp: true, maglev: {tableSize: 65537}}}}}",
+            "{host: a, trafficPolicy: {loadBalancer: {consistentHash: {httpQueryParameterName: u, minimumRingSize: 64}}}}",
+            "{host: a, trafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: r/z/*, to: {r/a: 80, r/b/*: 20}}]}}}}",
+            "{host: a, trafficPolicy: {loadBalancer: {localityLbSetting: {failover: [{from: r, to: s}], failoverPriority: [version]}}, outlierDetection: {consecutive5xxErrors: 1}}}",
+            "{host: a, trafficPolicy: {loadBalancer: {localityLbSetting: {enabled: false}}}}",
+            "{host: a, trafficPolicy: {proxyProtocol: {version: V2}}}",
+        ] {
+            assert!(errors(spec).is_empty(), "{spec}: {:?}", errors(spec));
+        }
+    }
+
+    #[test]
     fn tls_fields_a_mode_would_ignore_are_refused() {
         refused(
             "{host: a, trafficPolicy: {tls: {mode: MUTUAL, privateKey: /k.pem}}}",
@@ -427,24 +532,34 @@ mod tests {
                 "not supported",
             ),
             (
-                "{host: a, trafficPolicy: {proxyProtocol: {version: V1}}}",
-                "spec.trafficPolicy.proxyProtocol",
-                "not supported",
-            ),
-            (
                 "{host: a, trafficPolicy: {loadBalancer: {simple: PASSTHROUGH}}}",
                 "spec.trafficPolicy.loadBalancer.simple",
                 "PASSTHROUGH",
             ),
             (
-                "{host: a, trafficPolicy: {loadBalancer: {consistentHash: {httpHeaderName: x}}}}",
-                "spec.trafficPolicy.loadBalancer.consistentHash",
-                "not supported",
+                "{host: a, trafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: r/z, to: {r/a: 60, r/b: 30}}]}}}}",
+                "spec.trafficPolicy.loadBalancer.localityLbSetting.distribute[0].to",
+                "total locality weight 90",
             ),
             (
-                "{host: a, trafficPolicy: {loadBalancer: {localityLbSetting: {enabled: true}}}}",
+                "{host: a, trafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: r/z, to: {r/a: 100}}], failover: [{from: r, to: s}]}}}}",
                 "spec.trafficPolicy.loadBalancer.localityLbSetting",
-                "not supported",
+                "'distribute' and 'failover'",
+            ),
+            (
+                "{host: a, trafficPolicy: {loadBalancer: {localityLbSetting: {failover: [{from: r, to: r}]}}}}",
+                "spec.trafficPolicy.loadBalancer.localityLbSetting.failover[0]",
+                "different regions",
+            ),
+            (
+                "{host: a, trafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: \"*/z\", to: {r: 100}}]}}}}",
+                "spec.trafficPolicy.loadBalancer.localityLbSetting.distribute[0].from",
+                "is not a locality",
+            ),
+            (
+                "{host: a, trafficPolicy: {loadBalancer: {consistentHash: {httpHeaderName: x, maglev: {tableSize: 1000}}}}}",
+                "spec.trafficPolicy.loadBalancer.consistentHash.maglev.tableSize",
+                "not a prime",
             ),
             (
                 "{host: a, trafficPolicy: {loadBalancer: {simple: RANDOM, warmupDurationSecs: 10s}}}",

@@ -8,15 +8,16 @@
 use proto::pb::envoy::config::cluster::v3::{
     Cluster, OutlierDetection as EnvoyOutlier, UpstreamConnectionOptions, cluster,
 };
-use proto::pb::envoy::config::core::v3::TcpKeepalive;
+use proto::pb::envoy::config::core::v3::{TcpKeepalive, TransportSocket};
+use proto::pb::envoy::extensions::transport_sockets::raw_buffer::v3::RawBuffer;
 use proto::pb::envoy::r#type::v3::Percent as EnvoyPercent;
 
 use super::unlimited_breakers;
 use crate::model::istio::{
-    ConnectionPoolSettings, LoadBalancerSettings, OutlierDetection, PortTrafficPolicy, SimpleLb,
-    Subset, TrafficPolicy,
+    ConnectionPoolSettings, ConsistentHashLb, LoadBalancerSettings, OutlierDetection,
+    PortTrafficPolicy, ProxyProtocol, ProxyProtocolVersion, SimpleLb, Subset, TrafficPolicy,
 };
-use crate::xds::util::{duration, u32v};
+use crate::xds::util::{duration, transport_socket, u32v};
 
 /// The port-level settings of `tp` for `port` over its top-level parts.
 fn with_port(tp: &TrafficPolicy, port: u16) -> TrafficPolicy {
@@ -79,9 +80,89 @@ fn positive(v: Option<i32>) -> Option<u32> {
     v.filter(|v| *v > 0).map(|v| v as u32)
 }
 
-/// `loadBalancer`: Istio's default LEAST_REQUEST, and the slow-start
-/// window (`warmupDurationSecs`) for ROUND_ROBIN and LEAST_REQUEST.
+/// `loadBalancer`: Istio's default LEAST_REQUEST, the slow-start window
+/// (`warmupDurationSecs`) for ROUND_ROBIN and LEAST_REQUEST, and
+/// `consistentHash` as Istio's `ApplyRingHashLoadBalancer` sets it.
 pub fn apply_load_balancer(c: &mut Cluster, lb: Option<&LoadBalancerSettings>) {
+    apply_simple(c, lb);
+    if let Some(ch) = lb.and_then(|l| l.consistent_hash.as_ref()) {
+        apply_consistent_hash(c, ch);
+    }
+}
+
+/// MAGLEV (with `maglev.tableSize`), or RING_HASH with
+/// `ringHash.minimumRingSize`, else the deprecated top-level
+/// `minimumRingSize`, else Envoy's 1024.
+fn apply_consistent_hash(c: &mut Cluster, ch: &ConsistentHashLb) {
+    let size = |v: u64| Some(proto::pb::google::protobuf::UInt64Value { value: v });
+    if let Some(m) = &ch.maglev {
+        c.lb_policy = cluster::LbPolicy::Maglev.into();
+        c.lb_config = m.table_size.filter(|t| *t != 0).map(|t| {
+            cluster::LbConfig::MaglevLbConfig(cluster::MaglevLbConfig {
+                table_size: size(t),
+            })
+        });
+    } else if let Some(r) = &ch.ring_hash {
+        c.lb_policy = cluster::LbPolicy::RingHash.into();
+        c.lb_config = r.minimum_ring_size.filter(|s| *s != 0).map(|s| {
+            cluster::LbConfig::RingHashLbConfig(cluster::RingHashLbConfig {
+                minimum_ring_size: size(s),
+                ..Default::default()
+            })
+        });
+    } else {
+        c.lb_policy = cluster::LbPolicy::RingHash.into();
+        c.lb_config = Some(cluster::LbConfig::RingHashLbConfig(
+            cluster::RingHashLbConfig {
+                minimum_ring_size: size(ch.minimum_ring_size.filter(|s| *s != 0).unwrap_or(1024)),
+                ..Default::default()
+            },
+        ));
+    }
+}
+
+/// `proxyProtocol` as Istio's `applyUpstreamProxyProtocol`: the cluster's
+/// transport socket, and each of its transport socket matches, wrapped in
+/// Envoy's upstream PROXY protocol socket (plain text wrapped when the
+/// cluster has no socket).
+pub fn apply_proxy_protocol(c: &mut Cluster, pp: &ProxyProtocol) {
+    use proto::pb::envoy::config::core::v3::{ProxyProtocolConfig, proxy_protocol_config};
+    use proto::pb::envoy::extensions::transport_sockets::proxy_protocol::v3::ProxyProtocolUpstreamTransport;
+    let version = match pp.version {
+        ProxyProtocolVersion::V1 => proxy_protocol_config::Version::V1,
+        ProxyProtocolVersion::V2 => proxy_protocol_config::Version::V2,
+    };
+    let wrap = |inner: TransportSocket| {
+        transport_socket(
+            "envoy.transport_sockets.upstream_proxy_protocol",
+            &ProxyProtocolUpstreamTransport {
+                config: Some(ProxyProtocolConfig {
+                    version: version.into(),
+                    ..Default::default()
+                }),
+                transport_socket: Some(inner),
+                ..Default::default()
+            },
+        )
+    };
+    if c.transport_socket.is_none() && c.transport_socket_matches.is_empty() {
+        c.transport_socket = Some(wrap(transport_socket(
+            "envoy.transport_sockets.raw_buffer",
+            &RawBuffer {},
+        )));
+        return;
+    }
+    if let Some(inner) = c.transport_socket.take() {
+        c.transport_socket = Some(wrap(inner));
+    }
+    for m in &mut c.transport_socket_matches {
+        if let Some(inner) = m.transport_socket.take() {
+            m.transport_socket = Some(wrap(inner));
+        }
+    }
+}
+
+fn apply_simple(c: &mut Cluster, lb: Option<&LoadBalancerSettings>) {
     let simple = lb.and_then(|l| l.simple);
     let slow_start = lb
         .and_then(|l| l.warmup_duration_secs)
@@ -256,6 +337,74 @@ mod tests {
                 .unwrap()
                 .value,
             40.0
+        );
+    }
+
+    fn hashed(yaml: &str) -> Cluster {
+        let lb: LoadBalancerSettings = serde_yaml_ng::from_str(yaml).unwrap();
+        let mut c = Cluster::default();
+        apply_load_balancer(&mut c, Some(&lb));
+        c
+    }
+
+    #[test]
+    fn consistent_hash_picks_ring_hash_or_maglev() {
+        let c = hashed("{consistentHash: {httpHeaderName: x-user}}");
+        assert_eq!(c.lb_policy, i32::from(cluster::LbPolicy::RingHash));
+        assert!(matches!(
+            c.lb_config,
+            Some(cluster::LbConfig::RingHashLbConfig(ref r)) if r.minimum_ring_size.unwrap().value == 1024
+        ));
+        let c = hashed("{consistentHash: {useSourceIp: true, minimumRingSize: 64}}");
+        assert!(matches!(
+            c.lb_config,
+            Some(cluster::LbConfig::RingHashLbConfig(ref r)) if r.minimum_ring_size.unwrap().value == 64
+        ));
+        let c = hashed("{consistentHash: {httpHeaderName: x, ringHash: {minimumRingSize: 2048}}}");
+        assert!(matches!(
+            c.lb_config,
+            Some(cluster::LbConfig::RingHashLbConfig(ref r)) if r.minimum_ring_size.unwrap().value == 2048
+        ));
+        let c = hashed("{consistentHash: {httpHeaderName: x, maglev: {tableSize: 65537}}}");
+        assert_eq!(c.lb_policy, i32::from(cluster::LbPolicy::Maglev));
+        assert!(matches!(
+            c.lb_config,
+            Some(cluster::LbConfig::MaglevLbConfig(ref m)) if m.table_size.unwrap().value == 65537
+        ));
+        let c = hashed("{consistentHash: {httpHeaderName: x, maglev: {}}}");
+        assert_eq!(c.lb_policy, i32::from(cluster::LbPolicy::Maglev));
+        assert_eq!(c.lb_config, None);
+    }
+
+    #[test]
+    fn proxy_protocol_wraps_every_socket() {
+        let pp = ProxyProtocol {
+            version: ProxyProtocolVersion::V2,
+        };
+        let mut plain = Cluster::default();
+        apply_proxy_protocol(&mut plain, &pp);
+        let ts = plain.transport_socket.unwrap();
+        assert_eq!(ts.name, "envoy.transport_sockets.upstream_proxy_protocol");
+        let mut matched = Cluster {
+            transport_socket_matches: vec![cluster::TransportSocketMatch {
+                name: "tlsMode-istio".into(),
+                transport_socket: Some(transport_socket(
+                    "envoy.transport_sockets.raw_buffer",
+                    &RawBuffer {},
+                )),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        apply_proxy_protocol(&mut matched, &pp);
+        assert!(matched.transport_socket.is_none());
+        assert_eq!(
+            matched.transport_socket_matches[0]
+                .transport_socket
+                .as_ref()
+                .unwrap()
+                .name,
+            "envoy.transport_sockets.upstream_proxy_protocol"
         );
     }
 

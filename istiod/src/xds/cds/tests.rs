@@ -142,3 +142,35 @@ spec:
     let c = cluster(&plain, "inbound|9090||");
     assert_eq!(breakers(&c).0, Some(u32::MAX));
 }
+
+#[test]
+fn hashing_locality_and_proxy_protocol_reach_the_cluster() {
+    let dr = "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: d, namespace: demo}\nspec:\n  host: httpbin\n  trafficPolicy:\n    loadBalancer: {consistentHash: {httpCookie: {name: s, ttl: 60s}, maglev: {tableSize: 65537}}, localityLbSetting: {failover: [{from: r1, to: r2}]}}\n    outlierDetection: {consecutive5xxErrors: 3}\n    proxyProtocol: {version: V2}\n";
+    let c = cluster(dr, HTTPBIN);
+    assert_eq!(c.lb_policy, i32::from(cluster::LbPolicy::Maglev));
+    assert!(matches!(
+        c.common_lb_config.unwrap().locality_config_specifier,
+        Some(cluster::common_lb_config::LocalityConfigSpecifier::LocalityWeightedLbConfig(_))
+    ));
+    // Auto mTLS's sockets, each wrapped in the PROXY protocol.
+    for m in &c.transport_socket_matches {
+        assert_eq!(
+            m.transport_socket.as_ref().unwrap().name,
+            "envoy.transport_sockets.upstream_proxy_protocol",
+            "{}",
+            m.name
+        );
+    }
+    assert_eq!(c.transport_socket_matches.len(), 2);
+    // Istio's default locality setting without failover rules: no
+    // locality-weighted balancing (priorities alone do the failover).
+    let plain = cluster(
+        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: d, namespace: demo}\nspec:\n  host: httpbin\n  trafficPolicy: {outlierDetection: {consecutive5xxErrors: 3}}\n",
+        HTTPBIN,
+    );
+    assert!(
+        plain
+            .common_lb_config
+            .is_none_or(|c| c.locality_config_specifier.is_none())
+    );
+}

@@ -23,7 +23,7 @@ use super::super::context::{IstioContext, Named, resolve_host};
 use super::super::gateway::{BoundServer, binds, intersect, names_gateway, server_host_for};
 use super::super::rds::Clusters;
 use super::super::util::duration;
-use super::{network_filter, tcp_proxy_to};
+use super::{network_filter, tcp_hash_policy};
 use crate::model::gateway::{Server, ServerTlsMode};
 use crate::model::istio::{RouteDestination, VirtualService};
 use crate::model::service::{Protocol, is_exported_to};
@@ -193,6 +193,7 @@ fn route_filters(
     let clusters = Clusters {
         ctx,
         vs_ns: &vs.namespace,
+        client_ns: &proxy.namespace,
         port: bound.server.port_number(),
         gateway_semantics: vs.spec.gateway_semantics,
     };
@@ -210,11 +211,9 @@ fn route_filters(
     };
     if let [only] = route {
         let cluster = clusters.of(&only.destination);
-        if max_duration.is_none() {
-            return vec![tcp_proxy_to(&cluster)];
-        }
         return vec![tcp_proxy(TcpProxy {
             stat_prefix: cluster.clone(),
+            hash_policy: tcp_hash_policy(ctx, &proxy.namespace, &cluster),
             cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster)),
             max_downstream_connection_duration: max_duration,
             ..Default::default()
@@ -229,7 +228,10 @@ fn route_filters(
             ..Default::default()
         })
         .collect();
+    // Istio hashes a weighted split on the first destination's rule.
+    let first = clusters.of(&route[0].destination);
     vec![tcp_proxy(TcpProxy {
+        hash_policy: tcp_hash_policy(ctx, &proxy.namespace, &first),
         stat_prefix: format!("{}.{}", vs.name, vs.namespace),
         cluster_specifier: Some(tcp_proxy::ClusterSpecifier::WeightedClusters(
             tcp_proxy::WeightedCluster { clusters: weighted },

@@ -21,7 +21,8 @@ use super::super::util::{
     delimited, duration, socket, u32v,
 };
 use super::{
-    PLAINTEXT_HTTP_ALPNS, http_inspector, no_interception, outbound_hcm, tcp_proxy_to, tproxy,
+    PLAINTEXT_HTTP_ALPNS, http_inspector, no_interception, outbound_hcm, tcp_hash_policy,
+    tcp_proxy_hashed, tcp_proxy_to, tproxy,
 };
 use crate::model::istio::CaptureMode;
 use crate::model::service::{Protocol, Service};
@@ -267,7 +268,10 @@ fn listener(ctx: &IstioContext, proxy: &Proxy, bind: &str, port: u16, e: &Entry)
     let mut default = None;
     if let Some(tcp) = &e.tcp {
         default = Some(FilterChain {
-            filters: vec![tcp_proxy_to(tcp)],
+            filters: vec![tcp_proxy_hashed(
+                tcp,
+                tcp_hash_policy(ctx, &proxy.namespace, tcp),
+            )],
             ..Default::default()
         });
     }

@@ -137,6 +137,7 @@ fn virtual_host(
         let clusters = Clusters {
             ctx,
             vs_ns: &vs.namespace,
+            client_ns: &proxy.namespace,
             port,
             gateway_semantics: vs.spec.gateway_semantics,
         };

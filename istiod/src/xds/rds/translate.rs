@@ -20,11 +20,17 @@ use proto::pb::envoy::r#type::matcher::v3::{
 };
 use proto::pb::google::protobuf::BoolValue;
 
+use std::sync::Arc;
+
+use proto::pb::envoy::config::route::v3::route_action::HashPolicy;
+
+use super::hash;
 use super::ops::{self, HeaderLists, percent};
 use crate::model::istio::{
     Destination, HttpFaultInjection, HttpMatchRequest, HttpRoute, StringMatch,
 };
 use crate::model::route::grpc_code;
+use crate::model::service::Service;
 use crate::xds::cds::outbound_name;
 use crate::xds::context::{IstioContext, resolve_host};
 use crate::xds::util::{any, duration, u32v};
@@ -173,6 +179,8 @@ pub(super) fn source_matches(m: &HttpMatchRequest, proxy: &crate::xds::Proxy) ->
 pub(crate) struct Clusters<'a> {
     pub ctx: &'a IstioContext,
     pub vs_ns: &'a str,
+    /// The proxy's namespace (which DestinationRule applies).
+    pub client_ns: &'a str,
     pub port: u16,
     /// A Gateway API route's VirtualService: an unknown host keeps its
     /// `outbound|<port>||<host>` name (no such cluster: a 500, see
@@ -181,23 +189,42 @@ pub(crate) struct Clusters<'a> {
 }
 
 impl Clusters<'_> {
-    pub fn of(&self, dest: &Destination) -> String {
+    /// The destination's service and port.
+    fn resolve(&self, dest: &Destination) -> (String, Option<(Arc<Service>, u16)>) {
         let ctx = self.ctx;
         let host = resolve_host(&dest.host, self.vs_ns, &ctx.domain);
-        let Some(svc) = ctx.registry.by_hostname(&host).next() else {
-            if self.gateway_semantics {
+        let found = ctx.registry.by_hostname(&host).next().cloned().map(|svc| {
+            let dport = dest
+                .port
+                .as_ref()
+                .map(|p| p.number as u16)
+                .or_else(|| (svc.ports.len() == 1).then(|| svc.ports[0].port))
+                .unwrap_or(self.port);
+            (svc, dport)
+        });
+        (host, found)
+    }
+
+    pub fn of(&self, dest: &Destination) -> String {
+        match self.resolve(dest) {
+            (host, Some((_, port))) => outbound_name(port, &dest.subset, &host),
+            (host, None) if self.gateway_semantics => {
                 let port = dest.port.as_ref().map_or(self.port, |p| p.number as u16);
-                return outbound_name(port, &dest.subset, &host);
+                outbound_name(port, &dest.subset, &host)
             }
-            return "BlackHoleCluster".to_string();
+            _ => "BlackHoleCluster".to_string(),
+        }
+    }
+
+    /// The hash policy of a route to `dest`, when its DestinationRule (as
+    /// the proxy sees it) hashes consistently for the cluster's port and
+    /// subset.
+    pub fn hash(&self, dest: &Destination) -> Option<HashPolicy> {
+        let (_, Some((svc, port))) = self.resolve(dest) else {
+            return None;
         };
-        let dport = dest
-            .port
-            .as_ref()
-            .map(|p| p.number as u16)
-            .or_else(|| (svc.ports.len() == 1).then(|| svc.ports[0].port))
-            .unwrap_or(self.port);
-        outbound_name(dport, &dest.subset, &host)
+        let dr = self.ctx.destination_rule(self.client_ns, &svc)?;
+        hash::for_destination(&dr.spec, port, &dest.subset).and_then(hash::hash_policy)
     }
 }
 
@@ -285,6 +312,7 @@ fn destinations(
             w => w as u32,
         };
         let ops = ops::header_lists(d.headers.as_ref());
+        action.hash_policy.extend(clusters.hash(&d.destination));
         weighted.push((
             weighted_cluster::ClusterWeight {
                 name: clusters.of(&d.destination),
@@ -297,6 +325,13 @@ fn destinations(
             },
             ops,
         ));
+    }
+    // Retries stay on the hashed host (Istio's `ConvertPolicy` with a
+    // hash policy has no previous-hosts predicate).
+    if !action.hash_policy.is_empty()
+        && let Some(retry) = action.retry_policy.as_mut()
+    {
+        retry.retry_host_predicate.clear();
     }
     action.cluster_specifier = Some(match weighted.len() {
         0 => route_action::ClusterSpecifier::Cluster(outbound_name(clusters.port, "", host)),
