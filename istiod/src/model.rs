@@ -19,6 +19,7 @@ pub mod envoy_filter;
 pub mod error;
 pub mod gateway;
 pub mod gateway_api;
+pub mod ip_allocate;
 pub mod istio;
 pub mod kube;
 pub mod meta;

@@ -63,7 +63,12 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy, names: &BTreeSet<String>) -> Vec
 fn unknown(ctx: &IstioContext, scope: &SidecarScope, name: &str) -> Option<Arc<Resource>> {
     let (port, subset, host) = parse_cluster(name)?;
     if let Some(svc) = scope.service(host) {
-        if svc.resolution != ServiceResolution::ClientSideLb {
+        // Passthrough services' clusters are EDS only on gateways, which
+        // alone ask for them.
+        if !matches!(
+            svc.resolution,
+            ServiceResolution::ClientSideLb | ServiceResolution::Passthrough
+        ) {
             return None;
         }
         // A port or subset the service has no cluster for: computed as any.
