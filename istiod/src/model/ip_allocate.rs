@@ -182,7 +182,11 @@ pub fn allocate_entries<'a>(entries: impl Iterator<Item = Typed<'a, ServiceEntry
     entries.sort_by(|a, b| {
         let m = |t: &Typed<'a, ServiceEntry>| {
             (
-                t.object.metadata.creation_timestamp.clone().unwrap_or_default(),
+                t.object
+                    .metadata
+                    .creation_timestamp
+                    .clone()
+                    .unwrap_or_default(),
                 t.object.metadata.namespace.clone(),
                 t.object.metadata.name.clone(),
             )
@@ -342,7 +346,11 @@ mod tests {
         );
         let all = allocations(&format!("{younger}{older}"));
         let old = all.addresses(&key("old"), "old.example.com");
-        assert_eq!(old[0].to_string(), "240.240.0.7", "the older keeps its address");
+        assert_eq!(
+            old[0].to_string(),
+            "240.240.0.7",
+            "the older keeps its address"
+        );
         assert_eq!(old.len(), 2, "and gets the IPv6 one it lacked");
         let young = all.addresses(&key("young"), "young.example.com");
         assert_ne!(young[0].to_string(), "240.240.0.7", "the younger moves");

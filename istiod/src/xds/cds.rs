@@ -316,8 +316,13 @@ fn outbound(
                 Some(MtlsMode::Disable) => false,
                 Some(_) => true,
                 None => {
-                    svc.endpoints.iter().any(|e| e.tls_mode == EndpointTlsMode::Istio)
-                        && svc.endpoints.iter().all(|e| e.tls_mode == EndpointTlsMode::Istio)
+                    svc.endpoints
+                        .iter()
+                        .any(|e| e.tls_mode == EndpointTlsMode::Istio)
+                        && svc
+                            .endpoints
+                            .iter()
+                            .all(|e| e.tls_mode == EndpointTlsMode::Istio)
                 }
             };
             if mtls {

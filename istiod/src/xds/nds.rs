@@ -64,7 +64,9 @@ pub fn name_table(ctx: &IstioContext, proxy: &Proxy) -> NameTable {
         }
         match table.table.get_mut(&svc.hostname) {
             None => {
-                table.table.insert(svc.hostname.clone(), name_info(svc, ips));
+                table
+                    .table
+                    .insert(svc.hostname.clone(), name_info(svc, ips));
             }
             // A Kubernetes Service wins over a ServiceEntry of its host;
             // ServiceEntries of one host merge their addresses.
@@ -94,7 +96,11 @@ fn name_info(svc: &Service, ips: Vec<String>) -> NameInfo {
     };
     NameInfo {
         ips,
-        registry: if kube { KUBERNETES.into() } else { String::new() },
+        registry: if kube {
+            KUBERNETES.into()
+        } else {
+            String::new()
+        },
         shortname,
         namespace: if kube {
             svc.namespace.clone()
@@ -134,7 +140,11 @@ fn headless(svc: &Service, kube: bool, table: &mut NameTable) -> Vec<String> {
             host,
             NameInfo {
                 ips: addrs,
-                registry: if kube { KUBERNETES.into() } else { String::new() },
+                registry: if kube {
+                    KUBERNETES.into()
+                } else {
+                    String::new()
+                },
                 shortname: short,
                 namespace: svc.namespace.clone(),
                 alt_hosts: Vec::new(),

@@ -131,7 +131,10 @@ fn tcp_cluster(l: &Listener) -> String {
     let Some(ConfigType::TypedConfig(a)) = &chain.filters[0].config_type else {
         panic!()
     };
-    match TcpProxy::decode(a.value.as_slice()).unwrap().cluster_specifier {
+    match TcpProxy::decode(a.value.as_slice())
+        .unwrap()
+        .cluster_specifier
+    {
         Some(tcp_proxy::ClusterSpecifier::Cluster(c)) => c,
         other => panic!("{other:?}"),
     }
@@ -151,16 +154,18 @@ fn headless_service_clusters_forward_to_the_original_destination_over_mtls() {
         // STRICT: mutual TLS to every Pod, without a socket match (the
         // original destination's hosts carry no labels).
         assert!(c.transport_socket_matches.is_empty());
-        let Some(proto::pb::envoy::config::core::v3::transport_socket::ConfigType::TypedConfig(
-            a,
-        )) = c.transport_socket.as_ref().unwrap().config_type.as_ref()
+        let Some(proto::pb::envoy::config::core::v3::transport_socket::ConfigType::TypedConfig(a)) =
+            c.transport_socket.as_ref().unwrap().config_type.as_ref()
         else {
             panic!()
         };
         let tls = UpstreamTlsContext::decode(a.value.as_slice()).unwrap();
         assert_eq!(tls.sni, format!("outbound_.{port}_._.{WEB}"));
         let sans = format!("{:?}", tls.common_tls_context.unwrap());
-        assert!(sans.contains("spiffe://cluster.local/ns/demo/sa/web"), "{sans}");
+        assert!(
+            sans.contains("spiffe://cluster.local/ns/demo/sa/web"),
+            "{sans}"
+        );
     }
     // A ServiceEntry NONE: passthrough too, plain text (outside the mesh).
     let pg = all
@@ -262,7 +267,10 @@ fn the_name_table_answers_a_headless_service_with_every_pod_and_each_pod_by_name
     let table = nds::name_table(&ctx, &sidecar("198.18.0.2", true));
     let web = &table.table[WEB];
     assert_eq!(web.ips, ["198.18.1.10", "198.18.1.11", "198.18.1.12"]);
-    assert_eq!((web.shortname.as_str(), web.namespace.as_str()), ("web", "demo"));
+    assert_eq!(
+        (web.shortname.as_str(), web.namespace.as_str()),
+        ("web", "demo")
+    );
     // spec.hostname, or the Pod's name, under its subdomain; a Pod without
     // a subdomain has no name of its own.
     let web0 = &table.table["web-0.web.demo.svc.cluster.local"];

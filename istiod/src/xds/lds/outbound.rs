@@ -235,11 +235,16 @@ pub fn uses_auto_addresses(proxy: &Proxy) -> bool {
 /// passthrough service (whose per-endpoint listeners leave it out).
 pub fn listener_key(scope: &super::super::scope::SidecarScope, proxy: &Proxy) -> String {
     let own = proxy.ips.first().filter(|ip| {
-        scope.services().iter().any(|s| {
-            s.is_passthrough() && s.endpoints.iter().any(|e| &e.address == *ip)
-        })
+        scope
+            .services()
+            .iter()
+            .any(|s| s.is_passthrough() && s.endpoints.iter().any(|e| &e.address == *ip))
     });
-    format!("{}/{}", uses_auto_addresses(proxy), own.map(String::as_str).unwrap_or(""))
+    format!(
+        "{}/{}",
+        uses_auto_addresses(proxy),
+        own.map(String::as_str).unwrap_or("")
+    )
 }
 
 /// The listener plan of a proxy, from its egress scopes in order.
