@@ -449,6 +449,9 @@ fn a_headless_statefulset_pod_is_reached_by_its_own_name_over_mtls_and_each_pod_
         let ns = &mesh.pod(&format!("web-{i}")).ns;
         tests::mesh::serve_app(ns, "0.0.0.0:9000".parse().unwrap(), &format!("web-{i}-tcp"));
     }
+    // The cluster's DNS, which answers names it does not know (the search
+    // list's expansions) with no address, as kube-dns would.
+    fake_upstream(&mesh.pod("sleep-1").ns);
     let url = "http://web-1.web.demo.svc.cluster.local:8080/";
     tests::wait_for("web-1 by its name", Duration::from_secs(30), || {
         mesh.app_curl("sleep-1", url)
@@ -587,6 +590,7 @@ fn two_tcp_service_entries_on_one_port_get_their_own_addresses_and_backends() {
     );
     assert_ne!(a, b, "distinct addresses");
     let sleep = &mesh.pod("sleep-1").ns;
+    fake_upstream(sleep);
     for (name, want) in [("a", &a[0]), ("b", &b[0])] {
         let host: &'static str = Box::leak(format!("mysql-{name}.db.example.").into_boxed_str());
         let got = tests::wait_for(&format!("{host} over NDS"), Duration::from_secs(20), || {

@@ -376,4 +376,98 @@ mod tests {
         assert!(in_prefixes("2001:2::ffff".parse().unwrap()));
         assert!(!in_prefixes("2001:3::1".parse().unwrap()));
     }
+
+    fn rss_kib() -> u64 {
+        std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    }
+
+    /// IP auto-allocation for 5,000 ServiceEntries: the time to allocate
+    /// and to build the service registry, and the memory the allocations
+    /// hold, against the same entries with `addresses` given (nothing to
+    /// allocate) in the same run. Prints; asserts nothing about speed.
+    ///
+    /// `cargo test -p istiod --lib bench_auto_allocation -- --ignored --nocapture`
+    #[test]
+    #[ignore = "a benchmark: run it by name"]
+    fn bench_auto_allocation() {
+        use crate::model::service::{RegistryOptions, ServiceRegistry};
+        const N: usize = 5_000;
+        const REPS: usize = 7;
+        let store_of = |given: bool| {
+            let mut yaml = String::new();
+            for i in 0..N {
+                let addresses = if given {
+                    format!("  addresses: [10.{}.{}.1]\n", i / 256, i % 256)
+                } else {
+                    String::new()
+                };
+                yaml.push_str(&format!(
+                    "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: se-{i}, namespace: ns-{}}}\nspec:\n  hosts: [db-{i}.bench.example]\n{addresses}  ports: [{{number: 3306, name: tcp, protocol: TCP}}]\n  resolution: STATIC\n  endpoints: [{{address: 10.200.{}.{}}}]\n---\n",
+                    i % 50,
+                    i / 256,
+                    i % 256
+                ));
+            }
+            let store = ConfigStore::new();
+            store.replace(
+                parse_file("bench.yaml", &yaml)
+                    .unwrap()
+                    .objects
+                    .into_iter()
+                    .map(Arc::new),
+            );
+            store.snapshot()
+        };
+        let median = |mut v: Vec<std::time::Duration>| {
+            v.sort();
+            v[v.len() / 2].as_secs_f64() * 1000.0
+        };
+        let time = |f: &dyn Fn()| {
+            median(
+                (0..REPS)
+                    .map(|_| {
+                        let t = std::time::Instant::now();
+                        f();
+                        t.elapsed()
+                    })
+                    .collect(),
+            )
+        };
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        println!("load average: {}", load.trim());
+        let options = RegistryOptions::default();
+        let mut rows = Vec::new();
+        for (label, given) in [
+            ("addresses given (baseline)", true),
+            ("auto-allocated", false),
+        ] {
+            let snapshot = store_of(given);
+            let allocate_ms = time(&|| {
+                std::hint::black_box(allocate(&snapshot));
+            });
+            let registry_ms = time(&|| {
+                std::hint::black_box(ServiceRegistry::build(&snapshot, &options));
+            });
+            let before = rss_kib();
+            let held: Vec<Allocations> = (0..10).map(|_| allocate(&snapshot)).collect();
+            let kib = (rss_kib().saturating_sub(before)) as f64 / held.len() as f64;
+            rows.push((label, held[0].len(), allocate_ms, registry_ms, kib));
+        }
+        println!(
+            "| entries | hosts allocated | allocate ms | registry build ms | allocations KiB (RSS) |"
+        );
+        println!("|---|---:|---:|---:|---:|");
+        for (label, hosts, a, r, kib) in &rows {
+            println!("| {N} {label} | {hosts} | {a:.2} | {r:.2} | {kib:.0} |");
+        }
+        println!(
+            "registry build with allocation / baseline: {:.2}",
+            rows[1].3 / rows[0].3
+        );
+    }
 }
