@@ -16,7 +16,7 @@
 //! Only a new entry whose slot collides with an older one's can move an
 //! address of the file source, and only when it sorts first.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::istio::{Resolution, ServiceEntry};
@@ -59,7 +59,9 @@ pub fn allocated_hosts(se: &ServiceEntry) -> impl Iterator<Item = &String> {
 /// The addresses of every qualifying entry's hosts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Allocations {
-    by_entry: HashMap<ObjectKey, BTreeMap<String, Vec<IpAddr>>>,
+    /// Per entry, its hosts' addresses in host order (a short list: an
+    /// entry has few hosts, and a map per entry would cost more).
+    by_entry: HashMap<ObjectKey, Vec<(String, Vec<IpAddr>)>>,
 }
 
 impl Allocations {
@@ -67,8 +69,8 @@ impl Allocations {
     pub fn addresses(&self, key: &ObjectKey, host: &str) -> &[IpAddr] {
         self.by_entry
             .get(key)
-            .and_then(|hosts| hosts.get(host))
-            .map(Vec::as_slice)
+            .and_then(|hosts| hosts.iter().find(|(h, _)| h == host))
+            .map(|(_, ips)| ips.as_slice())
             .unwrap_or_default()
     }
 
@@ -89,7 +91,20 @@ impl Allocations {
 
     /// How many hosts got addresses.
     pub fn len(&self) -> usize {
-        self.by_entry.values().map(BTreeMap::len).sum()
+        self.by_entry.values().map(Vec::len).sum()
+    }
+
+    /// The address list of `host` of the entry `key`, created empty.
+    fn list_mut(&mut self, key: &ObjectKey, host: &str) -> &mut Vec<IpAddr> {
+        let hosts = self.by_entry.entry(key.clone()).or_default();
+        let i = match hosts.iter().position(|(h, _)| h == host) {
+            Some(i) => i,
+            None => {
+                hosts.push((host.to_string(), Vec::new()));
+                hosts.len() - 1
+            }
+        };
+        &mut hosts[i].1
     }
 
     /// Whether no host got an address.
@@ -181,14 +196,11 @@ pub fn allocate_entries<'a>(entries: impl Iterator<Item = Typed<'a, ServiceEntry
     // without a creation time (files).
     entries.sort_by(|a, b| {
         let m = |t: &Typed<'a, ServiceEntry>| {
+            let meta = &t.object.metadata;
             (
-                t.object
-                    .metadata
-                    .creation_timestamp
-                    .clone()
-                    .unwrap_or_default(),
-                t.object.metadata.namespace.clone(),
-                t.object.metadata.name.clone(),
+                meta.creation_timestamp.as_deref().unwrap_or_default(),
+                meta.namespace.as_str(),
+                meta.name.as_str(),
             )
         };
         m(a).cmp(&m(b))
@@ -219,12 +231,7 @@ pub fn allocate_entries<'a>(entries: impl Iterator<Item = Typed<'a, ServiceEntry
                 continue;
             }
             used.insert(ip);
-            out.by_entry
-                .entry(key.clone())
-                .or_default()
-                .entry(a.host.clone())
-                .or_default()
-                .push(ip);
+            out.list_mut(&key, &a.host).push(ip);
         }
     }
     for e in &entries {
@@ -243,12 +250,7 @@ pub fn allocate_entries<'a>(entries: impl Iterator<Item = Typed<'a, ServiceEntry
                 tracing::warn!(target: "model", "{key}: no free address left in 240.240.0.0/16 for {host}");
                 continue;
             };
-            let list = out
-                .by_entry
-                .entry(key.clone())
-                .or_default()
-                .entry(host.clone())
-                .or_default();
+            let list = out.list_mut(&key, host);
             if !has_v4 {
                 used.insert(IpAddr::V4(v4_of(n)));
                 list.push(IpAddr::V4(v4_of(n)));
@@ -259,6 +261,9 @@ pub fn allocate_entries<'a>(entries: impl Iterator<Item = Typed<'a, ServiceEntry
             }
             list.sort_by_key(IpAddr::is_ipv6);
         }
+    }
+    for hosts in out.by_entry.values_mut() {
+        hosts.sort_by(|a, b| a.0.cmp(&b.0));
     }
     out
 }
