@@ -599,7 +599,7 @@ fn two_tcp_service_entries_on_one_port_get_their_own_addresses_and_backends() {
         });
         assert_eq!(
             &got,
-            &[want.clone()],
+            std::slice::from_ref(want),
             "sleep resolves {host} to its status address"
         );
     }

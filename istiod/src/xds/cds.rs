@@ -261,7 +261,10 @@ fn outbound(
     }
     policy::apply_load_balancer(&mut c, policy.and_then(|p| p.load_balancer.as_ref()));
     if original_dst {
+        // The destination is the client's: no balancer settings apply
+        // (Istio's `applyLoadBalancer` stops here too).
         c.lb_policy = cluster::LbPolicy::ClusterProvided.into();
+        c.lb_config = None;
     }
     let pool = policy.and_then(|p| p.connection_pool.as_ref());
     if let Some(cp) = pool {

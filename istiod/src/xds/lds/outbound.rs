@@ -111,9 +111,13 @@ impl Plan {
     /// `buildSidecarOutboundListeners` picks them: the service's address
     /// (its own, else an auto-allocated one for a proxy that captures DNS);
     /// without one, each endpoint's IP for a passthrough service (a headless
-    /// Service; a ServiceEntry NONE with endpoints), else the wildcard.
-    /// (Istio also gives none to a NONE entry with a `workloadSelector`
-    /// that selects nothing yet; here that one gets the wildcard.)
+    /// Service; a ServiceEntry NONE with endpoints), else the wildcard for
+    /// a NONE entry (whose cluster forwards to the original destination,
+    /// as the catch-all would). Istio also gives none to a NONE entry with
+    /// a `workloadSelector` that selects nothing yet; here that one gets the
+    /// wildcard. Other services without an address get no TCP listener
+    /// here (their connections take the catch-all): Istio's wildcard
+    /// listener for them needs SNI chains for TLS ports, not built here.
     fn tcp_binds(&self, svc: &Service, port: u16) -> Vec<String> {
         let (v4, v6) = self.ip.families();
         if let Some(vip) = svc.addresses_for(self.auto_addresses, v4, v6).first() {
@@ -123,7 +127,11 @@ impl Plan {
             && (svc.source == ServiceSource::Kubernetes
                 || svc.endpoints_for(port).next().is_some());
         if !per_endpoint {
-            return vec![self.ip.wildcard().to_string()];
+            return if svc.is_passthrough() {
+                vec![self.ip.wildcard().to_string()]
+            } else {
+                Vec::new()
+            };
         }
         let mut binds: Vec<String> = svc
             .endpoints_for(port)
