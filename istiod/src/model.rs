@@ -20,6 +20,7 @@ pub mod error;
 pub mod gateway;
 pub mod gateway_api;
 pub mod ingress;
+pub mod ip_allocate;
 pub mod istio;
 pub mod kube;
 pub mod meta;

@@ -123,6 +123,13 @@ pub async fn start(
                 config.domain.clone(),
                 shutdown.clone(),
             ));
+            // ServiceEntry addresses, written back as Istio's IP
+            // auto-allocation controller does.
+            tokio::spawn(self::kube::ip_allocate::run(
+                client.clone(),
+                store.slice(self::kube::SLICE),
+                shutdown.clone(),
+            ));
             let ks = KubeSource::start(
                 client,
                 store.slice(self::kube::SLICE),

@@ -31,6 +31,8 @@ pub mod scope;
 pub mod sds;
 pub mod security;
 pub mod server;
+#[cfg(test)]
+mod service_shapes_tests;
 mod sotw;
 pub mod statusgen;
 pub mod telemetry;

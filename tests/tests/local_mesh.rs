@@ -387,3 +387,238 @@ fn the_dns_proxy_answers_mesh_names_and_forwards_the_rest() {
         "forwarded upstream"
     );
 }
+
+/// Writes `yaml` into the running mesh: a file of istiod's config
+/// directory, or (on Kubernetes) each object created in the API.
+fn apply_yaml(mesh: &LocalMesh, file: &str, yaml: &str) {
+    match &mesh.kube_api {
+        Some(api) => {
+            for doc in yaml.split("\n---") {
+                let v: serde_json::Value = serde_yaml_ng::from_str(doc).unwrap();
+                if !v.is_null() {
+                    api.create(v).unwrap();
+                }
+            }
+        }
+        None => {
+            let tmp = mesh.config_dir.join(format!(".{file}.tmp"));
+            std::fs::write(&tmp, yaml).unwrap();
+            std::fs::rename(&tmp, mesh.config_dir.join(file)).unwrap();
+        }
+    }
+}
+
+/// A StatefulSet `web` of three Pods behind a headless Service (HTTP 8080,
+/// TCP 9000), as the StatefulSet controller writes them: each Pod's
+/// `hostname` is its name, its `subdomain` the set's `serviceName`.
+fn web_statefulset() -> String {
+    let mut yaml = String::from(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: demo}\nspec:\n  clusterIP: None\n  selector: {app: web}\n  ports: [{name: http-web, port: 8080}, {name: tcp-echo, port: 9000}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-x1, namespace: demo, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http-web, port: 8080}, {name: tcp-echo, port: 9000}]\nendpoints:\n",
+    );
+    for i in 0..3 {
+        yaml.push_str(&format!(
+            "- {{addresses: [198.18.0.2{i}], conditions: {{ready: true}}, targetRef: {{kind: Pod, namespace: demo, name: web-{i}}}}}\n"
+        ));
+    }
+    for i in 0..3 {
+        yaml.push_str(&format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: web-{i}\n  namespace: demo\n  labels: {{app: web, security.istio.io/tlsMode: istio}}\n  ownerReferences: [{{apiVersion: apps/v1, kind: StatefulSet, name: web, uid: 5e7a1-web, controller: true}}]\nspec: {{serviceAccountName: web, hostname: web-{i}, subdomain: web}}\nstatus: {{phase: Running, podIP: 198.18.0.2{i}}}\n"
+        ));
+    }
+    yaml
+}
+
+/// Istio's headless-service handling: `<pod>.<svc>.<ns>.svc.cluster.local`
+/// resolves through the agent's DNS proxy to that Pod alone, the request
+/// goes out through the `ORIGINAL_DST` cluster over mutual TLS (the
+/// namespace is STRICT), and each Pod's TCP port is served through its own
+/// per-address listener.
+#[test]
+fn a_headless_statefulset_pod_is_reached_by_its_own_name_over_mtls_and_each_pod_over_tcp() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut mesh = LocalMesh::start(tmp.path(), &[]);
+    apply_yaml(&mesh, "web.yaml", &web_statefulset());
+    for i in 0..3 {
+        mesh.add_pod(
+            &format!("web-{i}"),
+            &format!("198.18.0.2{i}"),
+            "web",
+            &format!("web-{i}"),
+        );
+        let ns = &mesh.pod(&format!("web-{i}")).ns;
+        tests::mesh::serve_app(ns, "0.0.0.0:9000".parse().unwrap(), &format!("web-{i}-tcp"));
+    }
+    // The cluster's DNS, which answers names it does not know (the search
+    // list's expansions) with no address, as kube-dns would.
+    fake_upstream(&mesh.pod("sleep-1").ns);
+    let url = "http://web-1.web.demo.svc.cluster.local:8080/";
+    tests::wait_for("web-1 by its name", Duration::from_secs(30), || {
+        mesh.app_curl("sleep-1", url)
+            .ok()
+            .filter(|(code, body)| *code == 200 && version(body) == "web-1")
+    });
+    let mut answered = BTreeMap::new();
+    for _ in 0..20 {
+        let (code, body) = mesh.app_curl("sleep-1", url).unwrap();
+        assert_eq!(code, 200, "{body}");
+        *answered.entry(version(&body)).or_insert(0) += 1;
+        let xfcc = body.lines().find_map(|l| l.strip_prefix("xfcc=")).unwrap();
+        assert!(
+            xfcc.contains("By=spiffe://cluster.local/ns/demo/sa/web")
+                && xfcc.contains(&format!("URI={SLEEP}")),
+            "mutual TLS between sleep and web-1: {xfcc}"
+        );
+    }
+    assert_eq!(
+        answered,
+        BTreeMap::from([("web-1".to_string(), 20)]),
+        "web-1 only"
+    );
+    // The other Pods by their names, and the Service's name to all three.
+    for pod in ["web-0", "web-2"] {
+        let (code, body) = mesh
+            .app_curl(
+                "sleep-1",
+                &format!("http://{pod}.web.demo.svc.cluster.local:8080/"),
+            )
+            .unwrap();
+        assert_eq!((code, version(&body)), (200, pod.to_string()), "{body}");
+    }
+    let mut all = resolve(
+        &mesh.pod("sleep-1").ns,
+        "127.0.0.1:15053",
+        "web.demo.svc.cluster.local.",
+        false,
+    );
+    all.sort();
+    assert_eq!(all, ["198.18.0.20", "198.18.0.21", "198.18.0.22"]);
+
+    // TCP to each Pod's address: through sleep's per-Pod listener and the
+    // ORIGINAL_DST cluster, over mTLS (STRICT refuses anything else).
+    let handshakes = "cluster.outbound|9000||web.demo.svc.cluster.local;.ssl.handshake";
+    let before = mesh.envoy_stat("sleep-1", handshakes);
+    for i in 0..3 {
+        let listener = format!("listener.198.18.0.2{i}_9000.downstream_cx_total");
+        let seen = mesh.envoy_stat("sleep-1", &listener);
+        let addr = format!("198.18.0.2{i}:9000").parse().unwrap();
+        let (code, body) =
+            tests::mesh::http_request(&mesh.pod("sleep-1").ns, addr, "web", "/").unwrap();
+        assert_eq!(
+            (code, version(&body)),
+            (200, format!("web-{i}-tcp")),
+            "{body}"
+        );
+        assert_eq!(
+            mesh.envoy_stat("sleep-1", &listener),
+            seen + 1,
+            "{listener}"
+        );
+    }
+    assert_eq!(
+        mesh.envoy_stat("sleep-1", handshakes),
+        before + 3,
+        "one mutual TLS handshake per connection"
+    );
+}
+
+/// Two TCP ServiceEntries on port 3306 without `addresses`, on Kubernetes:
+/// istiod gives each an address of 240.240.0.0/16, writes it to the entry's
+/// `status.addresses`, serves it over NDS, and listens on each, so each
+/// client connection reaches its own backend.
+#[test]
+fn two_tcp_service_entries_on_one_port_get_their_own_addresses_and_backends() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let mesh = LocalMesh::start_kube(tmp.path());
+    let backends: Vec<_> = [("a", "198.18.0.31"), ("b", "198.18.0.32")]
+        .into_iter()
+        .map(|(name, ip)| {
+            let pod = mesh.plain_pod(ip);
+            tests::mesh::serve_app(
+                &pod.ns,
+                format!("{ip}:3306").parse().unwrap(),
+                &format!("db-{name}"),
+            );
+            pod
+        })
+        .collect();
+    let entry = |name: &str, ip: &str| {
+        format!(
+            "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: mysql-{name}, namespace: demo}}\nspec:\n  hosts: [mysql-{name}.db.example]\n  ports: [{{number: 3306, name: tcp-mysql, protocol: TCP}}]\n  location: MESH_EXTERNAL\n  resolution: STATIC\n  endpoints: [{{address: {ip}}}]\n"
+        )
+    };
+    apply_yaml(
+        &mesh,
+        "mysql.yaml",
+        &format!(
+            "{}---\n{}",
+            entry("a", "198.18.0.31"),
+            entry("b", "198.18.0.32")
+        ),
+    );
+    let api = mesh.kube_api.as_ref().unwrap();
+    let status = |name: &str| {
+        tests::wait_for(
+            &format!("mysql-{name}'s status.addresses"),
+            Duration::from_secs(20),
+            || {
+                let se = api.get(
+                    "networking.istio.io/v1",
+                    "ServiceEntry",
+                    "demo",
+                    &format!("mysql-{name}"),
+                )?;
+                let list = se["status"]["addresses"].as_array()?.clone();
+                let values: Vec<String> = list
+                    .iter()
+                    .filter(|a| a["host"] == format!("mysql-{name}.db.example"))
+                    .filter_map(|a| a["value"].as_str().map(str::to_string))
+                    .collect();
+                (values.len() == 2).then_some(values)
+            },
+        )
+    };
+    let (a, b) = (status("a"), status("b"));
+    assert!(
+        a[0].starts_with("240.240.") && a[1].starts_with("2001:2::"),
+        "{a:?}"
+    );
+    assert!(
+        b[0].starts_with("240.240.") && b[1].starts_with("2001:2::"),
+        "{b:?}"
+    );
+    assert_ne!(a, b, "distinct addresses");
+    let sleep = &mesh.pod("sleep-1").ns;
+    fake_upstream(sleep);
+    for (name, want) in [("a", &a[0]), ("b", &b[0])] {
+        let host: &'static str = Box::leak(format!("mysql-{name}.db.example.").into_boxed_str());
+        let got = tests::wait_for(&format!("{host} over NDS"), Duration::from_secs(20), || {
+            let ips = resolve(sleep, "127.0.0.1:15053", host, false);
+            (!ips.is_empty()).then_some(ips)
+        });
+        assert_eq!(
+            &got,
+            std::slice::from_ref(want),
+            "sleep resolves {host} to its status address"
+        );
+    }
+    for _ in 0..5 {
+        for name in ["a", "b"] {
+            let (code, body) = tests::wait_for(
+                &format!("mysql-{name} through sleep"),
+                Duration::from_secs(20),
+                || {
+                    mesh.app_curl("sleep-1", &format!("http://mysql-{name}.db.example:3306/"))
+                        .ok()
+                },
+            );
+            assert_eq!(
+                (code, version(&body)),
+                (200, format!("db-{name}")),
+                "{body}"
+            );
+        }
+    }
+    drop(backends);
+}

@@ -179,6 +179,20 @@ pub struct ServiceEntry {
     pub export_to: Vec<String>,
     /// Identities the endpoints' certificates must carry.
     pub subject_alt_names: Vec<String>,
+    /// The object's `status.addresses`: what IP auto-allocation wrote
+    /// (read from the status, never from the spec).
+    #[serde(skip)]
+    pub status_addresses: Vec<ServiceEntryAddress>,
+}
+
+/// One of a ServiceEntry's `status.addresses` (Istio's `ServiceEntryAddress`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ServiceEntryAddress {
+    /// The address.
+    pub value: String,
+    /// The host it was allocated for.
+    pub host: String,
 }
 
 /// A `networking.istio.io` WorkloadEntry (also the shape of a ServiceEntry endpoint).

@@ -206,6 +206,11 @@ pub struct PodSpec {
     pub node_name: String,
     /// Containers, for their named ports.
     pub containers: Vec<Container>,
+    /// The Pod's host name (a StatefulSet's Pods: their name).
+    pub hostname: String,
+    /// With it, the Pod is `<hostname>.<subdomain>.<ns>.svc.<domain>` in DNS
+    /// (a StatefulSet's Pods: the set's `serviceName`).
+    pub subdomain: String,
 }
 
 /// A container, for its ports.

@@ -88,7 +88,6 @@ struct IstioBody<T> {
     #[serde(default)]
     spec: T,
     #[serde(default)]
-    #[allow(dead_code)]
     status: Option<Opaque>,
 }
 
@@ -221,7 +220,7 @@ pub fn decode(value: Value) -> Result<Decoded, DecodeError> {
 fn decode_body(kind: Kind, map: Map<String, Value>) -> Result<Spec, FieldError> {
     let body = Value::Object(map);
     Ok(match kind {
-        Kind::ServiceEntry => Spec::ServiceEntry(istio(body)?),
+        Kind::ServiceEntry => Spec::ServiceEntry(service_entry(body)?),
         Kind::WorkloadEntry => Spec::WorkloadEntry(istio(body)?),
         Kind::VirtualService => Spec::VirtualService(istio(body)?),
         Kind::DestinationRule => Spec::DestinationRule(istio(body)?),
@@ -246,6 +245,19 @@ fn decode_body(kind: Kind, map: Map<String, Value>) -> Result<Spec, FieldError> 
         Kind::Ingress => Spec::Ingress(typed(body)?),
         Kind::IngressClass => Spec::IngressClass(typed(body)?),
     })
+}
+
+/// A ServiceEntry's `spec`, with the addresses its `status` holds (IP
+/// auto-allocation writes them there; an unreadable status is no address).
+fn service_entry(body: Value) -> Result<super::istio::ServiceEntry, FieldError> {
+    let b = typed::<IstioBody<super::istio::ServiceEntry>>(body)?;
+    let mut se = b.spec;
+    se.status_addresses = b
+        .status
+        .and_then(|s| s.get("addresses").cloned())
+        .and_then(|a| serde_json::from_value(a).ok())
+        .unwrap_or_default();
+    Ok(se)
 }
 
 fn istio<T: DeserializeOwned + Default>(body: Value) -> Result<T, FieldError> {

@@ -15,6 +15,9 @@ use super::kube::{self, EXPORT_TO_ANNOTATION, IntOrString, SERVICE_NAME_LABEL, S
 use super::meta::{Kind, ObjectKey};
 use super::store::{Snapshot, Typed};
 
+/// Istio's `constants.UnspecifiedIP`: a service without an address.
+pub const UNSPECIFIED_IP: &str = "0.0.0.0";
+
 /// Istio's default DNS domain suffix (`--domain`).
 pub const DEFAULT_DOMAIN: &str = "cluster.local";
 
@@ -312,6 +315,12 @@ pub struct Endpoint {
     pub weight: u32,
     /// The Pod or WorkloadEntry behind the endpoint, if known.
     pub workload: Option<ObjectKey>,
+    /// The Pod's DNS host name (`spec.hostname`, else its name) when it has
+    /// a `spec.subdomain`: Istio's `HostName`, for
+    /// `<hostname>.<subdomain>.<ns>.svc.<domain>` names of headless services.
+    pub hostname: String,
+    /// The Pod's `spec.subdomain` (a StatefulSet's `serviceName`).
+    pub subdomain: String,
 }
 
 /// A service, as generators see it.
@@ -327,6 +336,10 @@ pub struct Service {
     pub source: ServiceSource,
     /// Virtual IPs (ClusterIP, ServiceEntry addresses).
     pub addresses: Vec<String>,
+    /// Addresses IP auto-allocation gave a ServiceEntry host without
+    /// `addresses` (IPv4 first): used by proxies that capture DNS, as
+    /// Istio's `GetAddressForProxy` does.
+    pub auto_addresses: Vec<String>,
     /// The ports.
     pub ports: Vec<ServicePort>,
     /// How endpoints are found.
@@ -357,6 +370,7 @@ impl Service {
             source_object,
             source,
             addresses,
+            auto_addresses,
             ports,
             resolution,
             mesh_external,
@@ -366,6 +380,7 @@ impl Service {
             revision: _,
         } = self;
         (hostname, namespace, source_object, source, addresses, ports).hash(&mut h);
+        auto_addresses.hash(&mut h);
         (
             resolution,
             mesh_external,
@@ -375,6 +390,32 @@ impl Service {
         )
             .hash(&mut h);
         h.finish()
+    }
+
+    /// The addresses a proxy uses for the service: its own, else (for a
+    /// proxy that consumes auto-allocated addresses: one capturing DNS) the
+    /// allocated ones, of the proxy's IP families.
+    pub fn addresses_for(&self, auto_allocated: bool, v4: bool, v6: bool) -> Vec<&str> {
+        let own: Vec<&str> = self
+            .addresses
+            .iter()
+            .map(String::as_str)
+            .filter(|a| *a != UNSPECIFIED_IP)
+            .collect();
+        if !own.is_empty() || !auto_allocated {
+            return own;
+        }
+        self.auto_addresses
+            .iter()
+            .map(String::as_str)
+            .filter(|a| if a.contains(':') { v6 } else { v4 })
+            .collect()
+    }
+
+    /// Whether this is a headless Kubernetes Service or a ServiceEntry of
+    /// resolution NONE: clients reach the address they asked for.
+    pub fn is_passthrough(&self) -> bool {
+        self.resolution == ServiceResolution::Passthrough
     }
 
     /// The port with this number.
@@ -438,6 +479,7 @@ impl ServiceRegistry {
     /// Builds the registry from a snapshot.
     pub fn build(snapshot: &Snapshot, options: &RegistryOptions) -> Self {
         let index = JoinIndex::new(snapshot);
+        let allocations = super::ip_allocate::allocate(snapshot);
         let mut services: Vec<Arc<Service>> = Vec::new();
         let mut add = |mut svc: Service| {
             svc.revision = svc.content_hash();
@@ -447,7 +489,7 @@ impl ServiceRegistry {
             add(kube_service(snapshot, &index, svc, options));
         }
         for se in snapshot.list::<istio::ServiceEntry>() {
-            for svc in service_entry_services(snapshot, se, options) {
+            for svc in service_entry_services(snapshot, se, &allocations, options) {
                 add(svc);
             }
         }
@@ -579,6 +621,22 @@ fn node_locality(snapshot: &Snapshot, name: &str) -> String {
         .unwrap_or_default()
 }
 
+/// A Pod's DNS host name and subdomain, as Istio's endpoint builder takes
+/// them: with a `spec.subdomain`, `spec.hostname` or else the Pod's name (a
+/// StatefulSet's Pods carry their name and the set's `serviceName` there).
+fn pod_dns_name(pod: Typed<'_, kube::Pod>) -> (String, String) {
+    let spec = &pod.spec.spec;
+    if spec.subdomain.is_empty() {
+        return (String::new(), String::new());
+    }
+    let hostname = if spec.hostname.is_empty() {
+        pod.object.metadata.name.clone()
+    } else {
+        spec.hostname.clone()
+    };
+    (hostname, spec.subdomain.clone())
+}
+
 fn pod_ips(pod: &kube::Pod) -> impl Iterator<Item = &str> {
     pod.status
         .pod_ip
@@ -666,6 +724,8 @@ fn kube_service(
                     locality: String::new(),
                     weight: 1,
                     workload: None,
+                    hostname: String::new(),
+                    subdomain: String::new(),
                 });
             }
         }
@@ -680,6 +740,7 @@ fn kube_service(
         source_object: svc.object.key(),
         source: ServiceSource::Kubernetes,
         addresses,
+        auto_addresses: Vec::new(),
         ports,
         resolution,
         mesh_external: external,
@@ -740,6 +801,7 @@ fn slice_endpoints(
                 Some(p) => pod_locality(pods.snapshot, p),
                 None => node_locality(pods.snapshot, ep.node_name.as_deref().unwrap_or_default()),
             };
+            let (hostname, subdomain) = pod.map(pod_dns_name).unwrap_or_default();
             for sp in ports {
                 let Some(slice_port) = slice.spec.ports.iter().find(|p| p.name == sp.name) else {
                     continue;
@@ -760,6 +822,8 @@ fn slice_endpoints(
                     locality: locality.clone(),
                     weight: 1,
                     workload: pod.map(|p| p.object.key()),
+                    hostname: hostname.clone(),
+                    subdomain: subdomain.clone(),
                 });
             }
         }
@@ -833,6 +897,8 @@ fn workload_endpoint(
         locality: we.locality.clone(),
         weight: we.weight.unwrap_or(1),
         workload,
+        hostname: String::new(),
+        subdomain: String::new(),
     })
 }
 
@@ -841,6 +907,7 @@ fn workload_endpoint(
 fn service_entry_services(
     snapshot: &Snapshot,
     se: Typed<'_, istio::ServiceEntry>,
+    allocations: &super::ip_allocate::Allocations,
     options: &RegistryOptions,
 ) -> Vec<Service> {
     let meta = &se.object.metadata;
@@ -926,6 +993,8 @@ fn service_entry_services(
                     locality: pod_locality(snapshot, pod),
                     weight: 1,
                     workload: Some(pod.object.key()),
+                    hostname: String::new(),
+                    subdomain: String::new(),
                 });
             }
         }
@@ -939,6 +1008,11 @@ fn service_entry_services(
             source_object: se.object.key(),
             source: ServiceSource::ServiceEntry,
             addresses: spec.addresses.clone(),
+            auto_addresses: allocations
+                .addresses(&se.object.key(), host)
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
             ports: ports.iter().map(|(p, _)| p.clone()).collect(),
             resolution,
             mesh_external,
@@ -961,325 +1035,4 @@ pub const REGISTRY_KINDS: [Kind; 6] = [
 ];
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::{ConfigStore, parse_file};
-
-    fn registry(yaml: &str) -> ServiceRegistry {
-        let store = ConfigStore::new();
-        let objects = parse_file("t.yaml", yaml).unwrap().objects;
-        store.replace(objects.into_iter().map(Arc::new));
-        ServiceRegistry::build(&store.snapshot(), &RegistryOptions::default())
-    }
-
-    fn sample() -> String {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("samples/mesh");
-        ["namespace.yaml", "sleep.yaml", "httpbin.yaml", "istio.yaml"]
-            .iter()
-            .map(|f| std::fs::read_to_string(dir.join(f)).unwrap())
-            .collect::<Vec<_>>()
-            .join("\n---\n")
-    }
-
-    #[test]
-    fn endpoints_take_the_locality_of_their_node_or_pod_label() {
-        let reg = registry(
-            r#"
-apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: demo}
-spec: {clusterIP: 198.19.0.9, ports: [{name: http, port: 80, targetPort: 8080}]}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-1, namespace: demo, labels: {kubernetes.io/service-name: web}}
-addressType: IPv4
-ports: [{name: http, port: 8080}]
-endpoints:
-- {addresses: [198.18.0.1], targetRef: {kind: Pod, name: a}}
-- {addresses: [198.18.0.2], targetRef: {kind: Pod, name: b}}
-- {addresses: [198.18.0.3], targetRef: {kind: Pod, name: c}}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: a, namespace: demo}
-spec: {nodeName: node-1}
-status: {podIP: 198.18.0.1}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: b, namespace: demo, labels: {istio-locality: eu.eu-b.rack1}}
-spec: {nodeName: node-1}
-status: {podIP: 198.18.0.2}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: c, namespace: demo}
-spec: {nodeName: unlabelled}
-status: {podIP: 198.18.0.3}
----
-apiVersion: v1
-kind: Node
-metadata:
-  name: node-1
-  labels: {topology.kubernetes.io/region: us-east1, topology.kubernetes.io/zone: us-east1-b}
----
-apiVersion: v1
-kind: Node
-metadata: {name: unlabelled}
-"#,
-        );
-        let web = reg
-            .by_hostname("web.demo.svc.cluster.local")
-            .next()
-            .unwrap();
-        let localities: Vec<_> = web
-            .endpoints
-            .iter()
-            .map(|e| (e.address.as_str(), e.locality.as_str()))
-            .collect();
-        assert_eq!(
-            localities,
-            vec![
-                ("198.18.0.1", "us-east1/us-east1-b/"),
-                ("198.18.0.2", "eu/eu-b/rack1"),
-                ("198.18.0.3", ""),
-            ]
-        );
-    }
-
-    #[test]
-    fn kubernetes_services_join_slices_with_pods() {
-        let reg = registry(&sample());
-        let hosts: Vec<&str> = reg.services().iter().map(|s| s.hostname.as_str()).collect();
-        assert_eq!(
-            hosts,
-            vec![
-                "httpbin.demo.svc.cluster.local",
-                "sleep.demo.svc.cluster.local"
-            ]
-        );
-        let httpbin = reg
-            .by_hostname("httpbin.demo.svc.cluster.local")
-            .next()
-            .unwrap();
-        assert_eq!(httpbin.addresses, vec!["198.19.0.10"]);
-        assert_eq!(httpbin.resolution, ServiceResolution::ClientSideLb);
-        assert_eq!(
-            httpbin.ports,
-            vec![ServicePort {
-                name: "http".into(),
-                port: 8000,
-                protocol: Protocol::Http
-            }]
-        );
-        let eps: Vec<_> = httpbin.endpoints_for(8000).collect();
-        assert_eq!(eps.len(), 2);
-        assert_eq!(
-            eps.iter()
-                .map(|e| (e.address.as_str(), e.port, e.labels["version"].as_str()))
-                .collect::<Vec<_>>(),
-            vec![("198.18.0.3", 8080, "v1"), ("198.18.0.4", 8080, "v2")]
-        );
-        assert!(
-            eps.iter()
-                .all(|e| e.tls_mode == EndpointTlsMode::Istio && e.healthy)
-        );
-        assert_eq!(
-            httpbin.identities().into_iter().collect::<Vec<_>>(),
-            vec!["spiffe://cluster.local/ns/demo/sa/httpbin"]
-        );
-        assert_eq!(
-            eps[0].workload,
-            Some(ObjectKey::new(Kind::Pod, "demo", "httpbin-v1"))
-        );
-    }
-
-    #[test]
-    fn unready_headless_and_external_name_services() {
-        let reg = registry(
-            r#"
-apiVersion: v1
-kind: Service
-metadata: {name: db, namespace: data, annotations: {networking.istio.io/exportTo: "."}}
-spec: {clusterIP: None, ports: [{name: tcp-db, port: 5432}]}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: db-1, namespace: data, labels: {kubernetes.io/service-name: db}}
-addressType: IPv4
-ports: [{name: tcp-db, port: 5432}]
-endpoints:
-- addresses: [10.244.1.5]
-  conditions: {ready: false}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: db-0, namespace: data, labels: {app: db}}
-spec: {}
-status: {podIP: 10.244.1.5}
----
-apiVersion: v1
-kind: Service
-metadata: {name: ext, namespace: data}
-spec: {type: ExternalName, externalName: api.example.com, ports: [{name: https, port: 443}]}
-"#,
-        );
-        let db = reg.by_hostname("db.data.svc.cluster.local").next().unwrap();
-        assert_eq!(db.resolution, ServiceResolution::Passthrough);
-        assert!(db.addresses.is_empty());
-        assert_eq!(db.ports[0].protocol, Protocol::Tcp);
-        let ep = &db.endpoints[0];
-        assert!(!ep.healthy);
-        // Joined by IP: the Pod's default service account, no tlsMode label.
-        assert_eq!(
-            ep.identity.as_ref().map(ToString::to_string).as_deref(),
-            Some("spiffe://cluster.local/ns/data/sa/default")
-        );
-        assert_eq!(ep.tls_mode, EndpointTlsMode::Disabled);
-        assert!(db.export_to.is_visible_to("data"));
-        assert!(!db.export_to.is_visible_to("demo"));
-        assert_eq!(reg.visible_to("demo").count(), 1);
-
-        let ext = reg
-            .by_hostname("ext.data.svc.cluster.local")
-            .next()
-            .unwrap();
-        assert_eq!(ext.resolution, ServiceResolution::DnsLb);
-        assert!(ext.mesh_external);
-        assert_eq!(ext.endpoints[0].address, "api.example.com");
-        assert_eq!(ext.ports[0].protocol, Protocol::Https);
-    }
-
-    #[test]
-    fn service_entries_with_endpoints_and_workload_selectors() {
-        let reg = registry(
-            r#"
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: external, namespace: demo}
-spec:
-  hosts: [api.example.com, api2.example.com]
-  addresses: [240.0.0.1]
-  ports: [{number: 443, name: https, protocol: TLS}]
-  resolution: STATIC
-  endpoints:
-  - {address: 10.1.0.1}
-  - {address: 10.1.0.2, ports: {https: 8443}, labels: {security.istio.io/tlsMode: istio}}
----
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: vms, namespace: demo}
-spec:
-  hosts: [vm.demo.internal]
-  location: MESH_INTERNAL
-  ports: [{number: 80, name: http, protocol: http, targetPort: 8080}]
-  resolution: STATIC
-  workloadSelector: {labels: {app: vm}}
-  exportTo: [demo, other]
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {name: vm-1, namespace: demo}
-spec: {address: 10.2.0.1, labels: {app: vm, security.istio.io/tlsMode: istio}, serviceAccount: vm, weight: 3}
----
-apiVersion: networking.istio.io/v1
-kind: WorkloadEntry
-metadata: {name: other, namespace: demo}
-spec: {address: 10.2.0.9, labels: {app: other}}
-"#,
-        );
-        let api: Vec<_> = reg
-            .services()
-            .iter()
-            .filter(|s| s.source_object.name == "external")
-            .collect();
-        assert_eq!(api.len(), 2, "one service per host");
-        let api = api[0];
-        assert_eq!(api.hostname, "api.example.com");
-        assert!(api.mesh_external);
-        assert_eq!(api.addresses, vec!["240.0.0.1"]);
-        assert_eq!(api.ports[0].protocol, Protocol::Tls);
-        let eps: Vec<_> = api
-            .endpoints
-            .iter()
-            .map(|e| (e.address.as_str(), e.port, e.tls_mode))
-            .collect();
-        // MESH_EXTERNAL endpoints never get Istio mTLS.
-        assert_eq!(
-            eps,
-            vec![
-                ("10.1.0.1", 443, EndpointTlsMode::Disabled),
-                ("10.1.0.2", 8443, EndpointTlsMode::Disabled)
-            ]
-        );
-
-        let vm = reg.by_hostname("vm.demo.internal").next().unwrap();
-        assert!(!vm.mesh_external);
-        assert_eq!(vm.ports[0].protocol, Protocol::Http);
-        assert_eq!(vm.endpoints.len(), 1);
-        let ep = &vm.endpoints[0];
-        assert_eq!(
-            (ep.address.as_str(), ep.port, ep.weight),
-            ("10.2.0.1", 8080, 3)
-        );
-        assert_eq!(ep.network, "");
-        assert_eq!(ep.tls_mode, EndpointTlsMode::Istio);
-        assert_eq!(
-            ep.identity.as_ref().map(ToString::to_string).as_deref(),
-            Some("spiffe://cluster.local/ns/demo/sa/vm")
-        );
-        assert!(vm.export_to.is_visible_to("other"));
-        assert!(!vm.export_to.is_visible_to("istio-system"));
-    }
-
-    #[test]
-    fn kubernetes_port_protocols_follow_istio() {
-        let p = Protocol::from_kube_port;
-        assert_eq!(p(80, "http", None, None), Protocol::Http);
-        assert_eq!(p(80, "http-web", None, None), Protocol::Http);
-        assert_eq!(p(80, "HTTP2-x", None, None), Protocol::Http2);
-        assert_eq!(p(80, "grpc-web-api", None, None), Protocol::GrpcWeb);
-        assert_eq!(p(80, "grpc", None, None), Protocol::Grpc);
-        assert_eq!(p(80, "web", None, None), Protocol::Unsupported);
-        assert_eq!(p(80, "web", None, Some("http")), Protocol::Http);
-        assert_eq!(
-            p(80, "tcp", None, Some("kubernetes.io/h2c")),
-            Protocol::Http2
-        );
-        assert_eq!(p(80, "", None, Some("kubernetes.io/ws")), Protocol::Http);
-        assert_eq!(p(443, "", None, Some("kubernetes.io/wss")), Protocol::Https);
-        assert_eq!(p(3306, "db", None, None), Protocol::Tcp);
-        assert_eq!(p(53, "dns", Some("UDP"), None), Protocol::Udp);
-        assert_eq!(p(53, "dns", Some("TCP"), None), Protocol::Tcp);
-    }
-
-    #[test]
-    fn export_to_and_sidecar_egress_hosts() {
-        let v = |list: &[&str], owner: &str, client: &str| {
-            let list: Vec<String> = list.iter().map(|s| s.to_string()).collect();
-            is_exported_to(&list, owner, client)
-        };
-        assert!(v(&[], "a", "b"));
-        assert!(v(&["*"], "a", "b"));
-        assert!(v(&["."], "a", "a"));
-        assert!(!v(&["."], "a", "b"));
-        assert!(!v(&["~"], "a", "a"));
-        assert!(v(&["b", "c"], "a", "c"));
-        assert!(!v(&["b", "c"], "a", "a"));
-
-        let m = egress_host_matches;
-        assert!(m("./*", "demo", "demo", "httpbin.demo.svc.cluster.local"));
-        assert!(!m("./*", "demo", "other", "x.other.svc.cluster.local"));
-        assert!(m(
-            "istio-system/*",
-            "demo",
-            "istio-system",
-            "istiod.istio-system.svc.cluster.local"
-        ));
-        assert!(m("*/*.example.com", "demo", "x", "api.example.com"));
-        assert!(!m("*/*.example.com", "demo", "x", "example.com"));
-        assert!(m("*/api.example.com", "demo", "x", "api.example.com"));
-        assert!(!m("~/*", "demo", "demo", "a"));
-    }
-}
+mod tests;

@@ -8,7 +8,7 @@
 //! | changed | reaches | types |
 //! |---|---|---|
 //! | Service, ServiceEntry | proxies that see the service; its endpoints' proxies; proxies that see a VirtualService routing to it (RDS) | all |
-//! | endpoints only (EndpointSlice, Pod, WorkloadEntry, Node, ServiceEntry endpoints) | proxies that see the service | EDS for its host (and CDS for DNS services, whose clusters carry endpoints) |
+//! | endpoints only (EndpointSlice, Pod, WorkloadEntry, Node, ServiceEntry endpoints) | proxies that see the service | EDS for its host (and CDS for DNS services, whose clusters carry endpoints); all for passthrough services (listeners and DNS names per endpoint) |
 //! | a Pod or WorkloadEntry, or an endpoint that came, went or changed | the proxy at that IP | all |
 //! | VirtualService | proxies it is exported to that see one of its hosts (old or new) | RDS |
 //! | DestinationRule | proxies it is exported to that see its host | CDS, EDS, RDS, LDS |
@@ -350,8 +350,12 @@ impl Resolved {
             self.changes
                 .push(change(&reason, Audience::Workloads(ips), Types::ALL));
         }
+        // A passthrough service's endpoints are in its listeners (one per
+        // endpoint address) and its DNS names: a full push, as Istio's
+        // endpoint controller makes for headless Services.
+        let passthrough = old.iter().chain(new.iter()).any(|s| s.is_passthrough());
         if !refs.is_empty() {
-            if endpoint_only {
+            if endpoint_only && !passthrough {
                 // DNS services' clusters carry their endpoints.
                 let dns = old
                     .iter()

@@ -16,6 +16,7 @@
 //! its first list; istiod serves nothing before that.
 
 pub mod informer;
+pub mod ip_allocate;
 pub mod kubemesh;
 pub mod status;
 

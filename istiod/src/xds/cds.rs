@@ -1,5 +1,8 @@
 //! CDS for sidecars, with Istio's names: `outbound|<port>|<subset>|<host>`
-//! EDS clusters (DestinationRule policy, auto mTLS), and in [`inbound`]
+//! EDS clusters (DestinationRule policy, auto mTLS), `ORIGINAL_DST` ones for
+//! headless Services and ServiceEntries of resolution NONE (EDS on
+//! gateways, which cannot forward to an original destination: Istio's
+//! `convertResolution`), and in [`inbound`]
 //! `inbound|<port>||`, `BlackHoleCluster`, `PassthroughCluster` and
 //! `InboundPassthroughCluster`.
 
@@ -41,7 +44,7 @@ use super::{Proxy, Resource};
 use crate::model::istio::{
     ConnectionPoolSettings, H2UpgradePolicy, MtlsMode, TlsMode, TrafficPolicy,
 };
-use crate::model::service::{Protocol, Service, ServicePort, ServiceResolution};
+use crate::model::service::{EndpointTlsMode, Protocol, Service, ServicePort, ServiceResolution};
 use crate::model::{Kind, ObjectKey};
 
 /// Istio's mesh default `connectTimeout`.
@@ -68,8 +71,24 @@ fn kind(t: cluster::DiscoveryType) -> Option<cluster::ClusterDiscoveryType> {
 pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Arc<Resource>> {
     let scope = ctx.scope(proxy);
     let mut out: Vec<Arc<Resource>> = outbound_clusters(ctx, &scope).to_vec();
-    // A gateway has no inbound side: its listeners route outbound only.
-    if proxy.proxy_type != common::ProxyType::Router {
+    if proxy.proxy_type == common::ProxyType::Router {
+        // Passthrough services' clusters are EDS on a gateway.
+        let passthrough: Vec<&Arc<Service>> = scope
+            .services()
+            .iter()
+            .filter(|s| s.is_passthrough())
+            .collect();
+        if !passthrough.is_empty() {
+            out.retain(|c| {
+                super::eds::parse_cluster(&c.name)
+                    .is_none_or(|(_, _, host)| !passthrough.iter().any(|s| s.hostname == host))
+            });
+            for svc in passthrough {
+                out.extend(service_clusters(ctx, &scope, svc, true));
+            }
+        }
+    } else {
+        // A gateway has no inbound side: its listeners route outbound only.
         out.extend(inbound::clusters(ctx, proxy).into_iter().map(resource));
     }
     out.extend(inbound::builtin(proxy).into_iter().map(resource));
@@ -94,37 +113,48 @@ pub fn outbound_clusters(ctx: &IstioContext, scope: &SidecarScope) -> Arc<[Arc<R
 }
 
 fn build_outbound(ctx: &IstioContext, scope: &SidecarScope) -> Vec<Arc<Resource>> {
+    scope
+        .services()
+        .iter()
+        .flat_map(|svc| service_clusters(ctx, scope, svc, false))
+        .collect()
+}
+
+/// The clusters of one service: one per port and subset; `router` builds a
+/// passthrough service's as EDS.
+fn service_clusters(
+    ctx: &IstioContext,
+    scope: &SidecarScope,
+    svc: &Service,
+    router: bool,
+) -> Vec<Arc<Resource>> {
     let mut out = Vec::new();
-    for svc in scope.services() {
-        if svc.resolution == ServiceResolution::Passthrough {
-            continue;
-        }
-        let dr = ctx.destination_rule(&scope.namespace, svc);
-        let top = dr.and_then(|d| d.spec.traffic_policy.as_ref());
-        // What an outbound cluster is built from, besides its name: the
-        // service, the DestinationRule chosen for this proxy, and the mTLS
-        // mode the service's PeerAuthentications imply.
-        let inputs = KeyBuilder::new("CDS", "")
-            .with((&svc.hostname, &svc.namespace, svc.revision))
-            .with(dr.map(|d| (&d.namespace, &d.name)))
-            .with(ctx.service_mtls_mode(svc))
-            .key();
-        let dependencies = || dependencies(svc, dr);
-        let subsets = dr.map(|d| d.spec.subsets.as_slice()).unwrap_or_default();
-        for port in &svc.ports {
-            for subset in std::iter::once(None).chain(subsets.iter().map(Some)) {
-                let subset_name = subset.map(|s| s.name.as_str()).unwrap_or("");
-                let name = outbound_name(port.port, subset_name, &svc.hostname);
-                let key = KeyBuilder::new("CDS", &name).with(inputs).key();
-                out.push(
-                    ctx.cache
-                        .get_or_build(key, &name, ctx.seq, dependencies, || {
-                            let policy = policy::effective(top, subset, port.port);
-                            let c = outbound(ctx, svc, port, subset_name, policy.as_ref());
-                            Resource::new(name.clone(), super::metadata_encoding::cluster(&c))
-                        }),
-                );
-            }
+    let dr = ctx.destination_rule(&scope.namespace, svc);
+    let top = dr.and_then(|d| d.spec.traffic_policy.as_ref());
+    // What an outbound cluster is built from, besides its name: the
+    // service, the DestinationRule chosen for this proxy, and the mTLS
+    // mode the service's PeerAuthentications imply.
+    let inputs = KeyBuilder::new("CDS", "")
+        .with((&svc.hostname, &svc.namespace, svc.revision))
+        .with(dr.map(|d| (&d.namespace, &d.name)))
+        .with(ctx.service_mtls_mode(svc))
+        .with(router && svc.is_passthrough())
+        .key();
+    let dependencies = || dependencies(svc, dr);
+    let subsets = dr.map(|d| d.spec.subsets.as_slice()).unwrap_or_default();
+    for port in &svc.ports {
+        for subset in std::iter::once(None).chain(subsets.iter().map(Some)) {
+            let subset_name = subset.map(|s| s.name.as_str()).unwrap_or("");
+            let name = outbound_name(port.port, subset_name, &svc.hostname);
+            let key = KeyBuilder::new("CDS", &name).with(inputs).key();
+            out.push(
+                ctx.cache
+                    .get_or_build(key, &name, ctx.seq, dependencies, || {
+                        let policy = policy::effective(top, subset, port.port);
+                        let c = outbound(ctx, svc, port, subset_name, policy.as_ref(), router);
+                        Resource::new(name.clone(), super::metadata_encoding::cluster(&c))
+                    }),
+            );
         }
     }
     out
@@ -168,7 +198,9 @@ fn outbound(
     port: &ServicePort,
     subset: &str,
     policy: Option<&TrafficPolicy>,
+    router: bool,
 ) -> Cluster {
+    let original_dst = svc.is_passthrough() && !router;
     let name = outbound_name(port.port, subset, &svc.hostname);
     let mut c = Cluster {
         name: name.clone(),
@@ -214,6 +246,11 @@ fn outbound(
                 ..Default::default()
             });
         }
+        // The connection goes where the client sent it (Istio's
+        // `Cluster_ORIGINAL_DST` with `CLUSTER_PROVIDED` balancing).
+        _ if original_dst => {
+            c.cluster_discovery_type = kind(cluster::DiscoveryType::OriginalDst);
+        }
         _ => {
             c.cluster_discovery_type = kind(cluster::DiscoveryType::Eds);
             c.eds_cluster_config = Some(cluster::EdsClusterConfig {
@@ -224,6 +261,12 @@ fn outbound(
     }
     let lb = policy.and_then(|p| p.load_balancer.as_ref());
     policy::apply_load_balancer(&mut c, lb);
+    if original_dst {
+        // The destination is the client's: no balancer settings apply
+        // (Istio's `applyLoadBalancer` stops here too).
+        c.lb_policy = cluster::LbPolicy::ClusterProvided.into();
+        c.lb_config = None;
+    }
     let pool = policy.and_then(|p| p.connection_pool.as_ref());
     if let Some(cp) = pool {
         policy::apply_connection_pool(&mut c, cp);
@@ -276,6 +319,33 @@ fn outbound(
         // outside the mesh, nor for those whose PeerAuthentication says
         // DISABLE (their servers would refuse the handshake); an unknown
         // mode (a workload-level policy) is left to the endpoints' labels.
+        // An original-destination cluster has no endpoints whose labels a
+        // match could read: Istio sets the mutual TLS socket itself when
+        // the service's mode is known (`applyUpstreamTLSSettings`); when a
+        // workload-level policy leaves it unknown, the endpoints' labels
+        // decide for all of them.
+        None if original_dst => {
+            let mtls = match ctx.service_mtls_mode(svc) {
+                _ if svc.mesh_external => false,
+                Some(MtlsMode::Disable) => false,
+                Some(_) => true,
+                None => {
+                    svc.endpoints
+                        .iter()
+                        .any(|e| e.tls_mode == EndpointTlsMode::Istio)
+                        && svc
+                            .endpoints
+                            .iter()
+                            .all(|e| e.tls_mode == EndpointTlsMode::Istio)
+                }
+            };
+            if mtls {
+                c.transport_socket = Some(transport_socket(
+                    "envoy.transport_sockets.tls",
+                    &istio_mutual(&sans, &sni, port.protocol),
+                ));
+            }
+        }
         None if !svc.mesh_external && ctx.service_mtls_mode(svc) != Some(MtlsMode::Disable) => {
             // Endpoints labelled tlsMode=istio get mutual TLS.
             c.transport_socket_matches = vec![

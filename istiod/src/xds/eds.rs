@@ -174,7 +174,12 @@ fn for_locality(
 fn unknown(ctx: &IstioContext, scope: &SidecarScope, name: &str) -> Option<Arc<Resource>> {
     let (port, subset, host) = parse_cluster(name)?;
     if let Some(svc) = scope.service(host) {
-        if svc.resolution != ServiceResolution::ClientSideLb {
+        // Passthrough services' clusters are EDS only on gateways, which
+        // alone ask for them.
+        if !matches!(
+            svc.resolution,
+            ServiceResolution::ClientSideLb | ServiceResolution::Passthrough
+        ) {
             return None;
         }
         // A port or subset the service has no cluster for: computed as any.

@@ -445,6 +445,8 @@ mod tests {
                 "demo",
                 "httpbin-5d9f8-abcde",
             )),
+            hostname: String::new(),
+            subdomain: String::new(),
         };
         assert_eq!(
             endpoint_workload(&ep, "Kubernetes").as_deref(),

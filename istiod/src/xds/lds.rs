@@ -17,6 +17,8 @@ mod gateway_tls;
 mod inbound;
 mod outbound;
 
+pub use outbound::uses_auto_addresses;
+
 use common::InterceptionMode;
 use proto::pb::envoy::config::listener::v3::{
     Filter, Listener, ListenerFilter, ListenerFilterChainMatchPredicate, filter, listener_filter,
@@ -82,11 +84,12 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Arc<Resource>> {
     }
     let scope = ctx.scope(proxy);
     let key = format!(
-        "{:?}/{}/{}/{}",
+        "{:?}/{}/{}/{}/{}",
         super::util::IpMode::of(&proxy.ips),
         proxy.interception_mode,
         telemetry.client.key,
-        reporting.client
+        reporting.client,
+        outbound::listener_key(&scope, proxy),
     );
     let outbound = scope.outbound_listeners(&key, || {
         let mut out: Vec<Listener> = outbound::listeners(ctx, proxy);

@@ -59,6 +59,15 @@ impl IpMode {
         }
     }
 
+    /// Whether the workload has (IPv4, IPv6) addresses.
+    pub fn families(self) -> (bool, bool) {
+        match self {
+            IpMode::V4 => (true, false),
+            IpMode::V6 => (false, true),
+            IpMode::Dual => (true, true),
+        }
+    }
+
     /// The wildcard listeners bind (`0.0.0.0`, `::` for IPv6 only).
     pub fn wildcard(self) -> &'static str {
         match self {

@@ -25,7 +25,7 @@ use super::{
     tcp_proxy_hashed, tcp_proxy_to, tproxy,
 };
 use crate::model::istio::CaptureMode;
-use crate::model::service::{Protocol, Service};
+use crate::model::service::{Protocol, Service, ServiceSource};
 
 const VIRTUAL_OUTBOUND_BLACKHOLE: &str = "virtualOutbound-blackhole";
 const VIRTUAL_OUTBOUND_CATCHALL_TCP: &str = "virtualOutbound-catchall-tcp";
@@ -90,6 +90,12 @@ impl Entry {
 /// The listeners planned so far, by bind address and port.
 struct Plan {
     ip: IpMode,
+    /// Whether the proxy uses auto-allocated ServiceEntry addresses (it
+    /// captures DNS, so its apps resolve hosts to them).
+    auto_addresses: bool,
+    /// The proxy's own first IP: a headless service's endpoint there gets
+    /// no listener (traffic to itself does not go outbound).
+    own_ip: Option<String>,
     entries: BTreeMap<(String, u16), Entry>,
 }
 
@@ -102,21 +108,60 @@ struct Binding {
 }
 
 impl Plan {
+    /// The addresses TCP listeners of `svc`'s `port` bind to, as Istio's
+    /// `buildSidecarOutboundListeners` picks them: the service's address
+    /// (its own, else an auto-allocated one for a proxy that captures DNS);
+    /// without one, each endpoint's IP for a passthrough service (a headless
+    /// Service; a ServiceEntry NONE with endpoints), else the wildcard for
+    /// a NONE entry (whose cluster forwards to the original destination,
+    /// as the catch-all would). Istio also gives none to a NONE entry with
+    /// a `workloadSelector` that selects nothing yet; here that one gets the
+    /// wildcard. Other services without an address get no TCP listener
+    /// here (their connections take the catch-all): Istio's wildcard
+    /// listener for them needs SNI chains for TLS ports, not built here.
+    fn tcp_binds(&self, svc: &Service, port: u16) -> Vec<String> {
+        let (v4, v6) = self.ip.families();
+        if let Some(vip) = svc.addresses_for(self.auto_addresses, v4, v6).first() {
+            return vec![vip.to_string()];
+        }
+        let per_endpoint = svc.is_passthrough()
+            && (svc.source == ServiceSource::Kubernetes
+                || svc.endpoints_for(port).next().is_some());
+        if !per_endpoint {
+            return if svc.is_passthrough() {
+                vec![self.ip.wildcard().to_string()]
+            } else {
+                Vec::new()
+            };
+        }
+        let mut binds: Vec<String> = svc
+            .endpoints_for(port)
+            .filter(|e| e.address.parse::<std::net::IpAddr>().is_ok())
+            .filter(|e| self.own_ip.as_deref() != Some(e.address.as_str()))
+            .map(|e| e.address.clone())
+            .collect();
+        binds.dedup();
+        binds
+    }
+
     /// Istio's `buildSidecarOutboundListener` for one service port.
     fn add(&mut self, b: &Binding, svc: &Service, port: u16, protocol: Protocol) {
         let Some(class) = Class::of(protocol) else {
             return;
         };
-        let wildcard = self.ip.wildcard();
-        let bind = match class {
-            _ if !b.bind.is_empty() => b.bind.clone(),
-            Class::Http => wildcard.to_string(),
-            // Services without an address (headless) get no TCP listener here.
-            Class::Tcp | Class::Detect => match svc.addresses.first() {
-                Some(vip) => vip.clone(),
-                None => return,
-            },
+        let binds = match class {
+            _ if !b.bind.is_empty() => vec![b.bind.clone()],
+            Class::Http => vec![self.ip.wildcard().to_string()],
+            Class::Tcp | Class::Detect => self.tcp_binds(svc, port),
         };
+        for bind in binds {
+            self.add_bound(b, bind, svc, port, class);
+        }
+    }
+
+    /// One listener of a service port, at `bind`.
+    fn add_bound(&mut self, b: &Binding, bind: String, svc: &Service, port: u16, class: Class) {
+        let wildcard = self.ip.wildcard();
         let tcp = || Some(outbound_name(port, "", &svc.hostname));
         let key = (bind.clone(), port);
         let existing = self.entries.get(&key).map(|e| (e.class, e.locked));
@@ -186,11 +231,38 @@ impl Plan {
     }
 }
 
+/// Whether a proxy uses auto-allocated ServiceEntry addresses (Istio's
+/// `nodeUsesAutoallocatedIPs` with `PILOT_ENABLE_IP_AUTOALLOCATE` on): one
+/// whose agent captures DNS, so its apps resolve the hosts to them.
+pub fn uses_auto_addresses(proxy: &Proxy) -> bool {
+    proxy.dns_capture
+}
+
+/// What of the proxy itself its outbound listeners depend on, beyond its
+/// Sidecar scope, IP families and interception mode: whether it uses
+/// auto-allocated addresses, and its IP when it is an endpoint of a
+/// passthrough service (whose per-endpoint listeners leave it out).
+pub fn listener_key(scope: &super::super::scope::SidecarScope, proxy: &Proxy) -> String {
+    let own = proxy.ips.first().filter(|ip| {
+        scope
+            .services()
+            .iter()
+            .any(|s| s.is_passthrough() && s.endpoints.iter().any(|e| &e.address == *ip))
+    });
+    format!(
+        "{}/{}",
+        uses_auto_addresses(proxy),
+        own.map(String::as_str).unwrap_or("")
+    )
+}
+
 /// The listener plan of a proxy, from its egress scopes in order.
 fn plan(ctx: &IstioContext, proxy: &Proxy) -> Plan {
     let ip = IpMode::of(&proxy.ips);
     let mut plan = Plan {
         ip,
+        auto_addresses: uses_auto_addresses(proxy),
+        own_ip: proxy.ips.first().cloned(),
         entries: BTreeMap::new(),
     };
     let sidecar_scope = ctx.scope(proxy);
