@@ -77,16 +77,7 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy, names: &BTreeSet<String>) -> Vec
 /// `localityLbSetting`), with the setting that applies.
 fn locality_plans(ctx: &IstioContext, scope: &SidecarScope) -> HashMap<String, LocalityPlan> {
     let mut out = HashMap::new();
-    for cluster in super::cds::outbound_clusters(ctx, scope).iter() {
-        let Some((port, subset, host)) = parse_cluster(&cluster.name) else {
-            continue;
-        };
-        let Some(svc) = scope.service(host) else {
-            continue;
-        };
-        if svc.resolution != ServiceResolution::ClientSideLb {
-            continue;
-        }
+    for (cluster, port, subset, svc) in eds_clusters(ctx, scope) {
         let dr = ctx.destination_rule(&scope.namespace, svc);
         let subset = dr.and_then(|d| d.spec.subsets.iter().find(|s| s.name == subset));
         let policy = super::cds::policy::effective(
@@ -195,6 +186,20 @@ fn unknown(ctx: &IstioContext, scope: &SidecarScope, name: &str) -> Option<Arc<R
 /// Every EDS cluster's load assignment for one scope, by cluster name.
 fn build_scope(ctx: &IstioContext, scope: &SidecarScope) -> HashMap<String, Arc<Resource>> {
     let mut out = HashMap::new();
+    for (cluster, port, subset, svc) in eds_clusters(ctx, scope) {
+        let r = load_assignment_of(ctx, scope, svc, &cluster.name, port, &subset);
+        out.insert(cluster.name.clone(), r);
+    }
+    out
+}
+
+/// The scope's outbound clusters whose endpoints come over EDS (services
+/// balanced by the client), each with its port, subset and service.
+fn eds_clusters<'a>(
+    ctx: &'a IstioContext,
+    scope: &'a SidecarScope,
+) -> Vec<(Arc<Resource>, u16, String, &'a Arc<Service>)> {
+    let mut out = Vec::new();
     for cluster in super::cds::outbound_clusters(ctx, scope).iter() {
         let Some((port, subset, host)) = parse_cluster(&cluster.name) else {
             continue;
@@ -202,11 +207,9 @@ fn build_scope(ctx: &IstioContext, scope: &SidecarScope) -> HashMap<String, Arc<
         let Some(svc) = scope.service(host) else {
             continue;
         };
-        if svc.resolution != ServiceResolution::ClientSideLb {
-            continue;
+        if svc.resolution == ServiceResolution::ClientSideLb {
+            out.push((cluster.clone(), port, subset.to_string(), svc));
         }
-        let r = load_assignment_of(ctx, scope, svc, &cluster.name, port, subset);
-        out.insert(cluster.name.clone(), r);
     }
     out
 }
