@@ -313,11 +313,12 @@ fn a_change_reaches_only_the_proxies_that_can_see_it_with_only_the_types_it_alte
     assert!(m.plan(&b, &u).is_empty());
     assert_eq!(m.plan(&a, &u).types, Types::ALL, "its own workload changed");
 
-    // A DestinationRule: clusters and endpoints, for the proxies that see
-    // its host.
+    // A DestinationRule: clusters and endpoints, and the listeners and
+    // routes that carry its hash policies, for the proxies that see its
+    // host.
     let u = m.apply(&[destination_rule("a", "svc-a", &["v1"])]);
     let plan = m.plan(&a2, &u);
-    assert_eq!(plan.types, Types::CDS | Types::EDS);
+    assert_eq!(plan.types, Types::CDS | Types::EDS | Types::LDS | Types::RDS);
     assert_eq!(plan.eds_hosts, None);
     assert!(m.plan(&b, &u).is_empty());
 
