@@ -318,7 +318,10 @@ fn a_change_reaches_only_the_proxies_that_can_see_it_with_only_the_types_it_alte
     // host.
     let u = m.apply(&[destination_rule("a", "svc-a", &["v1"])]);
     let plan = m.plan(&a2, &u);
-    assert_eq!(plan.types, Types::CDS | Types::EDS | Types::LDS | Types::RDS);
+    assert_eq!(
+        plan.types,
+        Types::CDS | Types::EDS | Types::LDS | Types::RDS
+    );
     assert_eq!(plan.eds_hosts, None);
     assert!(m.plan(&b, &u).is_empty());
 
