@@ -18,6 +18,7 @@ pub mod model;
 pub mod module_graph;
 pub mod node_metadata;
 pub mod pki;
+pub mod proxy_config_fields;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tls;

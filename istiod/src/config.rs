@@ -265,6 +265,40 @@ fn read_mesh_config(path: &std::path::Path, r: &mut Reader<'_>) -> (Mesh, bool) 
     }
 }
 
+/// Reads the mesh networks file (`--networksConfig`, the `meshNetworks` key
+/// of Istio's ConfigMap). A mesh of one network is all this istiod builds,
+/// so a file naming networks is refused rather than left unapplied.
+fn check_mesh_networks(path: &std::path::Path, r: &mut Reader<'_>) {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return;
+    };
+    let flag = format!("--networksConfig {}", path.display());
+    match serde_yaml_ng::from_str::<Option<serde_json::Value>>(&text) {
+        Err(e) => r.error(format!("{flag}: {e}")),
+        Ok(None) => {}
+        Ok(Some(v)) => {
+            let Some(doc) = v.as_object() else {
+                r.error(format!("{flag}: must be a mapping with a networks field"));
+                return;
+            };
+            for key in doc.keys().filter(|k| *k != "networks") {
+                r.error(format!(
+                    "{flag}: {key}: unknown field (MeshNetworks has networks only)"
+                ));
+            }
+            let named = doc
+                .get("networks")
+                .and_then(|n| n.as_object())
+                .is_some_and(|n| !n.is_empty());
+            if named {
+                r.error(format!(
+                    "{flag}: networks is not supported, only {{}} (meshes of several networks, with east-west gateways, are not built)"
+                ));
+            }
+        }
+    }
+}
+
 impl Config {
     /// Builds the configuration, reporting every invalid value at once.
     pub fn from_args(args: &DiscoveryArgs, env: &dyn Env) -> Result<Self, String> {
@@ -284,6 +318,7 @@ impl Config {
         let webhooks = crate::webhooks::WebhookConfig::read(https_addr, &args.namespace, &mut r);
 
         let (mesh, mesh_file_found) = read_mesh_config(&args.mesh_config, &mut r);
+        check_mesh_networks(&args.networks_config, &mut r);
         let trust_domain = mesh
             .trust_domain
             .clone()
@@ -585,6 +620,50 @@ mod tests {
                 .unwrap_err()
                 .contains("needs values")
         );
+    }
+
+    #[test]
+    fn mesh_networks_of_one_network_are_accepted_and_named_networks_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meshNetworks");
+        let parse = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            let t = T::parse_from([
+                "istiod",
+                "--meshConfig",
+                "/nonexistent",
+                "--networksConfig",
+                path.to_str().unwrap(),
+            ]);
+            Config::from_args(&t.a, &MapEnv::default())
+        };
+        // The chart's default ConfigMap key.
+        assert!(parse("networks: {}\n").is_ok());
+        let err = parse(
+            "networks:\n  network1:\n    endpoints: [{fromRegistry: Kubernetes}]\n    gateways: [{address: 198.18.0.9, port: 15443}]\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("--networksConfig") && err.contains("networks is not supported"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn mesh_fields_that_are_not_built_stop_istiod_naming_the_field() {
+        let err = with_mesh(
+            "connectTimeout: 1s\ndefaultConfig: {proxyHeaders: {server: {disabled: true}}}\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("connectTimeout: \"1s\" is not supported"),
+            "{err}"
+        );
+        assert!(
+            err.contains("defaultConfig.proxyHeaders is not supported"),
+            "{err}"
+        );
+        assert!(with_mesh("connectTimeout: 10s\nenableAutoMtls: true\n").is_ok());
     }
 
     #[test]

@@ -761,6 +761,13 @@ fn proxy_config(
                     "{text:?} is not an object"
                 )));
             }
+            let refused = overlay
+                .as_object()
+                .map(common::proxy_config_fields::unapplied)
+                .unwrap_or_default();
+            if let Some(first) = refused.first() {
+                return Err(InjectError::InvalidProxyConfig(first.to_string()));
+            }
             Some(overlay)
         }
         None => None,

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use crate::model::istio::OutboundMode;
 use crate::model::kube::LabelSelector;
 
+mod fields;
 mod providers;
 pub use providers::{
     BodyInCheck, ExtAuthzGrpc, ExtAuthzHttp, ExtensionProvider, ExtensionProviderKind,
@@ -115,8 +116,9 @@ pub struct MeshInjection {
     pub inbound_traffic_policy_localhost: bool,
 }
 
+/// The applied fields of the mesh config (`fields.rs` lists every field).
 #[derive(serde::Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct MeshConfigFile {
     #[serde(default)]
     trust_domain: Option<String>,
@@ -248,10 +250,18 @@ impl Mesh {
     /// Parses mesh config YAML; an empty document is Istio's defaults.
     /// Returns every problem found.
     pub fn parse(text: &str) -> Result<Mesh, Vec<String>> {
-        let file = serde_yaml_ng::from_str::<Option<MeshConfigFile>>(text)
-            .map_err(|e| vec![e.to_string()])?
-            .unwrap_or_default();
+        let all =
+            serde_yaml_ng::from_str::<Option<serde_json::Map<String, serde_json::Value>>>(text)
+                .map_err(|e| vec![e.to_string()])?
+                .unwrap_or_default();
         let mut errors = Vec::new();
+        fields::check(&all, &mut errors);
+        let applied = all
+            .into_iter()
+            .filter(|(k, _)| fields::applied(k))
+            .collect::<serde_json::Map<_, _>>();
+        let file = serde_json::from_value::<MeshConfigFile>(applied.into())
+            .map_err(|e| vec![e.to_string()])?;
         let mode = file
             .outbound_traffic_policy
             .as_ref()
@@ -305,6 +315,13 @@ impl Mesh {
                 "rootNamespace {root:?} is not supported: this istiod's root namespace is {:?} (remove rootNamespace or set it to that)",
                 crate::model::ROOT_NAMESPACE
             ));
+        }
+        if let Some(pc) = &file.default_config {
+            errors.extend(
+                common::proxy_config_fields::unapplied(pc)
+                    .iter()
+                    .map(|u| format!("defaultConfig.{u}")),
+            );
         }
         let default_gateway_topology = file
             .default_config

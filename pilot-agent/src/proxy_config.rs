@@ -316,6 +316,20 @@ impl ProxyConfig {
             merge(&mut acc, layer.clone());
         }
         let names: Vec<&str> = layers.iter().map(|(n, _)| n.as_str()).collect();
+        // A field set in any layer and not built is refused, naming it.
+        if let Value::Object(merged) = &acc {
+            let refused = common::proxy_config_fields::unapplied(merged);
+            if !refused.is_empty() {
+                return Err(ProxyConfigError {
+                    source_name: names.join(" + "),
+                    reason: refused
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                });
+            }
+        }
         let pc: Self = serde_json::from_value(acc).map_err(|e| ProxyConfigError {
             source_name: names.join(" + "),
             reason: e.to_string(),
@@ -585,6 +599,19 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("statusPort must differ"), "{e}");
+        // Istio fields the agent does not build stop it, naming the field.
+        let e = construct(
+            no,
+            Some("proxyBootstrapTemplatePath: /t.json\ntracing: {datadog: {address: 'd:8126'}}"),
+            &none,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("PROXY_CONFIG: proxyBootstrapTemplatePath is not supported")
+                && e.contains("tracing.datadog is not supported"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -254,3 +254,46 @@ fn on_delta_an_edit_to_one_service_sends_only_its_resources() {
     );
     assert_eq!(mesh.rejected(), 0);
 }
+
+/// An istiod whose mesh config sets fields it does not build does not start
+/// half-configured: it exits naming each field, as does an agent whose
+/// ProxyConfig does.
+#[test]
+fn mesh_and_proxy_config_fields_that_are_not_built_stop_the_binaries_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = dir.path().join("mesh");
+    std::fs::write(
+        &mesh,
+        "connectTimeout: 2s\ntrustDomainAliases: [old.example]\ndefaultConfig:\n  proxyHeaders: {server: {disabled: true}}\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(tests::bin("istiod"))
+        .args(["discovery", "--meshConfig"])
+        .arg(&mesh)
+        .args(["--grpcAddr", "", "--httpAddr", "", "--httpsAddr", ""])
+        .args(["--monitoringAddr", "", "--secureGRPCAddr", ""])
+        .output()
+        .unwrap();
+    // Both binaries log to standard output, as Istio's do.
+    let log = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "istiod started: {log}");
+    for field in [
+        "connectTimeout: \"2s\" is not supported",
+        "trustDomainAliases: [\"old.example\"] is not supported",
+        "defaultConfig.proxyHeaders is not supported",
+    ] {
+        assert!(log.contains(field), "{field} missing from: {log}");
+    }
+    let out = std::process::Command::new(tests::bin("pilot-agent"))
+        .args(["proxy", "sidecar"])
+        .env("PROXY_CONFIG", "privateKeyProvider: {cryptomb: {}}\n")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "pilot-agent started: {log}");
+    assert!(
+        log.contains("PROXY_CONFIG: privateKeyProvider is not supported"),
+        "{log}"
+    );
+}

@@ -101,3 +101,20 @@ fn without_objects_the_annotation_applies() {
     assert_eq!(pc["concurrency"], 4, "{pc}");
     assert_eq!(c["image"], "docker.io/istio/proxyv2:1.24.0");
 }
+
+#[test]
+fn an_annotation_setting_fields_that_are_not_built_is_refused_naming_the_field() {
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "sleep", "namespace": "demo", "labels": {"app": "sleep"},
+                     "annotations": {"proxy.istio.io/config": "proxyHeaders: {server: {disabled: true}}\n"}},
+        "spec": {"containers": [{"name": "sleep", "image": "curl"}]}
+    });
+    let workload = WorkloadMeta::from_pod(&pod);
+    let cfg = InjectionConfig::new(Values::from_yaml(VALUES).unwrap());
+    let err = inject_pod(&pod, &workload, &cfg).unwrap_err().to_string();
+    assert!(
+        err.contains("proxy.istio.io/config") && err.contains("proxyHeaders is not supported"),
+        "{err}"
+    );
+}

@@ -53,6 +53,10 @@ pub struct Proxy {
     /// ProxyConfig (the mesh's `defaultConfig` applies then, as Istio's
     /// `ProxyConfigOrDefault`), else its value (the default when unset).
     pub gateway_topology: Option<common::gateway_topology::GatewayTopology>,
+    /// `PROXY_CONFIG.tracing.sampling`: the percentage of requests traced
+    /// when no Telemetry sets one (the agent merges the mesh's
+    /// `defaultConfig` and the Pod's `proxy.istio.io/config` into it).
+    pub tracing_sampling: Option<f64>,
 }
 
 /// The string values of a node's metadata.
@@ -148,6 +152,11 @@ impl Proxy {
             dns_capture: meta.dns_capture.unwrap_or_default(),
             dns_auto_allocate: meta.dns_auto_allocate.unwrap_or_default(),
             verified: false,
+            tracing_sampling: meta
+                .proxy_config
+                .as_ref()
+                .and_then(|pc| pc.get("tracing")?.get("sampling")?.as_f64())
+                .filter(|p| (0.0..=100.0).contains(p)),
             gateway_topology: meta.proxy_config.as_ref().map(gateway_topology),
         })
     }

@@ -92,7 +92,7 @@ fn side(
     let spec = model::tracing(applicable, &t.default_providers, mode);
     let access_logs = access_log::access_logs(&ctx.mesh, &providers);
     let tracing = tracing::hcm_tracing(ctx, proxy, spec.as_ref());
-    let mut key = format!("{providers:?}/{spec:?}");
+    let mut key = format!("{providers:?}/{spec:?}/{:?}", proxy.tracing_sampling);
     if let Some(t) = &tracing {
         // The OpenTelemetry tracer names the workload.
         if t.provider
@@ -320,6 +320,18 @@ mod tests {
         let tr = legacy.client.tracing.unwrap();
         assert_eq!(tr.random_sampling.unwrap().value, 1.0);
         assert!(tr.provider.is_none());
+        // The proxy's own ProxyConfig (`tracing.sampling` in PROXY_CONFIG)
+        // wins over the mesh's default, as Istio's.
+        let mut own = proxy("sleep");
+        own.tracing_sampling = Some(25.0);
+        let ctx = self::ctx(
+            "",
+            "enableTracing: true\ndefaultConfig: {tracing: {sampling: 5}}\n",
+        );
+        let tr = for_proxy(&ctx, &own).client.tracing.unwrap();
+        assert_eq!(tr.random_sampling.unwrap().value, 25.0);
+        let tr = for_proxy(&ctx, &proxy("sleep")).client.tracing.unwrap();
+        assert_eq!(tr.random_sampling.unwrap().value, 5.0);
     }
 
     #[test]

@@ -19,8 +19,9 @@ use super::super::context::IstioContext;
 use super::super::util::{any, u32v};
 use super::ProviderError;
 
-/// Istio's sampling percentage when neither Telemetry nor
-/// `defaultConfig.tracing.sampling` sets one (`PILOT_TRACE_SAMPLING`).
+/// Istio's sampling percentage when neither Telemetry nor the proxy's
+/// ProxyConfig (`tracing.sampling`, from the Pod or the mesh's
+/// `defaultConfig`) sets one (`PILOT_TRACE_SAMPLING`).
 const DEFAULT_SAMPLING: f64 = 1.0;
 /// The Zipkin collector path Istio uses.
 const ZIPKIN_PATH: &str = "/api/v2/spans";
@@ -35,6 +36,7 @@ pub fn hcm_tracing(
     let mesh = &ctx.mesh;
     let sampling = spec
         .and_then(|s| s.random_sampling_percentage)
+        .or(proxy.tracing_sampling)
         .or(mesh.telemetry.default_sampling)
         .unwrap_or(DEFAULT_SAMPLING);
     let Some(spec) = spec else {
