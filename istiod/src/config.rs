@@ -137,7 +137,9 @@ pub struct DiscoveryArgs {
     /// How long a graceful shutdown may take.
     #[arg(long = "shutdownDuration", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_duration: Duration,
-    /// Serve pprof-style profiling (accepted for compatibility).
+    /// `--profile`: Istio serves Go's pprof under `/debug/pprof/` with it.
+    /// Accepted so that Istio's arguments start istiod; Go's profiles have
+    /// no equivalent here (the README says so).
     #[arg(long = "profile", default_value = "true", num_args = 0..=1, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
     pub profile: bool,
 }
@@ -318,6 +320,15 @@ impl Config {
         let webhooks = crate::webhooks::WebhookConfig::read(https_addr, &args.namespace, &mut r);
 
         let (mesh, mesh_file_found) = read_mesh_config(&args.mesh_config, &mut r);
+        // Istio's registries other than Kubernetes (Mock, Consul before it
+        // was removed) are not built; the file source is `--configDir`.
+        for reg in args.registries.iter().filter(|r| !r.is_empty()) {
+            if reg != "Kubernetes" {
+                r.error(format!(
+                    "--registries {reg:?} is not supported (use Kubernetes, or --configDir for files)"
+                ));
+            }
+        }
         check_mesh_networks(&args.networks_config, &mut r);
         let trust_domain = mesh
             .trust_domain
@@ -619,6 +630,22 @@ mod tests {
             with_mesh("discoverySelectors: [{matchExpressions: [{key: a, operator: In}]}]\n")
                 .unwrap_err()
                 .contains("needs values")
+        );
+    }
+
+    #[test]
+    fn registries_other_than_kubernetes_are_refused() {
+        let t = T::parse_from([
+            "istiod",
+            "--meshConfig",
+            "/nonexistent",
+            "--registries",
+            "Kubernetes,Mock",
+        ]);
+        let err = Config::from_args(&t.a, &MapEnv::default()).unwrap_err();
+        assert!(
+            err.contains("--registries \"Mock\" is not supported"),
+            "{err}"
         );
     }
 
