@@ -176,7 +176,9 @@ pub struct ProxyArgs {
     /// Outlier detection log path.
     #[arg(long = "outlierLogPath", default_value = "")]
     pub outlier_log_path: String,
-    /// Serve profiling on the status port (accepted for compatibility).
+    /// `--profiling`: Istio serves Go's pprof on the status port with it.
+    /// Accepted so that Istio's arguments start the agent; Go's profiles
+    /// have no equivalent here.
     #[arg(long = "profiling", default_value = "true", num_args = 0..=1, default_missing_value = "true", value_parser = common::cli::parse_go_bool)]
     pub profiling: bool,
 }
@@ -213,6 +215,27 @@ impl Config {
                 ProxyType::Sidecar
             }
         };
+        // Istio flags whose features are not built: refused when set.
+        for (flag, value, reason) in [
+            (
+                "--templateFile",
+                &args.template_file,
+                "custom bootstrap templates are not supported; the agent writes Istio's bootstrap",
+            ),
+            (
+                "--tokenManagerPlugin",
+                &args.token_manager_plugin,
+                "token exchange plugins (GoogleTokenExchange) are not built",
+            ),
+        ] {
+            if !value.is_empty() {
+                v.error(ConfigError::Invalid {
+                    var: flag,
+                    value: value.clone(),
+                    reason: reason.into(),
+                });
+            }
+        }
         let pod = pod::parse(&mut v, args);
         let envoy = envoy::parse(&mut v, args, proxy_type, &pod);
         let xds_proxy = xds_proxy::parse(&mut v, &envoy.proxy_config);
@@ -351,6 +374,23 @@ mod tests {
         ] {
             assert!(err.contains(want), "{want} missing from {err}");
         }
+    }
+
+    #[test]
+    fn flags_of_features_that_are_not_built_are_refused() {
+        let a = ProxyArgs {
+            template_file: "/etc/istio/custom-bootstrap/envoy.json".into(),
+            token_manager_plugin: "GoogleTokenExchange".into(),
+            ..args()
+        };
+        let err = Config::from_env(&a, &MapEnv::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--templateFile=\"/etc/istio/custom-bootstrap/envoy.json\": custom bootstrap templates"), "{err}");
+        assert!(
+            err.contains("--tokenManagerPlugin=\"GoogleTokenExchange\""),
+            "{err}"
+        );
     }
 
     #[test]
