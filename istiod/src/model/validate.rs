@@ -779,11 +779,19 @@ mod tests {
 
     #[test]
     fn virtual_service_rules() {
+        // Without hosts, a delegate: HTTP routes only.
+        assert!(
+            parse_file(
+                "d.yaml",
+                &format!("{VS}spec: {{http: [{{route: [{{destination: {{host: a}}}}]}}]}}\n")
+            )
+            .is_ok()
+        );
         assert_rejected(
-            &format!("{VS}spec: {{http: [{{route: [{{destination: {{host: a}}}}]}}]}}\n"),
+            &format!("{VS}spec: {{tcp: [{{route: [{{destination: {{host: a}}}}]}}]}}\n"),
             "VirtualService/demo/r",
-            "spec.hosts",
-            "at least one host is required",
+            "spec.tcp",
+            "delegate VirtualService",
         );
         assert_rejected(
             &format!(
