@@ -80,8 +80,12 @@ pub(super) fn chains(ctx: &IstioContext, proxy: &Proxy, p: &Port<'_>) -> Vec<Fil
     } else {
         tcp_chains(ctx, proxy, p, &vss)
     };
+    // A TLS port routed by SNI has no default chain (Istio's
+    // `hasTLSMatch`); otherwise the service's own cluster takes what no
+    // route does.
     let has_default = out.last().is_some_and(|c| c.filter_chain_match.is_none());
-    if !has_default && !(p.tls && !out.is_empty()) {
+    let routed_by_sni = p.tls && !out.is_empty();
+    if !has_default && !routed_by_sni {
         out.push(FilterChain {
             filters: vec![tcp_proxy_hashed(
                 p.cluster,
