@@ -411,19 +411,31 @@ impl Resolved {
     }
 
     /// VirtualServices routing to a changed service: their route
-    /// configurations name its clusters (by its ports).
+    /// configurations (and, for tcp/tls routes, listeners) name its
+    /// clusters (by its ports).
     fn routes_to(&mut self, reason: &str, hosts: &BTreeSet<String>, views: &Views<'_>) {
         for ctx in [views.old, views.new] {
             for vs in &ctx.virtual_services {
-                let routes_here = vs
+                let here = |h: &str| hosts.contains(&resolve_host(h, &vs.namespace, &ctx.domain));
+                let routes_here = vs.spec.destination_hosts().any(here);
+                // tcp and tls routes are listeners' filter chains.
+                let l4_here = vs
                     .spec
-                    .destination_hosts()
-                    .any(|h| hosts.contains(&resolve_host(h, &vs.namespace, &ctx.domain)));
-                if routes_here {
+                    .tcp
+                    .iter()
+                    .flat_map(|r| &r.route)
+                    .chain(vs.spec.tls.iter().flat_map(|r| &r.route))
+                    .any(|d| here(&d.destination.host));
+                if routes_here || l4_here {
+                    let types = if l4_here {
+                        Types::RDS | Types::LDS
+                    } else {
+                        Types::RDS
+                    };
                     self.changes.push(change(
                         reason,
                         virtual_service_audience(vs, &ctx.domain),
-                        Types::RDS,
+                        types,
                     ));
                 }
             }

@@ -69,6 +69,10 @@ struct TcpChains {
     cluster: String,
     /// `TLS` or `HTTPS`: chains by SNI.
     tls: bool,
+    /// On the wildcard address (a TLS port of a service without one): the
+    /// default chain too is selected by SNI, the host name, so that the
+    /// services on the port share the listener.
+    by_sni: bool,
 }
 
 /// One listener being planned (Istio's `outboundListenerEntry`).
@@ -77,9 +81,10 @@ struct Entry {
     class: Class,
     bind_to_port: bool,
     http: Option<HttpChain>,
-    /// The service port of the TCP chains (one per listener: a second
-    /// would conflict, and the first kept wins as in Istio).
-    tcp: Option<TcpChains>,
+    /// The service ports of the TCP chains: one per listener (a second
+    /// would conflict, and the first kept wins as in Istio), except
+    /// services told apart by SNI on the wildcard address.
+    tcp: Vec<TcpChains>,
     /// Built before the catch-all scope (for a port-specific Sidecar egress
     /// listener): the catch-all adds nothing to it.
     locked: bool,
@@ -88,8 +93,15 @@ struct Entry {
 impl Entry {
     /// Adds chains without replacing any (Istio's `mergeTCPFilterChains`).
     fn merge(&mut self, other: Entry) {
-        if self.tcp.is_none() {
+        let by_sni = |t: &[TcpChains]| !t.is_empty() && t.iter().all(|c| c.by_sni);
+        if self.tcp.is_empty() {
             self.tcp = other.tcp;
+        } else if by_sni(&self.tcp) && by_sni(&other.tcp) {
+            for t in other.tcp {
+                if !self.tcp.iter().any(|c| c.host == t.host) {
+                    self.tcp.push(t);
+                }
+            }
         }
         if self.http.is_none() {
             self.http = other.http;
@@ -127,9 +139,9 @@ impl Plan {
     /// as the catch-all would). Istio also gives none to a NONE entry with
     /// a `workloadSelector` that selects nothing yet; here that one gets the
     /// wildcard. Other services without an address get no TCP listener
-    /// here (their connections take the catch-all): Istio's wildcard
-    /// listener for them needs SNI chains for TLS ports, not built here.
-    fn tcp_binds(&self, svc: &Service, port: u16) -> Vec<String> {
+    /// here (their connections take the catch-all), except on TLS ports:
+    /// the wildcard, where Istio tells them apart by SNI.
+    fn tcp_binds(&self, svc: &Service, port: u16, tls: bool) -> Vec<String> {
         let (v4, v6) = self.ip.families();
         if let Some(vip) = svc.addresses_for(self.auto_addresses, v4, v6).first() {
             return vec![vip.to_string()];
@@ -138,7 +150,7 @@ impl Plan {
             && (svc.source == ServiceSource::Kubernetes
                 || svc.endpoints_for(port).next().is_some());
         if !per_endpoint {
-            return if svc.is_passthrough() {
+            return if svc.is_passthrough() || tls {
                 vec![self.ip.wildcard().to_string()]
             } else {
                 Vec::new()
@@ -159,12 +171,12 @@ impl Plan {
         let Some(class) = Class::of(protocol) else {
             return;
         };
+        let tls = matches!(protocol, Protocol::Tls | Protocol::Https);
         let binds = match class {
             _ if !b.bind.is_empty() => vec![b.bind.clone()],
             Class::Http => vec![self.ip.wildcard().to_string()],
-            Class::Tcp | Class::Detect => self.tcp_binds(svc, port),
+            Class::Tcp | Class::Detect => self.tcp_binds(svc, port, tls),
         };
-        let tls = matches!(protocol, Protocol::Tls | Protocol::Https);
         for bind in binds {
             self.add_bound(b, bind, svc, port, class, tls);
         }
@@ -181,12 +193,14 @@ impl Plan {
         tls: bool,
     ) {
         let wildcard = self.ip.wildcard();
+        let by_sni = tls && bind == wildcard;
         let tcp = || {
-            Some(TcpChains {
+            vec![TcpChains {
                 host: svc.hostname.clone(),
                 cluster: outbound_name(port, "", &svc.hostname),
                 tls,
-            })
+                by_sni,
+            }]
         };
         let key = (bind.clone(), port);
         let existing = self.entries.get(&key).map(|e| (e.class, e.locked));
@@ -206,7 +220,7 @@ impl Plan {
                         route: port.to_string(),
                         sniffed,
                     }),
-                    tcp: None,
+                    tcp: Vec::new(),
                     locked: false,
                 }
             }
@@ -377,18 +391,23 @@ fn listener(ctx: &IstioContext, proxy: &Proxy, bind: &str, port: u16, e: &Entry)
     let mut chains = Vec::new();
     let mut default = None;
     let mut inspect_tls = false;
-    if let Some(tcp) = &e.tcp {
+    let mut matches = Vec::new();
+    for tcp in &e.tcp {
         let l4 = super::outbound_l4::Port {
             host: &tcp.host,
             port,
             tls: tcp.tls,
+            by_sni: tcp.by_sni,
             cluster: &tcp.cluster,
         };
         for chain in super::outbound_l4::chains(ctx, proxy, &l4) {
             match &chain.filter_chain_match {
                 None => default = Some(chain),
+                // Envoy refuses two chains with one match: the first wins.
+                Some(m) if matches.contains(m) => {}
                 Some(m) => {
                     inspect_tls |= !m.server_names.is_empty();
+                    matches.push(m.clone());
                     chains.push(chain);
                 }
             }

@@ -37,6 +37,9 @@ pub(super) struct Port<'a> {
     pub port: u16,
     /// The port's protocol is `TLS` or `HTTPS`.
     pub tls: bool,
+    /// The listener is on the wildcard address, shared by services told
+    /// apart by SNI: the default chain matches the host name.
+    pub by_sni: bool,
     /// The cluster of the port's default chain.
     pub cluster: &'a str,
 }
@@ -87,6 +90,10 @@ pub(super) fn chains(ctx: &IstioContext, proxy: &Proxy, p: &Port<'_>) -> Vec<Fil
     let routed_by_sni = p.tls && !out.is_empty();
     if !has_default && !routed_by_sni {
         out.push(FilterChain {
+            filter_chain_match: p.by_sni.then(|| FilterChainMatch {
+                server_names: vec![p.host.to_string()],
+                ..Default::default()
+            }),
             filters: vec![tcp_proxy_hashed(
                 p.cluster,
                 tcp_hash_policy(ctx, &proxy.namespace, p.cluster),

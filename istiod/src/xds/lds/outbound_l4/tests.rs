@@ -192,3 +192,55 @@ fn source_labels_and_namespace_pick_the_proxies_a_route_applies_to() {
         "neither route applies to sleep in demo"
     );
 }
+
+/// TLS entries without addresses, for a proxy that does not capture DNS
+/// (no allocated addresses): Istio's `0.0.0.0_443`, one chain per host by
+/// SNI, a `tls` route taking its own SNI's chain.
+#[test]
+fn tls_services_without_addresses_share_the_wildcard_listener_by_sni() {
+    let entry = |name: &str| {
+        format!(
+            "---\napiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: demo}}\nspec:\n  hosts: [{name}.example]\n  ports: [{{number: 443, name: tls, protocol: TLS}}]\n  location: MESH_EXTERNAL\n  resolution: DNS\n"
+        )
+    };
+    let yaml = [
+        entry("a"),
+        entry("b"),
+        entry("egress"),
+        vs(
+            "{hosts: [a.example], tls: [{match: [{sniHosts: [a.example]}], route: [{destination: {host: egress.example, port: {number: 443}}}]}]}",
+        ),
+    ]
+    .concat();
+    let ctx = context_of_yaml(&yaml);
+    let l = listener(&ctx, &sleep(&[]), "0.0.0.0_443");
+    assert_eq!(names(&l), ["envoy.filters.listener.tls_inspector"]);
+    let by_sni: Vec<(Vec<String>, Vec<(String, u32)>)> = l
+        .filter_chains
+        .iter()
+        .map(|c| {
+            (
+                c.filter_chain_match.as_ref().unwrap().server_names.clone(),
+                targets(c),
+            )
+        })
+        .collect();
+    let one = |sni: &str, cluster: &str| {
+        (
+            vec![sni.to_string()],
+            vec![(format!("outbound|443||{cluster}"), 100)],
+        )
+    };
+    assert_eq!(
+        by_sni,
+        [
+            one("a.example", "egress.example"),
+            one("b.example", "b.example"),
+            one("egress.example", "egress.example"),
+        ]
+    );
+    assert_eq!(
+        l.default_filter_chain.as_ref().unwrap().name,
+        "PassthroughFilterChain"
+    );
+}
