@@ -49,6 +49,9 @@ fn tcp_proxy_of(chain: &FilterChain) -> TcpProxy {
     TcpProxy::decode(a.value.as_slice()).unwrap()
 }
 
+/// A chain's SNI names and where it sends them.
+type SniChain = (Vec<String>, Vec<(String, u32)>);
+
 /// The clusters a chain sends to, with their weights (100 for one).
 fn targets(chain: &FilterChain) -> Vec<(String, u32)> {
     match tcp_proxy_of(chain).cluster_specifier.unwrap() {
@@ -215,7 +218,7 @@ fn tls_services_without_addresses_share_the_wildcard_listener_by_sni() {
     let ctx = context_of_yaml(&yaml);
     let l = listener(&ctx, &sleep(&[]), "0.0.0.0_443");
     assert_eq!(names(&l), ["envoy.filters.listener.tls_inspector"]);
-    let by_sni: Vec<(Vec<String>, Vec<(String, u32)>)> = l
+    let by_sni: Vec<SniChain> = l
         .filter_chains
         .iter()
         .map(|c| {
