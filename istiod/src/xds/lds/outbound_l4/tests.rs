@@ -247,3 +247,33 @@ fn tls_services_without_addresses_share_the_wildcard_listener_by_sni() {
         "PassthroughFilterChain"
     );
 }
+
+/// Istio's egress gateway task for TLS (`egress-gateway` with SNI): one
+/// VirtualService bound to the egress Gateway and to `mesh`; sidecars take
+/// the `mesh` match, sending the still encrypted connection to the egress
+/// gateway's Service, and leave the gateway's match to the gateway.
+#[test]
+fn the_egress_tls_task_sends_sidecar_connections_to_the_egress_gateway_by_sni() {
+    let yaml = [
+        "---\napiVersion: v1\nkind: Service\nmetadata: {name: istio-egressgateway, namespace: istio-system}\nspec:\n  clusterIP: 198.19.0.50\n  selector: {istio: egressgateway}\n  ports: [{name: tls, port: 443, targetPort: 8443}]\n".to_string(),
+        "---\napiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: cnn, namespace: demo}\nspec:\n  hosts: [edition.cnn.com]\n  ports: [{number: 443, name: tls, protocol: TLS}]\n  resolution: DNS\n".to_string(),
+        vs(
+            "{hosts: [edition.cnn.com], gateways: [istio-system/istio-egressgateway, mesh], tls: [{match: [{gateways: [mesh], port: 443, sniHosts: [edition.cnn.com]}], route: [{destination: {host: istio-egressgateway.istio-system.svc.cluster.local, port: {number: 443}}}]}, {match: [{gateways: [istio-system/istio-egressgateway], port: 443, sniHosts: [edition.cnn.com]}], route: [{destination: {host: edition.cnn.com, port: {number: 443}}}]}]}",
+        ),
+    ]
+    .concat();
+    let ctx = context_of_yaml(&yaml);
+    let l = listener(&ctx, &sleep(&[]), "0.0.0.0_443");
+    let chain = l
+        .filter_chains
+        .iter()
+        .find(|c| c.filter_chain_match.as_ref().unwrap().server_names == ["edition.cnn.com"])
+        .unwrap();
+    assert_eq!(
+        targets(chain),
+        [(
+            "outbound|443||istio-egressgateway.istio-system.svc.cluster.local".to_string(),
+            100
+        )]
+    );
+}
