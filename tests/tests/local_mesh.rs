@@ -857,6 +857,7 @@ fn mesh_tls_routes_pass_through_by_sni_and_tcp_routes_split_by_weight() {
     for _ in 0..n {
         *counts.entry(tcp().unwrap()).or_default() += 1;
     }
+    eprintln!("tcp split over {n} connections: {counts:?}");
     let v1 = counts.get("tcp-v1").copied().unwrap_or(0);
     let v2 = counts.get("tcp-v2").copied().unwrap_or(0);
     assert_eq!(v1 + v2, n, "every connection to one of the two: {counts:?}");
