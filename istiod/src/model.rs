@@ -15,6 +15,7 @@
 /// may only name it.
 pub const ROOT_NAMESPACE: &str = "istio-system";
 
+pub mod delegate;
 pub mod envoy_filter;
 pub mod error;
 pub mod gateway;

@@ -622,3 +622,250 @@ fn two_tcp_service_entries_on_one_port_get_their_own_addresses_and_backends() {
     }
     drop(backends);
 }
+
+/// The sample's config without its 90/10 VirtualService for httpbin.
+fn sample_without_httpbin_routes(mesh: &LocalMesh) -> String {
+    let text = std::fs::read_to_string(mesh.config_dir.join("istio.yaml")).unwrap();
+    text.split("\n---")
+        .filter(|doc| !doc.contains("kind: VirtualService"))
+        .collect::<Vec<_>>()
+        .join("\n---")
+}
+
+/// A delegate of team `team` for httpbin's routes: `/headers` to `subset`.
+fn httpbin_delegate(subset: &str) -> String {
+    format!(
+        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: httpbin-routes, namespace: team}}\nspec:\n  http:\n  - name: headers\n    match: [{{uri: {{prefix: /headers}}}}]\n    route:\n    - destination: {{host: httpbin.demo.svc.cluster.local, subset: {subset}, port: {{number: 8000}}}}\n  - name: elsewhere\n    match: [{{uri: {{prefix: /status}}}}]\n    route:\n    - destination: {{host: httpbin.demo.svc.cluster.local, subset: v1, port: {{number: 8000}}}}\n"
+    )
+}
+
+/// `n` requests from sleep to httpbin: the version that answered each.
+fn versions(mesh: &LocalMesh, n: usize) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for _ in 0..n {
+        let (code, body) = mesh.call_httpbin().unwrap();
+        assert_eq!(code, 200, "{body}");
+        *out.entry(version(&body)).or_default() += 1;
+    }
+    out
+}
+
+/// Istio's delegation: the root VirtualService for httpbin hands `/headers`
+/// to a delegate of another namespace, whose route names the version that
+/// answers; editing the delegate alone moves the traffic.
+#[test]
+fn a_delegate_virtual_service_routes_under_its_root_and_its_edit_alone_moves_traffic() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let mesh = LocalMesh::start(tmp.path(), &[]);
+    let root = "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: httpbin, namespace: demo}\nspec:\n  hosts: [httpbin.demo.svc.cluster.local]\n  http:\n  - name: root\n    match: [{uri: {prefix: /headers}}]\n    timeout: 5s\n    delegate: {name: httpbin-routes, namespace: team}\n";
+    apply_yaml(&mesh, "delegate.yaml", &httpbin_delegate("v2"));
+    let base = sample_without_httpbin_routes(&mesh);
+    apply_yaml(&mesh, "istio.yaml", &format!("{base}\n---\n{root}"));
+    // Ten in a row from v2: the sample's 90/10 route is gone (it would
+    // give that with a chance of 1e-10).
+    tests::wait_for("the delegate's v2 route", Duration::from_secs(30), || {
+        (versions(&mesh, 10).get("v2") == Some(&10)).then_some(())
+    });
+    assert_eq!(
+        versions(&mesh, 30),
+        BTreeMap::from([("v2".to_string(), 30)]),
+        "every request by the delegate's route"
+    );
+    // The root and the sample are untouched: only the delegate changes.
+    apply_yaml(&mesh, "delegate.yaml", &httpbin_delegate("v1"));
+    tests::wait_for(
+        "the edited delegate's v1 route",
+        Duration::from_secs(30),
+        || (versions(&mesh, 10).get("v1") == Some(&10)).then_some(()),
+    );
+    assert_eq!(
+        versions(&mesh, 30),
+        BTreeMap::from([("v1".to_string(), 30)]),
+        "every request by the edited route"
+    );
+}
+
+/// A TLS server outside the mesh at `addr`, with a self-signed certificate
+/// for `name`, answering each request with `version=<name>`.
+fn tls_app(ns: &tests::netns::Netns, addr: std::net::SocketAddr, name: &str) {
+    use std::io::{Read, Write};
+    common::tls::install_crypto_provider();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec![name.to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let key = rustls_pki_types::PrivatePkcs8KeyDer::from(key.serialize_der());
+    let config = std::sync::Arc::new(
+        rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.der().clone()], key.into())
+            .unwrap(),
+    );
+    let listener = ns.run(move || std::net::TcpListener::bind(addr).unwrap());
+    let name = name.to_string();
+    std::thread::spawn(move || {
+        for sock in listener.incoming().take(10_000) {
+            let Ok(mut sock) = sock else { continue };
+            let (config, name) = (config.clone(), name.clone());
+            std::thread::spawn(move || {
+                let _ = sock.set_read_timeout(Some(Duration::from_secs(10)));
+                let mut conn = rustls::ServerConnection::new(config).unwrap();
+                let mut tls = rustls::Stream::new(&mut conn, &mut sock);
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match tls.read(&mut byte) {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                let body = format!("version={name}\n");
+                let _ = tls.write_all(
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                );
+                tls.conn.send_close_notify();
+                let _ = tls.flush();
+            });
+        }
+    });
+}
+
+/// A ServiceEntry `host` on `port` at `address`, its endpoint `endpoint`.
+fn external(
+    name: &str,
+    host: &str,
+    port: u16,
+    protocol: &str,
+    address: &str,
+    endpoint: &str,
+) -> String {
+    format!(
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: demo}}\nspec:\n  hosts: [{host}]\n  addresses: [{address}]\n  ports: [{{number: {port}, name: p-{port}, protocol: {protocol}}}]\n  location: MESH_EXTERNAL\n  resolution: STATIC\n  endpoints: [{{address: {endpoint}}}]\n---\n"
+    )
+}
+
+/// `tls` and `tcp` routes bound to `mesh`: sleep's TLS connection to
+/// `secure.example.test` is passed, still encrypted, by its SNI to the
+/// endpoint of the entry the route names (whose server answers), and its
+/// TCP connections to `echo.example.test`'s address on 9000 split 80/20 between the
+/// route's two destinations within four standard deviations.
+#[test]
+fn mesh_tls_routes_pass_through_by_sni_and_tcp_routes_split_by_weight() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let mesh = LocalMesh::start(tmp.path(), &[]);
+    let mut pods = Vec::new();
+    for (ip, name) in [("198.18.0.41", "tls-a"), ("198.18.0.42", "tls-b")] {
+        let pod = mesh.plain_pod(ip);
+        tls_app(&pod.ns, format!("{ip}:443").parse().unwrap(), name);
+        pods.push(pod);
+    }
+    for (ip, name) in [
+        ("198.18.0.43", "tcp-main"),
+        ("198.18.0.44", "tcp-v1"),
+        ("198.18.0.45", "tcp-v2"),
+    ] {
+        let pod = mesh.plain_pod(ip);
+        tests::mesh::serve_app(&pod.ns, format!("{ip}:9000").parse().unwrap(), name);
+        pods.push(pod);
+    }
+    let entries = [
+        external(
+            "secure",
+            "secure.example.test",
+            443,
+            "TLS",
+            "240.240.10.1",
+            "198.18.0.41",
+        ),
+        external(
+            "secure-b",
+            "secure-b.example.test",
+            443,
+            "TLS",
+            "240.240.10.2",
+            "198.18.0.42",
+        ),
+        external(
+            "echo",
+            "echo.example.test",
+            9000,
+            "TCP",
+            "240.240.10.3",
+            "198.18.0.43",
+        ),
+        external(
+            "echo-v1",
+            "echo-v1.example.test",
+            9000,
+            "TCP",
+            "240.240.10.4",
+            "198.18.0.44",
+        ),
+        external(
+            "echo-v2",
+            "echo-v2.example.test",
+            9000,
+            "TCP",
+            "240.240.10.5",
+            "198.18.0.45",
+        ),
+    ]
+    .concat();
+    apply_yaml(&mesh, "external.yaml", &entries);
+    // The cluster's DNS for the names the DNS proxy does not know.
+    fake_upstream(&mesh.pod("sleep-1").ns);
+    let https = |host: &str| {
+        mesh.app_curl_with("sleep-1", &["-k"], &format!("https://{host}/"))
+            .ok()
+            .map(|(_, body)| version(&body))
+    };
+    // Without routes, each name reaches its own entry's endpoint.
+    tests::wait_for(
+        "secure.example.test unrouted",
+        Duration::from_secs(30),
+        || (https("secure.example.test").as_deref() == Some("tls-a")).then_some(()),
+    );
+    let routes = "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: secure, namespace: demo}\nspec:\n  hosts: [secure.example.test]\n  tls:\n  - match: [{port: 443, sniHosts: [secure.example.test]}]\n    route:\n    - destination: {host: secure-b.example.test, port: {number: 443}}\n---\napiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: echo, namespace: demo}\nspec:\n  hosts: [echo.example.test]\n  tcp:\n  - match: [{port: 9000}]\n    route:\n    - destination: {host: echo-v1.example.test, port: {number: 9000}}\n      weight: 80\n    - destination: {host: echo-v2.example.test, port: {number: 9000}}\n      weight: 20\n";
+    apply_yaml(&mesh, "routes.yaml", routes);
+    tests::wait_for("the tls route", Duration::from_secs(30), || {
+        (https("secure.example.test").as_deref() == Some("tls-b")).then_some(())
+    });
+    for _ in 0..10 {
+        assert_eq!(
+            https("secure.example.test").as_deref(),
+            Some("tls-b"),
+            "by SNI to secure-b's endpoint, TLS end to end"
+        );
+    }
+    let tcp = || {
+        // By the entry's address: 200 connections, no DNS queries.
+        mesh.app_curl("sleep-1", "http://240.240.10.3:9000/")
+            .map(|(_, body)| version(&body))
+    };
+    tests::wait_for("the tcp route", Duration::from_secs(30), || {
+        tcp().ok().filter(|v| v != "tcp-main")
+    });
+    let n = 200;
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..n {
+        *counts.entry(tcp().unwrap()).or_default() += 1;
+    }
+    eprintln!("tcp split over {n} connections: {counts:?}");
+    let v1 = counts.get("tcp-v1").copied().unwrap_or(0);
+    let v2 = counts.get("tcp-v2").copied().unwrap_or(0);
+    assert_eq!(v1 + v2, n, "every connection to one of the two: {counts:?}");
+    // Binomial(200, 0.8): mean 160, sigma ~5.66; four sigma ~22.6.
+    let sigma = (n as f64 * 0.8 * 0.2).sqrt();
+    assert!(
+        (v1 as f64 - 0.8 * n as f64).abs() <= 4.0 * sigma,
+        "80/20 within four sigma: {counts:?}"
+    );
+    drop(pods);
+}

@@ -779,11 +779,19 @@ mod tests {
 
     #[test]
     fn virtual_service_rules() {
+        // Without hosts, a delegate: HTTP routes only.
+        assert!(
+            parse_file(
+                "d.yaml",
+                &format!("{VS}spec: {{http: [{{route: [{{destination: {{host: a}}}}]}}]}}\n")
+            )
+            .is_ok()
+        );
         assert_rejected(
-            &format!("{VS}spec: {{http: [{{route: [{{destination: {{host: a}}}}]}}]}}\n"),
+            &format!("{VS}spec: {{tcp: [{{route: [{{destination: {{host: a}}}}]}}]}}\n"),
             "VirtualService/demo/r",
-            "spec.hosts",
-            "at least one host is required",
+            "spec.tcp",
+            "delegate VirtualService",
         );
         assert_rejected(
             &format!(
@@ -868,16 +876,16 @@ mod tests {
                 "{VS}spec: {{hosts: [a], tcp: [{{route: [{{destination: {{host: a, port: {{number: 70000}}}}}}]}}]}}\n"
             ),
             "VirtualService/demo/r",
-            "spec.tcp",
-            "TCP routes are only supported on gateways",
+            "spec.tcp[0].route[0].destination.port.number",
+            "70000 is not a valid port",
         );
         assert_rejected(
             &format!(
                 "{VS}spec: {{hosts: [a], tls: [{{match: [{{port: 443}}], route: [{{destination: {{host: a}}}}]}}]}}\n"
             ),
             "VirtualService/demo/r",
-            "spec.tls",
-            "TLS routes are only supported on gateways",
+            "spec.tls[0].match[0].sniHosts",
+            "at least one SNI host",
         );
     }
 
@@ -1151,7 +1159,7 @@ mod tests {
     #[test]
     fn every_problem_of_a_file_is_reported_at_once() {
         let yaml = format!(
-            "{DR}spec: {{subsets: [{{name: v1}}, {{name: v1}}]}}\n---\n{VS}spec: {{http: [{{route: [{{destination: {{host: a}}}}]}}]}}\n"
+            "{DR}spec: {{subsets: [{{name: v1}}, {{name: v1}}]}}\n---\n{VS}spec: {{tcp: [{{route: [{{destination: {{host: a}}}}]}}]}}\n"
         );
         let fields: Vec<String> = rejected(&yaml)
             .iter()
@@ -1162,7 +1170,7 @@ mod tests {
             vec![
                 "DestinationRule/demo/d spec.host",
                 "DestinationRule/demo/d spec.subsets[1].name",
-                "VirtualService/demo/r spec.hosts",
+                "VirtualService/demo/r spec.tcp",
             ]
         );
     }

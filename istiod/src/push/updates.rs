@@ -10,7 +10,7 @@
 //! | Service, ServiceEntry | proxies that see the service; its endpoints' proxies; proxies that see a VirtualService routing to it (RDS) | all |
 //! | endpoints only (EndpointSlice, Pod, WorkloadEntry, Node, ServiceEntry endpoints) | proxies that see the service | EDS for its host (and CDS for DNS services, whose clusters carry endpoints); all for passthrough services (listeners and DNS names per endpoint) |
 //! | a Pod or WorkloadEntry, or an endpoint that came, went or changed | the proxy at that IP | all |
-//! | VirtualService | proxies it is exported to that see one of its hosts (old or new) | RDS |
+//! | VirtualService | proxies it is exported to that see one of its hosts (old or new); for a delegate, those of the roots naming it | RDS (LDS too with tcp/tls routes) |
 //! | DestinationRule | proxies it is exported to that see its host | CDS, EDS, RDS, LDS |
 //! | VirtualService bound to gateways | every router | RDS |
 //! | Gateway | every router (sidecars ignore Gateways) | LDS, RDS |
@@ -199,21 +199,16 @@ impl Resolved {
             | Kind::WorkloadEntry
             | Kind::Node => self.services(key, endpoint_only, views),
             Kind::VirtualService => {
-                let domain = &views.new.domain;
-                let audiences = [views.old, views.new].map(|ctx| {
-                    find(&ctx.virtual_services, key).map(|vs| virtual_service_audience(vs, domain))
-                });
-                self.config(key, audiences, Types::RDS);
-                // Gateways route VirtualServices bound to them, whatever
-                // their hosts: Istio pushes routers for these too (their
-                // listeners too: tcp and tls routes are filter chains).
-                let for_gateways = [views.old, views.new].iter().any(|ctx| {
-                    find(&ctx.virtual_services, key)
-                        .is_some_and(|vs| vs.spec.gateways.iter().any(|g| g != "mesh"))
-                });
-                if for_gateways {
-                    self.changes
-                        .push(change(&reason, Audience::Routers, Types::LDS | Types::RDS));
+                self.virtual_service(key, &reason, views);
+                // A delegate is served through the roots that name it (in
+                // the old context or the new): their proxies and caches.
+                let roots: BTreeSet<ObjectKey> = [views.old, views.new]
+                    .iter()
+                    .flat_map(|ctx| ctx.roots_of(&key.namespace, &key.name))
+                    .map(|vs| ObjectKey::new(Kind::VirtualService, &vs.namespace, &vs.name))
+                    .collect();
+                for root in roots.iter().filter(|r| *r != key) {
+                    self.virtual_service(root, &reason, views);
                 }
             }
             Kind::Secret => {
@@ -314,6 +309,39 @@ impl Resolved {
         }
     }
 
+    /// A served VirtualService's change: the proxies that see its hosts
+    /// (routes; listeners too when it has tcp or tls routes, which are
+    /// filter chains), and every router when it binds gateways.
+    fn virtual_service(&mut self, key: &ObjectKey, reason: &str, views: &Views<'_>) {
+        let domain = &views.new.domain;
+        let found = [views.old, views.new].map(|ctx| find(&ctx.virtual_services, key));
+        let l4 = found
+            .iter()
+            .flatten()
+            .any(|vs| !vs.spec.tcp.is_empty() || !vs.spec.tls.is_empty());
+        let types = if l4 {
+            Types::RDS | Types::LDS
+        } else {
+            Types::RDS
+        };
+        self.config(
+            key,
+            found.map(|vs| vs.map(|vs| virtual_service_audience(vs, domain))),
+            types,
+        );
+        // Gateways route VirtualServices bound to them, whatever
+        // their hosts: Istio pushes routers for these too (their
+        // listeners too: tcp and tls routes are filter chains).
+        let for_gateways = found
+            .iter()
+            .flatten()
+            .any(|vs| vs.spec.gateways.iter().any(|g| g != "mesh"));
+        if for_gateways {
+            self.changes
+                .push(change(reason, Audience::Routers, Types::LDS | Types::RDS));
+        }
+    }
+
     /// A routing config's change, as it was and as it is, and the cache
     /// entries built from it.
     fn config(&mut self, key: &ObjectKey, audiences: [Option<Audience>; 2], types: Types) {
@@ -383,19 +411,31 @@ impl Resolved {
     }
 
     /// VirtualServices routing to a changed service: their route
-    /// configurations name its clusters (by its ports).
+    /// configurations (and, for tcp/tls routes, listeners) name its
+    /// clusters (by its ports).
     fn routes_to(&mut self, reason: &str, hosts: &BTreeSet<String>, views: &Views<'_>) {
         for ctx in [views.old, views.new] {
             for vs in &ctx.virtual_services {
-                let routes_here = vs
+                let here = |h: &str| hosts.contains(&resolve_host(h, &vs.namespace, &ctx.domain));
+                let routes_here = vs.spec.destination_hosts().any(here);
+                // tcp and tls routes are listeners' filter chains.
+                let l4_here = vs
                     .spec
-                    .destination_hosts()
-                    .any(|h| hosts.contains(&resolve_host(h, &vs.namespace, &ctx.domain)));
-                if routes_here {
+                    .tcp
+                    .iter()
+                    .flat_map(|r| &r.route)
+                    .chain(vs.spec.tls.iter().flat_map(|r| &r.route))
+                    .any(|d| here(&d.destination.host));
+                if routes_here || l4_here {
+                    let types = if l4_here {
+                        Types::RDS | Types::LDS
+                    } else {
+                        Types::RDS
+                    };
                     self.changes.push(change(
                         reason,
                         virtual_service_audience(vs, &ctx.domain),
-                        Types::RDS,
+                        types,
                     ));
                 }
             }
@@ -444,5 +484,76 @@ fn destination_rule_audience(dr: &Named<DestinationRule>, domain: &str) -> Audie
         namespace: dr.namespace.clone(),
         export_to: dr.spec.export_to.clone(),
         hosts: vec![resolve_host(&dr.spec.host, &dr.namespace, domain)],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn snapshot(yaml: &str) -> Arc<Snapshot> {
+        let store = crate::model::ConfigStore::new();
+        let parsed = crate::model::parse_file("t.yaml", yaml).unwrap();
+        store.apply(
+            parsed
+                .objects
+                .into_iter()
+                .map(|o| crate::model::Update::Upsert(Arc::new(o))),
+        );
+        store.snapshot()
+    }
+
+    const ROOT: &str = "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: root, namespace: demo}\nspec: {hosts: [a], http: [{delegate: {name: d, namespace: team}}]}\n";
+
+    fn delegate(host: &str) -> String {
+        format!(
+            "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: d, namespace: team}}\nspec: {{http: [{{route: [{{destination: {{host: {host}}}}}]}}]}}\n"
+        )
+    }
+
+    /// Editing a delegate alone reaches the proxies of the roots naming it
+    /// (their routes) and clears the roots' cached routes.
+    #[test]
+    fn a_delegate_change_pushes_its_roots() {
+        let old_snapshot = snapshot(&format!("{ROOT}---\n{}", delegate("v1")));
+        let new_snapshot = snapshot(&format!("{ROOT}---\n{}", delegate("v2")));
+        let options = crate::model::RegistryOptions::default();
+        let old = IstioContext::new("t/1".into(), &old_snapshot, &options);
+        let new = IstioContext::new("t/2".into(), &new_snapshot, &options);
+        let key = ObjectKey::new(Kind::VirtualService, "team", "d");
+        let pending = Pending {
+            objects: BTreeMap::from([(key, false)]),
+            count: 1,
+            ..Default::default()
+        };
+        let views = Views {
+            old: &old,
+            old_snapshot: &old_snapshot,
+            new: &new,
+            new_snapshot: &new_snapshot,
+        };
+        let (updates, clear) = resolve(&pending, &views);
+        let root_hosts = Audience::Hosts {
+            namespace: "demo".into(),
+            export_to: Vec::new(),
+            hosts: vec!["a.demo.svc.cluster.local".into()],
+        };
+        assert!(
+            updates
+                .changes
+                .iter()
+                .any(|c| c.audience == root_hosts && c.types == Types::RDS),
+            "{updates:#?}"
+        );
+        let Clear::Some(deps) = clear else {
+            panic!("scoped")
+        };
+        assert!(deps.contains(&Dependency::Config(ObjectKey::new(
+            Kind::VirtualService,
+            "demo",
+            "root"
+        ))));
     }
 }

@@ -20,6 +20,8 @@ use super::Proxy;
 use super::cache::XdsCache;
 use super::scope::SidecarScope;
 
+mod delegate;
+
 /// A named, namespaced config object.
 #[derive(Debug, Clone)]
 pub struct Named<T> {
@@ -44,8 +46,11 @@ pub struct IstioContext {
     pub cluster_id: String,
     /// DestinationRules.
     pub destination_rules: Vec<Named<DestinationRule>>,
-    /// VirtualServices.
+    /// VirtualServices as served: roots merged with their delegates, the
+    /// delegates themselves left out.
     pub virtual_services: Vec<Named<VirtualService>>,
+    /// The delegates each root VirtualService names, by (namespace, name).
+    delegate_uses: std::collections::BTreeMap<delegate::VsKey, Vec<delegate::VsKey>>,
     /// PeerAuthentications.
     pub peer_authentications: Vec<Named<PeerAuthentication>>,
     /// Sidecars.
@@ -281,7 +286,8 @@ impl IstioContext {
         };
         // So do the Ingresses of Istio's class, as its ingress controller's.
         let ingress = crate::model::ingress::convert(snapshot, &options.domain);
-        let mut virtual_services: Vec<Named<VirtualService>> = collect(snapshot);
+        let (mut virtual_services, delegate_uses) =
+            delegate::merge(collect(snapshot), &options.domain);
         virtual_services.extend(gateway_api.virtual_services.into_iter().map(named));
         virtual_services.extend(ingress.virtual_services.into_iter().map(named));
         let mut gateways: Vec<Named<crate::model::gateway::Gateway>> = collect(snapshot);
@@ -310,6 +316,7 @@ impl IstioContext {
             cluster_id: options.cluster_id.clone(),
             destination_rules,
             virtual_services,
+            delegate_uses,
             index,
             envoy_filters: super::envoyfilter::EnvoyFilters::new(snapshot),
             cache: Arc::default(),
@@ -617,6 +624,20 @@ impl IstioContext {
             .into_iter()
             .map(|i| &self.virtual_services[i])
             .filter(|vs| is_exported_to(&vs.spec.export_to, &vs.namespace, client_ns))
+            .collect()
+    }
+
+    /// The root VirtualServices that name the delegate `namespace/name`
+    /// (whether or not it exists or is exported to them).
+    pub fn roots_of(&self, namespace: &str, name: &str) -> Vec<&Named<VirtualService>> {
+        self.delegate_uses
+            .iter()
+            .filter(|(_, used)| used.iter().any(|(n, m)| n == namespace && m == name))
+            .filter_map(|((ns, root), _)| {
+                self.virtual_services
+                    .iter()
+                    .find(|vs| &vs.namespace == ns && &vs.name == root)
+            })
             .collect()
     }
 

@@ -16,6 +16,7 @@ mod gateway_tcp;
 mod gateway_tls;
 mod inbound;
 mod outbound;
+mod outbound_l4;
 
 pub use outbound::uses_auto_addresses;
 
@@ -89,7 +90,7 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Arc<Resource>> {
         proxy.interception_mode,
         telemetry.client.key,
         reporting.client,
-        outbound::listener_key(&scope, proxy),
+        outbound::listener_key(ctx, &scope, proxy),
     );
     let outbound = scope.outbound_listeners(&key, || {
         let mut out: Vec<Listener> = outbound::listeners(ctx, proxy);

@@ -62,6 +62,9 @@ pub struct SidecarScope {
     routes: Mutex<HashMap<String, Arc<Resource>>>,
     /// Whether a VirtualService exported here matches on `sourceLabels`.
     pub(super) routes_need_labels: OnceLock<bool>,
+    /// Whether a VirtualService exported here matches `tcp`/`tls` routes
+    /// on `sourceLabels` (outbound listeners then differ by labels).
+    pub(super) listeners_need_labels: OnceLock<bool>,
 }
 
 fn admitted(listener: &IstioEgressListener, sidecar_ns: &str, svc: &Service) -> bool {
@@ -137,6 +140,7 @@ impl SidecarScope {
             outbound_listeners: Mutex::default(),
             routes: Mutex::default(),
             routes_need_labels: OnceLock::new(),
+            listeners_need_labels: OnceLock::new(),
         }
     }
 

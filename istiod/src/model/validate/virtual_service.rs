@@ -31,11 +31,24 @@ const RETRY_ON: &[&str] = &[
 ];
 
 pub(super) fn virtual_service(vs: &VirtualService, e: &mut Errors) {
-    if vs.hosts.is_empty() {
-        e.add(
-            "spec.hosts",
-            "at least one host is required (list the service names this rule routes, e.g. reviews or reviews.default.svc.cluster.local)",
-        );
+    // Without hosts, a delegate (Istio's rules for one): only HTTP routes,
+    // bound through its roots, never to gateways of its own.
+    let is_delegate = vs.hosts.is_empty();
+    if is_delegate {
+        for (name, set) in [
+            ("gateways", !vs.gateways.is_empty()),
+            ("tls", !vs.tls.is_empty()),
+            ("tcp", !vs.tcp.is_empty()),
+        ] {
+            if set {
+                e.add(
+                    format!("spec.{name}"),
+                    format!(
+                        "a delegate VirtualService (one without hosts) must have no {name} (bind and route through the root VirtualService that delegates to it, or add hosts)"
+                    ),
+                );
+            }
+        }
     }
     let mesh_bound = vs.gateways.is_empty() || vs.gateways.iter().any(|g| g == "mesh");
     for (i, host) in vs.hosts.iter().enumerate() {
@@ -60,9 +73,40 @@ pub(super) fn virtual_service(vs: &VirtualService, e: &mut Errors) {
         );
     }
     for (i, route) in vs.http.iter().enumerate() {
-        http_route(&format!("spec.http[{i}]"), route, e);
+        let field = format!("spec.http[{i}]");
+        http_route(&field, route, e);
+        if let Some(d) = &route.delegate {
+            delegate(&format!("{field}.delegate"), d, is_delegate, e);
+        }
     }
     super::virtual_service_tcp::l4_routes(vs, mesh_bound, e);
+}
+
+/// A root route's `delegate`: a VirtualService name (and namespace); a
+/// delegate cannot delegate further (Istio's "delegate HTTP route cannot
+/// contain delegate").
+fn delegate(field: &str, d: &super::super::istio::Delegate, in_delegate: bool, e: &mut Errors) {
+    if in_delegate {
+        e.add(
+            field,
+            "delegate HTTP route cannot contain delegate (a delegate VirtualService cannot delegate again; write the routes here)",
+        );
+    }
+    if !is_dns1123_subdomain(&d.name) {
+        e.add(
+            format!("{field}.name"),
+            format!(
+                "{:?} is not a VirtualService name (name the delegate VirtualService)",
+                d.name
+            ),
+        );
+    }
+    if !d.namespace.is_empty() && !is_dns1123_label(&d.namespace) {
+        e.add(
+            format!("{field}.namespace"),
+            format!("{:?} is not a namespace name", d.namespace),
+        );
+    }
 }
 
 /// A gateway reference: `mesh` (the sidecars), `<name>` (a Gateway in the
@@ -162,12 +206,6 @@ fn http_route(field: &str, r: &HttpRoute, e: &mut Errors) {
             &format!("{field}.rewrite.uriRegexRewrite.match"),
             &rr.r#match,
             e,
-        );
-    }
-    if r.delegate.is_some() {
-        e.add(
-            format!("{field}.delegate"),
-            "delegation is not supported by this istiod (write the routes in this VirtualService)",
         );
     }
     if let Some(h) = &r.headers {
@@ -618,11 +656,6 @@ mod tests {
                 "FORWARD or IGNORE",
             ),
             (
-                "{delegate: {name: d}}",
-                "spec.http[0].delegate",
-                "not supported",
-            ),
-            (
                 "{route: [{destination: {host: b}}], fault: {abort: {grpcStatus: NOPE}}}",
                 "spec.http[0].fault.abort.grpcStatus",
                 "not a gRPC status",
@@ -630,6 +663,43 @@ mod tests {
         ] {
             refused(&format!("{{hosts: [a], http: [{http}]}}"), field, needle);
         }
+    }
+
+    #[test]
+    fn delegation_follows_istio_rules() {
+        for spec in [
+            "{hosts: [a], http: [{match: [{uri: {prefix: /r}}], delegate: {name: d, namespace: other}, timeout: 2s}]}",
+            "{hosts: [a], gateways: [gw], http: [{delegate: {name: d}}]}",
+            "{http: [{match: [{uri: {prefix: /r/v2}}], route: [{destination: {host: b}}]}]}",
+            "{http: [{route: [{destination: {host: b}}]}], exportTo: [demo]}",
+        ] {
+            assert!(errors(spec).is_empty(), "{spec}: {:?}", errors(spec));
+        }
+        refused(
+            "{http: [{delegate: {name: e}}]}",
+            "spec.http[0].delegate",
+            "cannot contain delegate",
+        );
+        refused(
+            "{gateways: [gw], http: [{route: [{destination: {host: b}}]}]}",
+            "spec.gateways",
+            "delegate VirtualService",
+        );
+        refused(
+            "{tcp: [{route: [{destination: {host: b}}]}]}",
+            "spec.tcp",
+            "delegate VirtualService",
+        );
+        refused(
+            "{hosts: [a], http: [{delegate: {name: d}, route: [{destination: {host: b}}]}]}",
+            "spec.http[0]",
+            "mutually exclusive",
+        );
+        refused(
+            "{hosts: [a], http: [{delegate: {name: 'D_1'}}]}",
+            "spec.http[0].delegate.name",
+            "not a VirtualService name",
+        );
     }
 
     #[test]

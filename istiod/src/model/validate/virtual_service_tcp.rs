@@ -1,33 +1,22 @@
 //! Validation of a VirtualService's `tcp` and `tls` routes, as Istio's
 //! `validateTCPRoute` and `validateTLSRoute` (a TLS route needs matches,
 //! each with SNI hosts within the VirtualService's hosts; every route needs
-//! destinations). They are applied on gateways only: a VirtualService with
-//! them that also binds `mesh` (the sidecars) is refused, and so are the
-//! match fields Istio ignores on gateways (`sourceLabels`,
-//! `sourceNamespace`, `destinationSubnets`), rather than accepted and
-//! ignored.
+//! destinations). They are applied on gateways and on sidecars (`mesh`).
+//! The match fields only sidecars apply (`sourceLabels`, `sourceNamespace`,
+//! `destinationSubnets`; Istio ignores them on gateways) are refused on a
+//! match that can only apply to gateways, rather than accepted and ignored.
 
 use super::super::istio::{Destination, L4MatchAttributes, TlsMatchAttributes, VirtualService};
 use super::virtual_service::{destinations, gateway};
-use super::{Errors, check_port};
+use super::{Errors, check_port, is_dns1123_label};
+use crate::model::security::attributes::parse_cidr;
 use crate::model::service::host_matches;
 
 pub(super) fn l4_routes(vs: &VirtualService, mesh_bound: bool, e: &mut Errors) {
-    for (name, present) in [("tcp", !vs.tcp.is_empty()), ("tls", !vs.tls.is_empty())] {
-        if present && mesh_bound {
-            e.add(
-                format!("spec.{name}"),
-                format!(
-                    "{} routes are only supported on gateways by this istiod (bind the VirtualService to gateways only with spec.gateways, without mesh)",
-                    name.to_ascii_uppercase()
-                ),
-            );
-        }
-    }
     for (i, r) in vs.tcp.iter().enumerate() {
         let field = format!("spec.tcp[{i}]");
         for (j, m) in r.r#match.iter().enumerate() {
-            l4_match(&format!("{field}.match[{j}]"), &l4_of_tcp(m), e);
+            l4_match(&format!("{field}.match[{j}]"), &l4_of_tcp(m), mesh_bound, e);
         }
         route(&field, "TCP", &r.route, e);
     }
@@ -42,7 +31,7 @@ pub(super) fn l4_routes(vs: &VirtualService, mesh_bound: bool, e: &mut Errors) {
         for (j, m) in r.r#match.iter().enumerate() {
             let mf = format!("{field}.match[{j}]");
             tls_match(&mf, m, vs, e);
-            l4_match(&mf, &l4_of_tls(m), e);
+            l4_match(&mf, &l4_of_tls(m), mesh_bound, e);
         }
         route(&field, "TLS", &r.route, e);
     }
@@ -80,8 +69,8 @@ struct L4<'a> {
     port: Option<u32>,
     gateways: &'a [String],
     source_labels: bool,
-    source_namespace: bool,
-    destination_subnets: bool,
+    source_namespace: &'a str,
+    destination_subnets: &'a [String],
 }
 
 fn l4_of_tcp(m: &L4MatchAttributes) -> L4<'_> {
@@ -89,8 +78,8 @@ fn l4_of_tcp(m: &L4MatchAttributes) -> L4<'_> {
         port: m.port,
         gateways: &m.gateways,
         source_labels: !m.source_labels.is_empty(),
-        source_namespace: !m.source_namespace.is_empty(),
-        destination_subnets: !m.destination_subnets.is_empty(),
+        source_namespace: &m.source_namespace,
+        destination_subnets: &m.destination_subnets,
     }
 }
 
@@ -99,27 +88,51 @@ fn l4_of_tls(m: &TlsMatchAttributes) -> L4<'_> {
         port: m.port,
         gateways: &m.gateways,
         source_labels: !m.source_labels.is_empty(),
-        source_namespace: !m.source_namespace.is_empty(),
-        destination_subnets: !m.destination_subnets.is_empty(),
+        source_namespace: &m.source_namespace,
+        destination_subnets: &m.destination_subnets,
     }
 }
 
-fn l4_match(field: &str, m: &L4<'_>, e: &mut Errors) {
+fn l4_match(field: &str, m: &L4<'_>, mesh_bound: bool, e: &mut Errors) {
     if let Some(p) = m.port {
         check_port(&format!("{field}.port"), p, e);
     }
     for (k, gw) in m.gateways.iter().enumerate() {
         gateway(&format!("{field}.gateways[{k}]"), gw, e);
     }
+    if !m.source_namespace.is_empty() && !is_dns1123_label(m.source_namespace) {
+        e.add(
+            format!("{field}.sourceNamespace"),
+            format!("{:?} is not a namespace name", m.source_namespace),
+        );
+    }
+    for (k, subnet) in m.destination_subnets.iter().enumerate() {
+        if parse_cidr(subnet).is_none() {
+            e.add(
+                format!("{field}.destinationSubnets[{k}]"),
+                format!("{subnet:?} is not an IP address or CIDR (e.g. 10.0.0.0/8)"),
+            );
+        }
+    }
+    // The match applies to sidecars when it names mesh, or names no
+    // gateway in a VirtualService bound to mesh.
+    let for_mesh = if m.gateways.is_empty() {
+        mesh_bound
+    } else {
+        m.gateways.iter().any(|g| g == "mesh")
+    };
+    if for_mesh {
+        return;
+    }
     for (name, set) in [
         ("sourceLabels", m.source_labels),
-        ("sourceNamespace", m.source_namespace),
-        ("destinationSubnets", m.destination_subnets),
+        ("sourceNamespace", !m.source_namespace.is_empty()),
+        ("destinationSubnets", !m.destination_subnets.is_empty()),
     ] {
         if set {
             e.add(
                 format!("{field}.{name}"),
-                "is not applied on gateways (Istio ignores it there) and TCP/TLS routes are only served on gateways by this istiod (remove it; match by port or gateways)",
+                "is not applied on gateways (Istio ignores it there; it applies to sidecars): bind the match to mesh, or remove it",
             );
         }
     }
@@ -164,26 +177,37 @@ mod tests {
     }
 
     #[test]
-    fn sidecar_routes_are_refused_by_field() {
-        refused(
-            "{hosts: [a], tcp: [{route: [{destination: {host: b}}]}]}",
-            "spec.tcp",
-            "only supported on gateways",
-        );
-        refused(
-            "{hosts: [a], gateways: [gw, mesh], tls: [{match: [{sniHosts: [a]}], route: [{destination: {host: b}}]}]}",
-            "spec.tls",
-            "only supported on gateways",
-        );
+    fn mesh_routes_are_accepted_with_the_fields_sidecars_apply() {
+        for spec in [
+            "{hosts: [a], tcp: [{match: [{port: 9000, sourceLabels: {app: x}, sourceNamespace: demo}], route: [{destination: {host: b}, weight: 80}, {destination: {host: c}, weight: 20}]}]}",
+            "{hosts: [a.com], gateways: [gw, mesh], tls: [{match: [{sniHosts: [a.com], destinationSubnets: [10.0.0.0/8, 10.1.2.3]}], route: [{destination: {host: b}}]}]}",
+            "{hosts: [a.com], gateways: [gw], tls: [{match: [{sniHosts: [a.com], gateways: [mesh], sourceLabels: {app: x}}], route: [{destination: {host: b}}]}]}",
+        ] {
+            assert!(errors(spec).is_empty(), "{spec}: {:?}", errors(spec));
+        }
+    }
+
+    #[test]
+    fn sidecar_only_fields_on_gateway_matches_are_refused_by_field() {
         refused(
             "{hosts: [a], gateways: [gw], tcp: [{match: [{sourceLabels: {app: x}}], route: [{destination: {host: b}}]}]}",
             "spec.tcp[0].match[0].sourceLabels",
-            "not applied",
+            "not applied on gateways",
         );
         refused(
             "{hosts: [a.com], gateways: [gw], tls: [{match: [{sniHosts: [a.com], destinationSubnets: [10.0.0.0/8]}], route: [{destination: {host: b}}]}]}",
             "spec.tls[0].match[0].destinationSubnets",
-            "not applied",
+            "not applied on gateways",
+        );
+        refused(
+            "{hosts: [a], gateways: [gw, mesh], tcp: [{match: [{gateways: [gw], sourceNamespace: demo}], route: [{destination: {host: b}}]}]}",
+            "spec.tcp[0].match[0].sourceNamespace",
+            "not applied on gateways",
+        );
+        refused(
+            "{hosts: [a], tcp: [{match: [{destinationSubnets: [10.0.0.0/40]}], route: [{destination: {host: b}}]}]}",
+            "spec.tcp[0].match[0].destinationSubnets[0]",
+            "not an IP address or CIDR",
         );
     }
 

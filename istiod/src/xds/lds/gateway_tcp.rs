@@ -133,7 +133,13 @@ fn tcp_filters(ctx: &IstioContext, proxy: &Proxy, bound: &BoundServer<'_>) -> Op
                     .iter()
                     .any(|m| l4_matches(m.port, &m.gateways, &vs.namespace, bound));
             if applies && !r.route.is_empty() {
-                return Some(route_filters(ctx, proxy, vs, bound, &r.route));
+                return Some(route_filters(
+                    ctx,
+                    proxy,
+                    vs,
+                    bound.server.port_number(),
+                    &r.route,
+                ));
             }
         }
     }
@@ -171,7 +177,7 @@ fn tls_chains(
                         transport_protocol: "tls".into(),
                         ..Default::default()
                     }),
-                    filters: route_filters(ctx, proxy, vs, bound, &r.route),
+                    filters: route_filters(ctx, proxy, vs, bound.server.port_number(), &r.route),
                     ..Default::default()
                 });
             }
@@ -183,18 +189,19 @@ fn tls_chains(
 /// Istio's `buildOutboundNetworkFilters` for a route's destinations, with
 /// the first destination's DestinationRule `tcp.maxConnectionDuration` as
 /// the proxy's maximum downstream connection duration, as Istio sets it.
-fn route_filters(
+/// Sidecars' `tcp` and `tls` routes use it too, `port` being the listener's.
+pub(super) fn route_filters(
     ctx: &IstioContext,
     proxy: &Proxy,
     vs: &Named<VirtualService>,
-    bound: &BoundServer<'_>,
+    port: u16,
     route: &[RouteDestination],
 ) -> Vec<Filter> {
     let clusters = Clusters {
         ctx,
         vs_ns: &vs.namespace,
         client_ns: &proxy.namespace,
-        port: bound.server.port_number(),
+        port,
         gateway_semantics: vs.spec.gateway_semantics,
     };
     let max_duration = {

@@ -21,8 +21,8 @@ use super::super::util::{
     delimited, duration, socket, u32v,
 };
 use super::{
-    PLAINTEXT_HTTP_ALPNS, http_inspector, no_interception, outbound_hcm, tcp_hash_policy,
-    tcp_proxy_hashed, tcp_proxy_to, tproxy,
+    PLAINTEXT_HTTP_ALPNS, http_inspector, no_interception, outbound_hcm, tcp_proxy_to,
+    tls_inspector, tproxy,
 };
 use crate::model::istio::CaptureMode;
 use crate::model::service::{Protocol, Service, ServiceSource};
@@ -61,15 +61,30 @@ struct HttpChain {
     sniffed: bool,
 }
 
+/// The service port whose `tcp`/`tls` routes (or default cluster) make a
+/// listener's TCP chains.
+#[derive(Debug, Clone)]
+struct TcpChains {
+    host: String,
+    cluster: String,
+    /// `TLS` or `HTTPS`: chains by SNI.
+    tls: bool,
+    /// On the wildcard address (a TLS port of a service without one): the
+    /// default chain too is selected by SNI, the host name, so that the
+    /// services on the port share the listener.
+    by_sni: bool,
+}
+
 /// One listener being planned (Istio's `outboundListenerEntry`).
 #[derive(Debug, Clone)]
 struct Entry {
     class: Class,
     bind_to_port: bool,
     http: Option<HttpChain>,
-    /// The cluster of the match-all TCP chain (one per listener: a second
-    /// would conflict, and the first kept wins as in Istio).
-    tcp: Option<String>,
+    /// The service ports of the TCP chains: one per listener (a second
+    /// would conflict, and the first kept wins as in Istio), except
+    /// services told apart by SNI on the wildcard address.
+    tcp: Vec<TcpChains>,
     /// Built before the catch-all scope (for a port-specific Sidecar egress
     /// listener): the catch-all adds nothing to it.
     locked: bool,
@@ -78,8 +93,15 @@ struct Entry {
 impl Entry {
     /// Adds chains without replacing any (Istio's `mergeTCPFilterChains`).
     fn merge(&mut self, other: Entry) {
-        if self.tcp.is_none() {
+        let by_sni = |t: &[TcpChains]| !t.is_empty() && t.iter().all(|c| c.by_sni);
+        if self.tcp.is_empty() {
             self.tcp = other.tcp;
+        } else if by_sni(&self.tcp) && by_sni(&other.tcp) {
+            for t in other.tcp {
+                if !self.tcp.iter().any(|c| c.host == t.host) {
+                    self.tcp.push(t);
+                }
+            }
         }
         if self.http.is_none() {
             self.http = other.http;
@@ -117,9 +139,9 @@ impl Plan {
     /// as the catch-all would). Istio also gives none to a NONE entry with
     /// a `workloadSelector` that selects nothing yet; here that one gets the
     /// wildcard. Other services without an address get no TCP listener
-    /// here (their connections take the catch-all): Istio's wildcard
-    /// listener for them needs SNI chains for TLS ports, not built here.
-    fn tcp_binds(&self, svc: &Service, port: u16) -> Vec<String> {
+    /// here (their connections take the catch-all), except on TLS ports:
+    /// the wildcard, where Istio tells them apart by SNI.
+    fn tcp_binds(&self, svc: &Service, port: u16, tls: bool) -> Vec<String> {
         let (v4, v6) = self.ip.families();
         if let Some(vip) = svc.addresses_for(self.auto_addresses, v4, v6).first() {
             return vec![vip.to_string()];
@@ -128,7 +150,7 @@ impl Plan {
             && (svc.source == ServiceSource::Kubernetes
                 || svc.endpoints_for(port).next().is_some());
         if !per_endpoint {
-            return if svc.is_passthrough() {
+            return if svc.is_passthrough() || tls {
                 vec![self.ip.wildcard().to_string()]
             } else {
                 Vec::new()
@@ -149,20 +171,37 @@ impl Plan {
         let Some(class) = Class::of(protocol) else {
             return;
         };
+        let tls = matches!(protocol, Protocol::Tls | Protocol::Https);
         let binds = match class {
             _ if !b.bind.is_empty() => vec![b.bind.clone()],
             Class::Http => vec![self.ip.wildcard().to_string()],
-            Class::Tcp | Class::Detect => self.tcp_binds(svc, port),
+            Class::Tcp | Class::Detect => self.tcp_binds(svc, port, tls),
         };
         for bind in binds {
-            self.add_bound(b, bind, svc, port, class);
+            self.add_bound(b, bind, svc, port, class, tls);
         }
     }
 
     /// One listener of a service port, at `bind`.
-    fn add_bound(&mut self, b: &Binding, bind: String, svc: &Service, port: u16, class: Class) {
+    fn add_bound(
+        &mut self,
+        b: &Binding,
+        bind: String,
+        svc: &Service,
+        port: u16,
+        class: Class,
+        tls: bool,
+    ) {
         let wildcard = self.ip.wildcard();
-        let tcp = || Some(outbound_name(port, "", &svc.hostname));
+        let by_sni = tls && bind == wildcard;
+        let tcp = || {
+            vec![TcpChains {
+                host: svc.hostname.clone(),
+                cluster: outbound_name(port, "", &svc.hostname),
+                tls,
+                by_sni,
+            }]
+        };
         let key = (bind.clone(), port);
         let existing = self.entries.get(&key).map(|e| (e.class, e.locked));
         if existing.is_some_and(|(_, locked)| locked) {
@@ -181,7 +220,7 @@ impl Plan {
                         route: port.to_string(),
                         sniffed,
                     }),
-                    tcp: None,
+                    tcp: Vec::new(),
                     locked: false,
                 }
             }
@@ -240,9 +279,17 @@ pub fn uses_auto_addresses(proxy: &Proxy) -> bool {
 
 /// What of the proxy itself its outbound listeners depend on, beyond its
 /// Sidecar scope, IP families and interception mode: whether it uses
-/// auto-allocated addresses, and its IP when it is an endpoint of a
-/// passthrough service (whose per-endpoint listeners leave it out).
-pub fn listener_key(scope: &super::super::scope::SidecarScope, proxy: &Proxy) -> String {
+/// auto-allocated addresses, its IP when it is an endpoint of a
+/// passthrough service (whose per-endpoint listeners leave it out), and its
+/// labels when a `tcp`/`tls` route matches on `sourceLabels`.
+pub fn listener_key(
+    ctx: &IstioContext,
+    scope: &super::super::scope::SidecarScope,
+    proxy: &Proxy,
+) -> String {
+    let labels = *scope
+        .listeners_need_labels
+        .get_or_init(|| super::outbound_l4::labels_matter(ctx, &proxy.namespace));
     let own = proxy.ips.first().filter(|ip| {
         scope
             .services()
@@ -250,9 +297,14 @@ pub fn listener_key(scope: &super::super::scope::SidecarScope, proxy: &Proxy) ->
             .any(|s| s.is_passthrough() && s.endpoints.iter().any(|e| &e.address == *ip))
     });
     format!(
-        "{}/{}",
+        "{}/{}/{}",
         uses_auto_addresses(proxy),
-        own.map(String::as_str).unwrap_or("")
+        own.map(String::as_str).unwrap_or(""),
+        if labels {
+            format!("{:?}", proxy.labels)
+        } else {
+            String::new()
+        }
     )
 }
 
@@ -338,14 +390,28 @@ fn listener(ctx: &IstioContext, proxy: &Proxy, bind: &str, port: u16, e: &Entry)
     let name = format!("{bind}_{port}");
     let mut chains = Vec::new();
     let mut default = None;
-    if let Some(tcp) = &e.tcp {
-        default = Some(FilterChain {
-            filters: vec![tcp_proxy_hashed(
-                tcp,
-                tcp_hash_policy(ctx, &proxy.namespace, tcp),
-            )],
-            ..Default::default()
-        });
+    let mut inspect_tls = false;
+    let mut matches = Vec::new();
+    for tcp in &e.tcp {
+        let l4 = super::outbound_l4::Port {
+            host: &tcp.host,
+            port,
+            tls: tcp.tls,
+            by_sni: tcp.by_sni,
+            cluster: &tcp.cluster,
+        };
+        for chain in super::outbound_l4::chains(ctx, proxy, &l4) {
+            match &chain.filter_chain_match {
+                None => default = Some(chain),
+                // Envoy refuses two chains with one match: the first wins.
+                Some(m) if matches.contains(m) => {}
+                Some(m) => {
+                    inspect_tls |= !m.server_names.is_empty();
+                    matches.push(m.clone());
+                    chains.push(chain);
+                }
+            }
+        }
     }
     let mut inspect = false;
     if let Some(h) = &e.http {
@@ -394,11 +460,11 @@ fn listener(ctx: &IstioContext, proxy: &Proxy, bind: &str, port: u16, e: &Entry)
         bind_to_port: (!e.bind_to_port).then_some(BoolValue { value: false }),
         traffic_direction: TrafficDirection::Outbound.into(),
         continue_on_listener_filters_timeout: true,
-        listener_filters: if inspect {
-            vec![http_inspector()]
-        } else {
-            Vec::new()
-        },
+        listener_filters: inspect_tls
+            .then(tls_inspector)
+            .into_iter()
+            .chain(inspect.then(http_inspector))
+            .collect(),
         listener_filters_timeout: Some(duration(Duration::ZERO)),
         filter_chains: chains,
         default_filter_chain,

@@ -455,3 +455,76 @@ fn rewrites_retries_and_faults() {
         Some(fault_abort::ErrorType::GrpcStatus(14))
     );
 }
+
+/// Delegation (Istio's `mergeVirtualServices`): the root's delegating
+/// route becomes the delegate's routes under the root's match, with the
+/// root's timeout where the delegate sets none; a delegate not exported to
+/// the root's namespace, or missing, leaves its root route out; a delegate
+/// is not served by itself.
+#[test]
+fn delegate_routes_are_served_under_their_root() {
+    let vs = |ns: &str, name: &str, spec: &str| {
+        format!(
+            "---\napiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {spec}\n"
+        )
+    };
+    let yaml = [
+        MESH.to_string(),
+        vs(
+            "demo",
+            "root",
+            "{hosts: [httpbin], http: [{name: r, match: [{uri: {prefix: /v}}], delegate: {name: d}, timeout: 3s}, {name: hidden, delegate: {name: private, namespace: other}}, {name: gone, delegate: {name: missing}}, {name: rest, route: [{destination: {host: httpbin}}]}]}",
+        ),
+        vs(
+            "demo",
+            "d",
+            "{http: [{name: v2, match: [{uri: {prefix: /v2}}], route: [{destination: {host: echo}}]}, {name: out, match: [{uri: {prefix: /x}}], route: [{destination: {host: echo}}]}]}",
+        ),
+        vs(
+            "other",
+            "private",
+            "{exportTo: ['.'], http: [{route: [{destination: {host: echo}}]}]}",
+        ),
+    ]
+    .concat();
+    let ctx = crate::xds::context::context_of_yaml(&yaml);
+    assert!(
+        ctx.virtual_services
+            .iter()
+            .all(|v| !v.spec.hosts.is_empty()),
+        "delegates are not served by themselves"
+    );
+    let names = BTreeSet::from(["8000".to_string()]);
+    let r = build(&ctx, &sleep(), &names).remove(0);
+    let rc = RouteConfiguration::decode(r.resource.value.as_slice()).unwrap();
+    let routes = &rc
+        .virtual_hosts
+        .iter()
+        .find(|v| v.name == format!("{HTTPBIN}:8000"))
+        .unwrap()
+        .routes;
+    let names: Vec<&str> = routes.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["r-v2", "rest"], "{routes:#?}");
+    let v2 = &routes[0];
+    assert_eq!(
+        action(v2),
+        &route_action::ClusterSpecifier::Cluster(
+            "outbound|9090||echo.demo.svc.cluster.local".into()
+        )
+    );
+    assert_eq!(
+        route_action(v2).timeout,
+        Some(crate::xds::util::duration(std::time::Duration::from_secs(
+            3
+        ))),
+        "the root's timeout"
+    );
+    assert_eq!(
+        ctx.roots_of("demo", "d")
+            .iter()
+            .map(|v| v.name.as_str())
+            .collect::<Vec<_>>(),
+        ["root"]
+    );
+    assert_eq!(ctx.roots_of("demo", "missing").len(), 1, "named, not found");
+}
