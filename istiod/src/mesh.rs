@@ -41,6 +41,50 @@ pub struct MeshConfig {
     /// whose DestinationRule sets none. `None` is Istio's default
     /// (`enabled: true`: failover by locality when outlier detection is on).
     pub locality_lb_setting: Option<crate::model::istio::LocalityLbSetting>,
+    /// `pathNormalization.normalization`: how every HTTP connection manager
+    /// normalizes request paths before routing and authorization.
+    pub path_normalization: PathNormalization,
+}
+
+/// Istio's `ProxyPathNormalization.NormalizationType`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PathNormalization {
+    /// `NONE`: paths reach routing and authorization as sent.
+    None,
+    /// `BASE` (and `DEFAULT`, Istio's default): RFC 3986 normalization.
+    #[default]
+    Base,
+    /// `MERGE_SLASHES`: `BASE`, and repeated slashes merged.
+    MergeSlashes,
+    /// `DECODE_AND_MERGE_SLASHES`: `MERGE_SLASHES`, and escaped slashes
+    /// (`%2F`, `%5C`) decoded.
+    DecodeAndMergeSlashes,
+}
+
+/// `pathNormalization` as written.
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct MeshPathNormalization {
+    #[serde(default)]
+    normalization: Option<String>,
+}
+
+fn path_normalization(
+    p: Option<&MeshPathNormalization>,
+    errors: &mut Vec<String>,
+) -> PathNormalization {
+    match p.and_then(|p| p.normalization.as_deref()) {
+        None | Some("DEFAULT" | "BASE") => PathNormalization::Base,
+        Some("NONE") => PathNormalization::None,
+        Some("MERGE_SLASHES") => PathNormalization::MergeSlashes,
+        Some("DECODE_AND_MERGE_SLASHES") => PathNormalization::DecodeAndMergeSlashes,
+        Some(other) => {
+            errors.push(format!(
+                "pathNormalization.normalization {other:?} is not a normalization (use DEFAULT, NONE, BASE, MERGE_SLASHES or DECODE_AND_MERGE_SLASHES)"
+            ));
+            PathNormalization::Base
+        }
+    }
 }
 
 /// The mesh config's access logging and tracing fields.
@@ -154,6 +198,8 @@ struct MeshConfigFile {
     enable_envoy_access_log_service: Option<bool>,
     #[serde(default)]
     locality_lb_setting: Option<crate::model::istio::LocalityLbSetting>,
+    #[serde(default)]
+    path_normalization: Option<MeshPathNormalization>,
 }
 
 /// The telemetry fields of the mesh config, every problem added to `errors`.
@@ -323,6 +369,7 @@ impl Mesh {
                     .map(|u| format!("defaultConfig.{u}")),
             );
         }
+        let path_normalization = path_normalization(file.path_normalization.as_ref(), &mut errors);
         let default_gateway_topology = file
             .default_config
             .as_ref()
@@ -345,6 +392,7 @@ impl Mesh {
                 telemetry: Box::new(telemetry),
                 default_gateway_topology,
                 locality_lb_setting: file.locality_lb_setting,
+                path_normalization,
             },
             discovery_selectors,
             injection: MeshInjection {
@@ -418,6 +466,31 @@ mod tests {
                 .iter()
                 .any(|e| e.contains("defaultConfig.gatewayTopology")
                     && e.contains("numTrustedProxy")),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn path_normalization_is_read_with_istios_names() {
+        assert_eq!(
+            Mesh::parse("").unwrap().config.path_normalization,
+            PathNormalization::Base
+        );
+        for (name, want) in [
+            ("DEFAULT", PathNormalization::Base),
+            ("NONE", PathNormalization::None),
+            ("MERGE_SLASHES", PathNormalization::MergeSlashes),
+            (
+                "DECODE_AND_MERGE_SLASHES",
+                PathNormalization::DecodeAndMergeSlashes,
+            ),
+        ] {
+            let m = Mesh::parse(&format!("pathNormalization: {{normalization: {name}}}\n"));
+            assert_eq!(m.unwrap().config.path_normalization, want, "{name}");
+        }
+        let errors = Mesh::parse("pathNormalization: {normalization: SLASHES}\n").unwrap_err();
+        assert!(
+            errors[0].contains("\"SLASHES\" is not a normalization"),
             "{errors:?}"
         );
     }

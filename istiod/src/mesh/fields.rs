@@ -269,10 +269,7 @@ const FIELDS: &[(&str, Use)] = &[
     ("extensionProviders", Use::Applied),
     ("defaultProviders", Use::Applied),
     ("discoverySelectors", Use::Applied),
-    (
-        "pathNormalization",
-        Use::OnlyDefault(Default::Absent, "path normalization settings are not built"),
-    ),
+    ("pathNormalization", Use::Applied),
     (
         "defaultHttpRetryPolicy",
         Use::OnlyDefault(
@@ -352,7 +349,7 @@ mod tests {
     #[test]
     fn other_values_are_refused_naming_field_and_reason() {
         let all = errors(
-            "connectTimeout: 1s\ningressClass: nginx\nenableAutoMtls: false\ntrustDomainAliases: [old.example]\ndefaultServiceExportTo: ['.']\nh2UpgradePolicy: UPGRADE\npathNormalization: {normalization: MERGE_SLASHES}\nca: {address: ca.example:443}\n",
+            "connectTimeout: 1s\ningressClass: nginx\nenableAutoMtls: false\ntrustDomainAliases: [old.example]\ndefaultServiceExportTo: ['.']\nh2UpgradePolicy: UPGRADE\ndefaultHttpRetryPolicy: {attempts: 5}\nca: {address: ca.example:443}\n",
         );
         assert_eq!(all.len(), 8, "{all:#?}");
         assert!(
@@ -364,7 +361,7 @@ mod tests {
         assert!(all.iter().any(|e| e.starts_with("enableAutoMtls: false")));
         assert!(
             all.iter()
-                .any(|e| e.starts_with("pathNormalization:") && e.contains("only left out"))
+                .any(|e| e.starts_with("defaultHttpRetryPolicy:") && e.contains("only left out"))
         );
     }
 

@@ -174,8 +174,33 @@ fn tcp_hash_policy(
         .unwrap_or_default()
 }
 
+/// An HTTP connection manager with the mesh's path normalization set
+/// (Istio's `buildHTTPConnectionManager`), for `..normalized(n)` in a
+/// literal.
+pub(super) fn normalized(n: crate::mesh::PathNormalization) -> HttpConnectionManager {
+    use crate::mesh::PathNormalization as N;
+    use http_connection_manager::PathWithEscapedSlashesAction as Escaped;
+    HttpConnectionManager {
+        normalize_path: Some(proto::pb::google::protobuf::BoolValue {
+            value: n != N::None,
+        }),
+        merge_slashes: matches!(n, N::MergeSlashes | N::DecodeAndMergeSlashes),
+        path_with_escaped_slashes_action: if n == N::DecodeAndMergeSlashes {
+            Escaped::UnescapeAndForward
+        } else {
+            Escaped::KeepUnchanged
+        }
+        .into(),
+        ..Default::default()
+    }
+}
+
 /// The outbound HTTP connection manager: routes by RDS name.
-fn outbound_hcm(stat_prefix: &str, route_name: &str) -> Filter {
+fn outbound_hcm(
+    stat_prefix: &str,
+    route_name: &str,
+    normalization: crate::mesh::PathNormalization,
+) -> Filter {
     network_filter(
         "envoy.filters.network.http_connection_manager",
         &HttpConnectionManager {
@@ -191,7 +216,7 @@ fn outbound_hcm(stat_prefix: &str, route_name: &str) -> Filter {
                 http_filter(super::rds::CORS_FILTER, &Cors::default()),
                 http_filter("envoy.filters.http.router", &Router::default()),
             ],
-            ..Default::default()
+            ..normalized(normalization)
         },
     )
 }
@@ -273,5 +298,89 @@ fn not_any_port(ports: &[u32]) -> ListenerFilterChainMatchPredicate {
     use listener_filter_chain_match_predicate::Rule;
     ListenerFilterChainMatchPredicate {
         rule: Some(Rule::NotMatch(Box::new(any_port(ports)))),
+    }
+}
+
+#[cfg(test)]
+mod path_normalization_tests {
+    #![allow(clippy::unwrap_used)]
+
+    use prost::Message;
+    use proto::pb::envoy::config::listener::v3::{Listener, filter};
+
+    use super::*;
+    use crate::mesh::Mesh;
+
+    /// Every HTTP connection manager of `proxy`'s listeners.
+    fn hcms(ctx: &IstioContext, proxy: &Proxy) -> Vec<HttpConnectionManager> {
+        build(ctx, proxy)
+            .iter()
+            .map(|r| Listener::decode(r.resource.value.as_slice()).unwrap())
+            .flat_map(|l| l.filter_chains.into_iter().chain(l.default_filter_chain))
+            .flat_map(|c| c.filters)
+            .filter(|f| f.name == "envoy.filters.network.http_connection_manager")
+            .map(|f| match f.config_type {
+                Some(filter::ConfigType::TypedConfig(a)) => {
+                    HttpConnectionManager::decode(a.value.as_slice()).unwrap()
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_connection_manager_normalizes_paths_as_the_mesh_says() {
+        let sample = include_str!("../../samples/mesh/httpbin.yaml");
+        let proxy = |app: &str, ip: &str| Proxy {
+            proxy_type: common::ProxyType::Sidecar,
+            ip: ip.into(),
+            ips: vec![ip.into()],
+            namespace: "demo".into(),
+            labels: [("app".to_string(), app.to_string())].into(),
+            ..Default::default()
+        };
+        for (mesh, normalize, merge, escaped) in [
+            ("", true, false, "KeepUnchanged"),
+            (
+                "pathNormalization: {normalization: NONE}",
+                false,
+                false,
+                "KeepUnchanged",
+            ),
+            (
+                "pathNormalization: {normalization: DECODE_AND_MERGE_SLASHES}",
+                true,
+                true,
+                "UnescapeAndForward",
+            ),
+        ] {
+            let ctx = crate::xds::context::context_of_yaml(sample)
+                .with_mesh(Mesh::parse(mesh).unwrap().config);
+            // Outbound (sleep's) and inbound (httpbin's) managers alike.
+            for (app, ip) in [("sleep", "198.18.0.2"), ("httpbin", "198.18.0.3")] {
+                let all = hcms(&ctx, &proxy(app, ip));
+                assert!(!all.is_empty(), "{app}: no connection manager");
+                if app == "httpbin" {
+                    assert!(
+                        all.iter().any(|h| h.stat_prefix.starts_with("inbound")),
+                        "no inbound manager"
+                    );
+                }
+                for h in all {
+                    assert_eq!(
+                        h.normalize_path.map(|b| b.value),
+                        Some(normalize),
+                        "{mesh} {app} {}",
+                        h.stat_prefix
+                    );
+                    assert_eq!(h.merge_slashes, merge, "{mesh} {app}");
+                    assert_eq!(
+                        format!("{:?}", h.path_with_escaped_slashes_action()),
+                        escaped,
+                        "{mesh} {app}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -17,6 +17,9 @@ pub struct InboundSecurity {
     pub http: Vec<HttpFilter>,
     /// Network filters, in order, before `tcp_proxy`.
     pub tcp: Vec<Filter>,
+    /// How request paths are normalized before the HTTP filters match them
+    /// (the mesh's `pathNormalization`).
+    pub path_normalization: crate::mesh::PathNormalization,
 }
 
 impl InboundSecurity {
@@ -27,6 +30,7 @@ impl InboundSecurity {
         Self {
             http,
             tcp: authz::network_filters(ctx, proxy),
+            path_normalization: ctx.mesh.path_normalization,
         }
     }
 }

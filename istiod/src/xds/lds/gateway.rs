@@ -208,7 +208,7 @@ fn gateway_hcm(
                 }
             }),
             http_filters,
-            ..Default::default()
+            ..super::normalized(chain_ctx.security.path_normalization)
         },
     )
 }

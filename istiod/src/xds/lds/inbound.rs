@@ -269,7 +269,7 @@ impl ChainConfig {
                 ),
                 http2_protocol_options: self.protocol.is_http2().then(Default::default),
                 http_filters,
-                ..Default::default()
+                ..super::normalized(security.path_normalization)
             },
         )
     }

@@ -419,6 +419,7 @@ fn listener(ctx: &IstioContext, proxy: &Proxy, bind: &str, port: u16, e: &Entry)
             filters: vec![outbound_hcm(
                 &delimited(&format!("outbound_{name}")),
                 &h.route,
+                ctx.mesh.path_normalization,
             )],
             ..Default::default()
         };
