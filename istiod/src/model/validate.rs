@@ -61,7 +61,7 @@ pub fn validate(object: &Object) -> Vec<FieldError> {
     validate_metadata(object, &mut e);
     match &object.spec {
         Spec::VirtualService(vs) => virtual_service(vs, &mut e),
-        Spec::DestinationRule(dr) => destination_rule(dr, &mut e),
+        Spec::DestinationRule(dr) => destination_rule(dr, &object.metadata.namespace, &mut e),
         Spec::ServiceEntry(se) => service_entry(se, &mut e),
         Spec::WorkloadEntry(we) => workload_entry("spec", we, None, &mut e),
         Spec::Sidecar(sc) => sidecar(sc, &mut e),

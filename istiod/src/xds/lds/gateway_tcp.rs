@@ -193,7 +193,7 @@ fn route_filters(
     let clusters = Clusters {
         ctx,
         vs_ns: &vs.namespace,
-        client_ns: &proxy.namespace,
+        client: proxy,
         port: bound.server.port_number(),
         gateway_semantics: vs.spec.gateway_semantics,
     };
@@ -202,7 +202,7 @@ fn route_filters(
         ctx.registry
             .by_hostname(&host)
             .next()
-            .and_then(|svc| ctx.destination_rule(&proxy.namespace, svc))
+            .and_then(|svc| ctx.destination_rule(proxy, svc))
             .and_then(|dr| dr.spec.traffic_policy.as_ref())
             .and_then(|tp| tp.connection_pool.as_ref())
             .and_then(|cp| cp.tcp.as_ref())
@@ -213,7 +213,7 @@ fn route_filters(
         let cluster = clusters.of(&only.destination);
         return vec![tcp_proxy(TcpProxy {
             stat_prefix: cluster.clone(),
-            hash_policy: tcp_hash_policy(ctx, &proxy.namespace, &cluster),
+            hash_policy: tcp_hash_policy(ctx, proxy, &cluster),
             cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster)),
             max_downstream_connection_duration: max_duration,
             ..Default::default()
@@ -231,7 +231,7 @@ fn route_filters(
     // Istio hashes a weighted split on the first destination's rule.
     let first = clusters.of(&route[0].destination);
     vec![tcp_proxy(TcpProxy {
-        hash_policy: tcp_hash_policy(ctx, &proxy.namespace, &first),
+        hash_policy: tcp_hash_policy(ctx, proxy, &first),
         stat_prefix: format!("{}.{}", vs.name, vs.namespace),
         cluster_specifier: Some(tcp_proxy::ClusterSpecifier::WeightedClusters(
             tcp_proxy::WeightedCluster { clusters: weighted },

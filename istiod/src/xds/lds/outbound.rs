@@ -342,7 +342,7 @@ fn listener(ctx: &IstioContext, proxy: &Proxy, bind: &str, port: u16, e: &Entry)
         default = Some(FilterChain {
             filters: vec![tcp_proxy_hashed(
                 tcp,
-                tcp_hash_policy(ctx, &proxy.namespace, tcp),
+                tcp_hash_policy(ctx, proxy, tcp),
             )],
             ..Default::default()
         });
