@@ -522,8 +522,8 @@ mod tests {
     }
 
     #[test]
-    fn credential_name_is_refused_at_every_level() {
-        let msg = "serve Kubernetes Secrets over SDS";
+    fn credential_name_needs_a_workload_selector_at_every_level() {
+        let msg = "needs spec.workloadSelector";
         refused(
             "{host: a, trafficPolicy: {tls: {mode: SIMPLE, credentialName: c}}}",
             "spec.trafficPolicy.tls.credentialName",
@@ -538,6 +538,45 @@ mod tests {
             "{host: a, subsets: [{name: v1, trafficPolicy: {tls: {mode: MUTUAL, credentialName: c}}}]}",
             "spec.subsets[0].trafficPolicy.tls.credentialName",
             msg,
+        );
+        let sel = "workloadSelector: {matchLabels: {app: sleep}}";
+        for spec in [
+            format!("{{host: a, {sel}, trafficPolicy: {{tls: {{mode: MUTUAL, credentialName: c, sni: a}}}}}}"),
+            format!("{{host: a, {sel}, exportTo: [.], trafficPolicy: {{tls: {{mode: SIMPLE, credentialName: kubernetes://c}}}}}}"),
+            format!("{{host: a, {sel}, subsets: [{{name: v1, trafficPolicy: {{tls: {{mode: MUTUAL, credentialName: c}}}}}}]}}"),
+        ] {
+            assert!(errors(&spec).is_empty(), "{spec}: {:?}", errors(&spec));
+        }
+        refused(
+            &format!("{{host: a, {sel}, trafficPolicy: {{tls: {{mode: MUTUAL, credentialName: c, clientCertificate: /c.pem}}}}}}"),
+            "spec.trafficPolicy.tls.clientCertificate",
+            "cannot be set with credentialName",
+        );
+        refused(
+            &format!("{{host: a, {sel}, trafficPolicy: {{tls: {{mode: ISTIO_MUTUAL, credentialName: c}}}}}}"),
+            "spec.trafficPolicy.tls.credentialName",
+            "SIMPLE and MUTUAL only",
+        );
+        refused(
+            &format!("{{host: a, {sel}, trafficPolicy: {{tls: {{mode: SIMPLE, credentialName: configmap://c}}}}}}"),
+            "spec.trafficPolicy.tls.credentialName",
+            "Kubernetes Secrets only",
+        );
+    }
+
+    #[test]
+    fn a_workload_selector_keeps_the_rule_in_its_namespace() {
+        assert!(errors("{host: a, workloadSelector: {matchLabels: {app: x}}}").is_empty());
+        assert!(errors("{host: a, workloadSelector: {matchLabels: {app: x}}, exportTo: [demo]}").is_empty());
+        refused(
+            "{host: a, workloadSelector: {matchLabels: {app: x}}, exportTo: ['*']}",
+            "spec.exportTo",
+            "its own namespace only",
+        );
+        refused(
+            "{host: a, workloadSelector: {matchLabels: {'': x}}}",
+            "spec.workloadSelector.matchLabels",
+            "cannot be empty",
         );
     }
 
@@ -589,11 +628,6 @@ mod tests {
     #[test]
     fn policy_parts_not_applied_are_refused() {
         for (spec, field, needle) in [
-            (
-                "{host: a, workloadSelector: {labels: {app: x}}}",
-                "spec.workloadSelector",
-                "not supported",
-            ),
             (
                 "{host: a, trafficPolicy: {tunnel: {protocol: CONNECT, targetHost: x, targetPort: 1}}}",
                 "spec.trafficPolicy.tunnel",
