@@ -4,7 +4,8 @@
 //! backend receives and response headers the client gets, a mirror's copy
 //! arriving at another subset, CORS preflights answered by Envoy, and TLS
 //! originated to a server outside the mesh (its SNI, the server verified
-//! against the rule's CA, the client certificate of MUTUAL).
+//! against the rule's CA, the client certificate of MUTUAL, from files or,
+//! for the workloads a rule selects, from a Secret over SDS).
 
 #![allow(clippy::unwrap_used)]
 
@@ -508,6 +509,63 @@ fn destination_rule_originates_tls_simple_and_mutual_to_a_server_outside_the_mes
             .filter(|(c, b)| *c == 200 && !b.contains("client=none"))
     });
     assert_eq!(body, "sni=tls.example\nclient=client.sleep.example\n");
+
+    // MUTUAL for sleep only: a rule with a workloadSelector whose client
+    // certificate and CA come from a Secret over SDS (`credentialName`);
+    // httpbin-v1, another client of the namespace, gets the rule without
+    // selector (SIMPLE: no client certificate).
+    let (selected_cert, selected_key) = ca.leaf("selected.sleep.example");
+    write_config(
+        &mesh,
+        "tls-example.yaml",
+        &format!(
+            "{}---\n{}",
+            destination_rule(&format!(
+                "{{mode: SIMPLE, caCertificates: {}, sni: tls.example}}",
+                path("ca.pem")
+            )),
+            selector_rule_with_secret(&selected_cert, &selected_key, &ca.pem),
+        ),
+    );
+    let (_, body) = tests::wait_for(
+        "mTLS from the Secret for sleep",
+        Duration::from_secs(20),
+        || {
+            call()
+                .ok()
+                .filter(|(c, b)| *c == 200 && b.contains("selected.sleep.example"))
+        },
+    );
+    assert_eq!(body, "sni=tls.example\nclient=selected.sleep.example\n");
+    let (code, body) = mesh
+        .app_curl_with(
+            "httpbin-v1",
+            &["-m", "3", "--resolve", "tls.example:80:198.19.0.50"],
+            "http://tls.example/",
+        )
+        .unwrap();
+    assert_eq!(
+        (code, body.as_str()),
+        (200, "sni=tls.example\nclient=none\n"),
+        "httpbin-v1 is not selected: the namespace's rule without selector"
+    );
+}
+
+/// The Secret `tls-example-client` of namespace `demo` (certificate, key and
+/// the CA that verifies the server) and a MUTUAL rule for `app: sleep`
+/// naming it in `credentialName`.
+fn selector_rule_with_secret(cert: &str, key: &str, ca: &str) -> String {
+    let block = |pem: &str| {
+        pem.lines()
+            .map(|l| format!("    {l}\n"))
+            .collect::<String>()
+    };
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: tls-example-client, namespace: demo}}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: |\n{}  tls.key: |\n{}  ca.crt: |\n{}---\napiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: tls-example-sleep, namespace: demo}}\nspec:\n  host: tls.example\n  workloadSelector: {{matchLabels: {{app: sleep}}}}\n  trafficPolicy:\n    tls: {{mode: MUTUAL, credentialName: tls-example-client, sni: tls.example}}\n",
+        block(cert),
+        block(key),
+        block(ca),
+    )
 }
 
 // Load balancing by DestinationRule: consistent hashing and locality.

@@ -297,7 +297,8 @@ fn outbound(
     let http2 = upstream_is_http2(port.protocol, pool);
     let mut auto_sni = tls::AutoSni::default();
     if let Some(t) = user_tls
-        && let Some((context, auto)) = tls::originate(t, &svc.subject_alt_names, http2, with_selector)
+        && let Some((context, auto)) =
+            tls::originate(t, &svc.subject_alt_names, http2, with_selector)
     {
         c.transport_socket = Some(transport_socket("envoy.transport_sockets.tls", &context));
         auto_sni = auto;

@@ -529,7 +529,10 @@ impl IstioContext {
                 list.iter()
                     .copied()
                     .filter(|i| {
-                        dr_selects(&self.destination_rules[*i].spec.workload_selector, &proxy.labels)
+                        dr_selects(
+                            &self.destination_rules[*i].spec.workload_selector,
+                            &proxy.labels,
+                        )
                     })
                     .collect()
             })

@@ -10,8 +10,8 @@ use super::super::istio::{
     LocalityLbSetting, OutlierDetection, SimpleLb, TlsMode, TrafficPolicy,
 };
 use super::{
-    Errors, check_export_to, check_policy_selector, check_host, check_min_duration, check_port, is_dns1123_label,
-    non_negative,
+    Errors, check_export_to, check_host, check_min_duration, check_policy_selector, check_port,
+    is_dns1123_label, non_negative,
 };
 
 pub(super) fn destination_rule(dr: &DestinationRule, namespace: &str, e: &mut Errors) {
@@ -402,8 +402,7 @@ fn client_tls(field: &str, tls: &ClientTlsSettings, e: &mut Errors) {
                 );
             }
         }
-        if tls.credential_name.contains("://")
-            && !tls.credential_name.starts_with("kubernetes://")
+        if tls.credential_name.contains("://") && !tls.credential_name.starts_with("kubernetes://")
         {
             e.add(
                 format!("{field}.credentialName"),
@@ -541,24 +540,36 @@ mod tests {
         );
         let sel = "workloadSelector: {matchLabels: {app: sleep}}";
         for spec in [
-            format!("{{host: a, {sel}, trafficPolicy: {{tls: {{mode: MUTUAL, credentialName: c, sni: a}}}}}}"),
-            format!("{{host: a, {sel}, exportTo: [.], trafficPolicy: {{tls: {{mode: SIMPLE, credentialName: kubernetes://c}}}}}}"),
-            format!("{{host: a, {sel}, subsets: [{{name: v1, trafficPolicy: {{tls: {{mode: MUTUAL, credentialName: c}}}}}}]}}"),
+            format!(
+                "{{host: a, {sel}, trafficPolicy: {{tls: {{mode: MUTUAL, credentialName: c, sni: a}}}}}}"
+            ),
+            format!(
+                "{{host: a, {sel}, exportTo: [.], trafficPolicy: {{tls: {{mode: SIMPLE, credentialName: kubernetes://c}}}}}}"
+            ),
+            format!(
+                "{{host: a, {sel}, subsets: [{{name: v1, trafficPolicy: {{tls: {{mode: MUTUAL, credentialName: c}}}}}}]}}"
+            ),
         ] {
             assert!(errors(&spec).is_empty(), "{spec}: {:?}", errors(&spec));
         }
         refused(
-            &format!("{{host: a, {sel}, trafficPolicy: {{tls: {{mode: MUTUAL, credentialName: c, clientCertificate: /c.pem}}}}}}"),
+            &format!(
+                "{{host: a, {sel}, trafficPolicy: {{tls: {{mode: MUTUAL, credentialName: c, clientCertificate: /c.pem}}}}}}"
+            ),
             "spec.trafficPolicy.tls.clientCertificate",
             "cannot be set with credentialName",
         );
         refused(
-            &format!("{{host: a, {sel}, trafficPolicy: {{tls: {{mode: ISTIO_MUTUAL, credentialName: c}}}}}}"),
+            &format!(
+                "{{host: a, {sel}, trafficPolicy: {{tls: {{mode: ISTIO_MUTUAL, credentialName: c}}}}}}"
+            ),
             "spec.trafficPolicy.tls.credentialName",
             "SIMPLE and MUTUAL only",
         );
         refused(
-            &format!("{{host: a, {sel}, trafficPolicy: {{tls: {{mode: SIMPLE, credentialName: configmap://c}}}}}}"),
+            &format!(
+                "{{host: a, {sel}, trafficPolicy: {{tls: {{mode: SIMPLE, credentialName: configmap://c}}}}}}"
+            ),
             "spec.trafficPolicy.tls.credentialName",
             "Kubernetes Secrets only",
         );
@@ -567,7 +578,10 @@ mod tests {
     #[test]
     fn a_workload_selector_keeps_the_rule_in_its_namespace() {
         assert!(errors("{host: a, workloadSelector: {matchLabels: {app: x}}}").is_empty());
-        assert!(errors("{host: a, workloadSelector: {matchLabels: {app: x}}, exportTo: [demo]}").is_empty());
+        assert!(
+            errors("{host: a, workloadSelector: {matchLabels: {app: x}}, exportTo: [demo]}")
+                .is_empty()
+        );
         refused(
             "{host: a, workloadSelector: {matchLabels: {app: x}}, exportTo: ['*']}",
             "spec.exportTo",

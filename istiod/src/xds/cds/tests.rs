@@ -220,7 +220,10 @@ fn sidecar(app: &str) -> Proxy {
 }
 
 fn cluster_for(ctx: &IstioContext, proxy: &Proxy, name: &str) -> Cluster {
-    let r = build(ctx, proxy).into_iter().find(|r| r.name == name).unwrap();
+    let r = build(ctx, proxy)
+        .into_iter()
+        .find(|r| r.name == name)
+        .unwrap();
     Cluster::decode(r.resource.value.as_slice()).unwrap()
 }
 
@@ -255,7 +258,11 @@ fn a_selector_rule_applies_to_the_workloads_it_selects_and_the_others_share_the_
             assert_eq!(sds.name, "kubernetes://client-cred-cacert");
             assert!(matches!(
                 sds.sds_config.unwrap().config_source_specifier,
-                Some(proto::pb::envoy::config::core::v3::config_source::ConfigSourceSpecifier::Ads(_))
+                Some(
+                    proto::pb::envoy::config::core::v3::config_source::ConfigSourceSpecifier::Ads(
+                        _
+                    )
+                )
             ));
         }
         other => panic!("{other:?}"),
@@ -286,7 +293,11 @@ fn selector_rules_stay_in_their_namespace_and_shadow_as_in_istio() {
     let only_selector = selector_rules("{mode: SIMPLE, sni: sel.example}")
         .replace("namespace: demo}\nspec:\n  host: tls.example\n  trafficPolicy: {tls: {mode: SIMPLE, caCertificates: /ca.pem}}", "namespace: istio-system}\nspec:\n  host: tls.example\n  trafficPolicy: {tls: {mode: SIMPLE, caCertificates: /ca.pem}}");
     let ctx = crate::xds::context::context_of_yaml(&only_selector);
-    assert!(cluster_for(&ctx, &sidecar("httpbin"), EXT).transport_socket.is_none());
+    assert!(
+        cluster_for(&ctx, &sidecar("httpbin"), EXT)
+            .transport_socket
+            .is_none()
+    );
     assert_eq!(
         upstream_tls(&cluster_for(&ctx, &sidecar("sleep"), EXT)).sni,
         "sel.example"

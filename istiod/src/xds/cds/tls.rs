@@ -129,23 +129,27 @@ pub fn originate(
             )
         }
     } else if skip_verify {
-        Some(common_tls_context::ValidationContextType::ValidationContext(
-            CertificateValidationContext::default(),
-        ))
+        Some(
+            common_tls_context::ValidationContextType::ValidationContext(
+                CertificateValidationContext::default(),
+            ),
+        )
     } else {
         let ca = if tls.ca_certificates.is_empty() {
             SYSTEM_ROOT_CERTS
         } else {
             &tls.ca_certificates
         };
-        Some(common_tls_context::ValidationContextType::ValidationContext(
-            CertificateValidationContext {
-                trusted_ca: Some(file(ca)),
-                match_typed_subject_alt_names: matchers(),
-                crl: (!tls.ca_crl.is_empty()).then(|| file(&tls.ca_crl)),
-                ..Default::default()
-            },
-        ))
+        Some(
+            common_tls_context::ValidationContextType::ValidationContext(
+                CertificateValidationContext {
+                    trusted_ca: Some(file(ca)),
+                    match_typed_subject_alt_names: matchers(),
+                    crl: (!tls.ca_crl.is_empty()).then(|| file(&tls.ca_crl)),
+                    ..Default::default()
+                },
+            ),
+        )
     };
     let mutual = tls.mode == TlsMode::Mutual;
     let tls_certificate_sds_secret_configs = if mutual && credential {

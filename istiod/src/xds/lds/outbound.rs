@@ -340,10 +340,7 @@ fn listener(ctx: &IstioContext, proxy: &Proxy, bind: &str, port: u16, e: &Entry)
     let mut default = None;
     if let Some(tcp) = &e.tcp {
         default = Some(FilterChain {
-            filters: vec![tcp_proxy_hashed(
-                tcp,
-                tcp_hash_policy(ctx, proxy, tcp),
-            )],
+            filters: vec![tcp_proxy_hashed(tcp, tcp_hash_policy(ctx, proxy, tcp))],
             ..Default::default()
         });
     }
