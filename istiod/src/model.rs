@@ -17,6 +17,7 @@ pub const ROOT_NAMESPACE: &str = "istio-system";
 
 pub mod envoy_filter;
 pub mod error;
+pub mod features;
 pub mod gateway;
 pub mod gateway_api;
 pub mod ingress;

@@ -64,6 +64,8 @@ pub struct IstioContext {
     pub pod_labels: std::collections::HashMap<String, Labels>,
     /// What the generators apply from the mesh config.
     pub mesh: MeshConfig,
+    /// Istio's feature flags.
+    pub features: crate::model::features::Features,
     /// The JWKS of RequestAuthentication `jwksUri`s, fetched by istiod.
     pub jwks: Arc<crate::jwks::JwksResolver>,
     /// EnvoyFilters, in Istio's order, applied after generation.
@@ -243,6 +245,10 @@ pub struct InboundPort {
     /// `InboundConnectionPoolForPort`): its ingress listener's, else its
     /// `inboundConnectionPool`.
     pub connection_pool: Option<crate::model::istio::ConnectionPoolSettings>,
+    /// The TLS its Sidecar ingress listener terminates
+    /// (`ENABLE_TLS_ON_SIDECAR_INGRESS` only; applied when the port's mTLS
+    /// mode is DISABLE).
+    pub tls: Option<crate::model::gateway::ServerTlsSettings>,
 }
 
 /// One egress scope of a proxy: a Sidecar egress listener, or the implicit
@@ -371,6 +377,7 @@ impl IstioContext {
             version,
             registry,
             domain: options.domain.clone(),
+            features: options.features,
             trust_domain: options.trust_domain.clone(),
             cluster_id: options.cluster_id.clone(),
             destination_rules,
@@ -584,6 +591,10 @@ impl IstioContext {
                             .connection_pool
                             .clone()
                             .or_else(|| sidecar_pool.clone()),
+                        tls: ing
+                            .tls
+                            .clone()
+                            .filter(|_| self.features.enable_tls_on_sidecar_ingress),
                     });
                 }
             }
@@ -603,6 +614,7 @@ impl IstioContext {
                         default_endpoint: String::new(),
                         services: vec![super::istio_stats::ServiceRef::of(svc)],
                         connection_pool: sidecar_pool.clone(),
+                        tls: None,
                     });
                 }
             }
