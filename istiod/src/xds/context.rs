@@ -187,6 +187,12 @@ impl Index {
                     .push(i);
             }
         }
+        // Rules with a selector first, as Istio sorts them
+        // (`sortConfigBySelectorAndCreationTime`): a lookup that meets a
+        // rule without one has seen every selector rule before it.
+        for list in index.dr_by_namespace.values_mut() {
+            list.sort_by_key(|(_, i)| destination_rules[*i].spec.workload_selector.is_none());
+        }
         for (s, svc) in registry.services().iter().enumerate() {
             for (e, ep) in svc.endpoints.iter().enumerate() {
                 index
@@ -687,8 +693,8 @@ impl IstioContext {
         let client = client.into();
         let client_ns = client.namespace();
         if let Some(local) = self.index.dr_by_namespace.get(client_ns) {
+            // Selector rules come first in the list (see `Index::new`).
             let mut found = false;
-            let mut catch_all = None;
             for (host, i) in local {
                 let dr = &self.destination_rules[*i];
                 if !host_matches(host, &service.hostname) {
@@ -700,12 +706,11 @@ impl IstioContext {
                         return Some(dr);
                     }
                 } else if is_exported_to(&dr.spec.export_to, &dr.namespace, client_ns) {
-                    found = true;
-                    catch_all.get_or_insert(dr);
+                    return Some(dr);
                 }
             }
             if found {
-                return catch_all;
+                return None;
             }
         }
         [service.namespace.as_str(), ROOT_NAMESPACE]
