@@ -207,6 +207,8 @@ fn push_inputs(
 /// Builds and starts istiod.
 pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     common::tls::install_crypto_provider();
+    // Before any source or webhook validates an object.
+    crate::model::features::publish(config.features);
     let registry = prometheus::Registry::new();
     let ca_metrics = Arc::new(CaMetrics::new(&registry));
     let (shutdown, shutdown_rx) = watch::channel(false);
@@ -311,6 +313,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
             domain: config.domain.clone(),
             trust_domain: config.trust_domain.clone(),
             cluster_id: config.cluster_id.clone(),
+            features: config.features,
         },
         sources.mesh.clone(),
         jwks,

@@ -34,6 +34,10 @@ pub const ENV_ISTIOD_CUSTOM_HOST: &str = "ISTIOD_CUSTOM_HOST";
 pub const ENV_POD_NAMESPACE: &str = "POD_NAMESPACE";
 /// `XDS_AUTH`: authenticate CA and xDS callers (true).
 pub const ENV_XDS_AUTH: &str = "XDS_AUTH";
+/// Istio's `ENABLE_TLS_ON_SIDECAR_INGRESS` (default false): Sidecar
+/// `ingress[].tls` terminates TLS on ports whose mTLS mode is DISABLE;
+/// without it such a Sidecar is refused.
+pub const ENV_ENABLE_TLS_ON_SIDECAR_INGRESS: &str = "ENABLE_TLS_ON_SIDECAR_INGRESS";
 /// `JWT_POLICY`: how workload tokens are reviewed by the Kubernetes API
 /// (`third-party-jwt`, Istio's default: audience `istio-ca`; or `first-party-jwt`).
 pub const ENV_JWT_POLICY: &str = "JWT_POLICY";
@@ -188,6 +192,8 @@ pub struct Config {
     pub jwt_rule: Option<JwtRule>,
     /// `XDS_AUTH`.
     pub xds_auth: bool,
+    /// Istio's feature flags (`ENABLE_TLS_ON_SIDECAR_INGRESS`).
+    pub features: crate::model::features::Features,
     /// `DEFAULT_WORKLOAD_CERT_TTL`.
     pub default_cert_ttl: Duration,
     /// `MAX_WORKLOAD_CERT_TTL`.
@@ -370,6 +376,9 @@ impl Config {
             },
         };
         let xds_auth = r.bool(ENV_XDS_AUTH, true);
+        let features = crate::model::features::Features {
+            enable_tls_on_sidecar_ingress: r.bool(ENV_ENABLE_TLS_ON_SIDECAR_INGRESS, false),
+        };
         let default_cert_ttl = r.duration(ENV_DEFAULT_WORKLOAD_CERT_TTL, DEFAULT_WORKLOAD_CERT_TTL);
         let max_cert_ttl = r.duration(ENV_MAX_WORKLOAD_CERT_TTL, DEFAULT_MAX_WORKLOAD_CERT_TTL);
         let self_signed_ca_ttl =
@@ -483,6 +492,7 @@ impl Config {
             token_audiences,
             jwt_rule,
             xds_auth,
+            features,
             default_cert_ttl,
             max_cert_ttl,
             self_signed_ca_ttl,

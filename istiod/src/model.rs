@@ -18,6 +18,7 @@ pub const ROOT_NAMESPACE: &str = "istio-system";
 pub mod delegate;
 pub mod envoy_filter;
 pub mod error;
+pub mod features;
 pub mod gateway;
 pub mod gateway_api;
 pub mod ingress;

@@ -68,6 +68,13 @@ fn destination_rule(ns: &str, host: &str, subsets: &[&str]) -> String {
     )
 }
 
+/// A DestinationRule of `ns` for `host` that applies to `app` only.
+fn selector_rule(ns: &str, host: &str, app: &str) -> String {
+    format!(
+        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: for-{app}, namespace: {ns}}}\nspec: {{host: {host}, workloadSelector: {{matchLabels: {{app: {app}}}}}, trafficPolicy: {{connectionPool: {{tcp: {{maxConnections: 7}}}}}}}}\n"
+    )
+}
+
 fn sidecar(ns: &str) -> String {
     format!(
         "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {{name: default, namespace: {ns}}}\nspec: {{egress: [{{hosts: [\"./*\", \"istio-system/*\"]}}]}}\n"
@@ -264,6 +271,8 @@ fn cached_generation_equals_fresh_generation_after_every_change() {
             vec!["apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {name: default, namespace: a}\nspec: {mtls: {mode: DISABLE}}\n".to_string()],
         ),
         ("a DestinationRule in b for svc-a", vec![destination_rule("b", "svc-a.a.svc.cluster.local", &["v1"])]),
+        ("a DestinationRule in a for svc-b selecting svc-a", vec![selector_rule("a", "svc-b.b.svc.cluster.local", "svc-a")]),
+        ("the selector rule now selecting svc-a2", vec![selector_rule("a", "svc-b.b.svc.cluster.local", "svc-a").replace("app: svc-a}", "app: svc-a2}")]),
         ("an EnvoyFilter in a", vec![envoy_filter("a", "workloadSelector: {labels: {app: svc-a}}", "x-a")]),
         ("an EnvoyFilter in a edited", vec![envoy_filter("a", "", "x-a2")]),
         ("an EnvoyFilter in the root namespace", vec![envoy_filter("istio-system", "", "x-root")]),
@@ -324,6 +333,14 @@ fn a_change_reaches_only_the_proxies_that_can_see_it_with_only_the_types_it_alte
     );
     assert_eq!(plan.eds_hosts, None);
     assert!(m.plan(&b, &u).is_empty());
+
+    // A rule with a workloadSelector: only its own namespace's proxies
+    // that see the host (it decides which rule each of them gets), never
+    // another namespace's, though b's proxies see svc-b.
+    let u = m.apply(&[selector_rule("a", "svc-b.b.svc.cluster.local", "svc-a")]);
+    assert!(m.plan(&a, &u).types.contains(Types::CDS));
+    assert!(m.plan(&a2, &u).types.contains(Types::CDS));
+    assert!(m.plan(&b, &u).is_empty(), "a selector rule is not exported");
 
     // A Service in b: everything for b's proxies; namespace a sees b's
     // services (no Sidecar there), so a's proxies get it too.

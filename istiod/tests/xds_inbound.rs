@@ -523,3 +523,91 @@ fn tproxy_listeners_are_transparent_and_keep_the_source() {
     );
     assert!(ls["virtualOutbound"].transparent.unwrap().value);
 }
+
+/// A Sidecar terminating TLS on its HTTPS ingress port 8443 with a Secret,
+/// port 9000 (TLS) with files.
+const SIDECAR_INGRESS_TLS: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: default, namespace: demo}
+spec:
+  ingress:
+  - port: {number: 8443, protocol: HTTPS, name: https}
+    tls: {mode: SIMPLE, credentialName: app-cert}
+  - port: {number: 9000, protocol: TLS, name: tls}
+    tls: {mode: MUTUAL, serverCertificate: /c.pem, privateKey: /k.pem, caCertificates: /ca.pem}
+"#;
+
+#[test]
+fn sidecar_ingress_tls_terminates_with_the_flag_where_mtls_is_disabled() {
+    // The flag as istiod publishes it at start-up (validation reads it),
+    // and as the push context is built with it.
+    istiod::model::features::publish(istiod::model::features::Features {
+        enable_tls_on_sidecar_ingress: true,
+    });
+    let mut disabled = ctx(&format!("{DISABLE}---\n{SIDECAR_INGRESS_TLS}"));
+    disabled.features.enable_tls_on_sidecar_ingress = true;
+    let l = listeners(&disabled, &httpbin())
+        .remove("virtualInbound")
+        .unwrap();
+    // One chain per port, on TLS, terminated with the user's certificate
+    // and serving the protocol after termination.
+    assert_eq!(
+        summary(&l, 8443),
+        vec![row("0.0.0.0_8443", "tls", &[], true, "inbound|8443||")]
+    );
+    let https = chains_for(&l, 8443)[0];
+    assert_eq!(
+        https.filters[0].name,
+        "envoy.filters.network.http_connection_manager"
+    );
+    let common = downstream_tls(https).unwrap().common_tls_context.unwrap();
+    let sds: Vec<&str> = common
+        .tls_certificate_sds_secret_configs
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(sds, ["kubernetes://app-cert"]);
+    let tcp = chains_for(&l, 9000)[0];
+    assert_eq!(
+        tcp.filters.last().unwrap().name,
+        "envoy.filters.network.tcp_proxy"
+    );
+    let files = downstream_tls(tcp).unwrap();
+    assert!(files.require_client_certificate.unwrap().value);
+    assert_eq!(files.common_tls_context.unwrap().tls_certificates.len(), 1);
+    assert!(
+        l.listener_filters
+            .iter()
+            .any(|f| f.name == "envoy.filters.listener.tls_inspector")
+    );
+
+    // Under STRICT the mesh's mutual TLS stays (Istio's rule).
+    let mut strict = ctx(&format!("{STRICT}---\n{SIDECAR_INGRESS_TLS}"));
+    strict.features.enable_tls_on_sidecar_ingress = true;
+    let l = listeners(&strict, &httpbin())
+        .remove("virtualInbound")
+        .unwrap();
+    let c = chains_for(&l, 8443)[0];
+    let sds: Vec<String> = downstream_tls(c)
+        .unwrap()
+        .common_tls_context
+        .unwrap()
+        .tls_certificate_sds_secret_configs
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(sds, ["default"], "the workload certificate");
+
+    // Without the flag in the push context: mesh chains (plain text under
+    // DISABLE).
+    let off = ctx(&format!("{DISABLE}---\n{SIDECAR_INGRESS_TLS}"));
+    let l = listeners(&off, &httpbin())
+        .remove("virtualInbound")
+        .unwrap();
+    assert!(
+        chains_for(&l, 8443)
+            .iter()
+            .all(|c| c.transport_socket.is_none())
+    );
+}

@@ -4,7 +4,9 @@
 //! backend receives and response headers the client gets, a mirror's copy
 //! arriving at another subset, CORS preflights answered by Envoy, and TLS
 //! originated to a server outside the mesh (its SNI, the server verified
-//! against the rule's CA, the client certificate of MUTUAL).
+//! against the rule's CA, the client certificate of MUTUAL, from files or,
+//! for the workloads a rule selects, from a Secret over SDS), and TLS
+//! terminated by a sidecar on its ingress port (Sidecar `ingress[].tls`).
 
 #![allow(clippy::unwrap_used)]
 
@@ -401,7 +403,12 @@ fn destination_rule(tls: &str) -> String {
 fn destination_rule_originates_tls_simple_and_mutual_to_a_server_outside_the_mesh() {
     let _serial = serial();
     let tmp = tempfile::tempdir().unwrap();
-    let mesh = LocalMesh::start(tmp.path(), &[]);
+    // Istio's flag for Sidecar ingress TLS (the last part of the test).
+    let mesh = LocalMesh::start_tuned(
+        tmp.path(),
+        &[("ENABLE_TLS_ON_SIDECAR_INGRESS", "true")],
+        &[],
+    );
     // The server's CA, another CA, and the client's certificate (signed by
     // the server's CA), in files the proxy user (1337) can read.
     let ca = TestCa::new("tls.example test CA");
@@ -508,6 +515,113 @@ fn destination_rule_originates_tls_simple_and_mutual_to_a_server_outside_the_mes
             .filter(|(c, b)| *c == 200 && !b.contains("client=none"))
     });
     assert_eq!(body, "sni=tls.example\nclient=client.sleep.example\n");
+
+    // MUTUAL for sleep only: a rule with a workloadSelector whose client
+    // certificate and CA come from a Secret over SDS (`credentialName`);
+    // httpbin-v1, another client of the namespace, gets the rule without
+    // selector (SIMPLE: no client certificate).
+    let (selected_cert, selected_key) = ca.leaf("selected.sleep.example");
+    write_config(
+        &mesh,
+        "tls-example.yaml",
+        &format!(
+            "{}---\n{}",
+            destination_rule(&format!(
+                "{{mode: SIMPLE, caCertificates: {}, sni: tls.example}}",
+                path("ca.pem")
+            )),
+            selector_rule_with_secret(&selected_cert, &selected_key, &ca.pem),
+        ),
+    );
+    let (_, body) = tests::wait_for(
+        "mTLS from the Secret for sleep",
+        Duration::from_secs(20),
+        || {
+            call()
+                .ok()
+                .filter(|(c, b)| *c == 200 && b.contains("selected.sleep.example"))
+        },
+    );
+    assert_eq!(body, "sni=tls.example\nclient=selected.sleep.example\n");
+    let (code, body) = mesh
+        .app_curl_with(
+            "httpbin-v1",
+            &["-m", "3", "--resolve", "tls.example:80:198.19.0.50"],
+            "http://tls.example/",
+        )
+        .unwrap();
+    assert_eq!(
+        (code, body.as_str()),
+        (200, "sni=tls.example\nclient=none\n"),
+        "httpbin-v1 is not selected: the namespace's rule without selector"
+    );
+
+    // Sidecar ingress TLS: httpbin-v1's sidecar terminates TLS on its port
+    // 8080 with the Secret's certificate (its PeerAuthentication is
+    // DISABLE); a client outside the mesh verifies that certificate
+    // against the test CA and the name in it, and reaches the app.
+    let (app_cert, app_key) = ca.leaf("httpbin.example");
+    let ca_file = path("ca.pem");
+    let https = || {
+        let out = server
+            .command_as(0, "curl")
+            .args(["-sS", "-m", "3", "--cacert", &ca_file])
+            .args(["--resolve", "httpbin.example:8080:198.18.0.3"])
+            .arg("https://httpbin.example:8080/ingress")
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).to_string())
+    };
+    assert_eq!(https(), None, "no TLS on the port before the Sidecar");
+    write_config(
+        &mesh,
+        "ingress-tls.yaml",
+        &ingress_tls_config(&app_cert, &app_key),
+    );
+    let body = tests::wait_for(
+        "TLS terminated by httpbin-v1's sidecar",
+        Duration::from_secs(20),
+        https,
+    );
+    assert!(
+        body.starts_with("version=v1\n") && body.contains("request=GET /ingress HTTP/1.1"),
+        "{body}"
+    );
+}
+
+/// For httpbin-v1: the Secret `httpbin-ingress` (its certificate for
+/// `httpbin.example`), PeerAuthentication DISABLE, and a Sidecar whose
+/// ingress port 8080 terminates TLS with that Secret.
+fn ingress_tls_config(cert: &str, key: &str) -> String {
+    let block = |pem: &str| {
+        pem.lines()
+            .map(|l| format!("    {l}\n"))
+            .collect::<String>()
+    };
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: httpbin-ingress, namespace: demo}}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: |\n{}  tls.key: |\n{}---\napiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {{name: httpbin-v1, namespace: demo}}\nspec:\n  selector: {{matchLabels: {{app: httpbin, version: v1}}}}\n  mtls: {{mode: DISABLE}}\n---\napiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {{name: httpbin-v1, namespace: demo}}\nspec:\n  workloadSelector: {{labels: {{app: httpbin, version: v1}}}}\n  ingress:\n  - port: {{number: 8080, protocol: HTTPS, name: https}}\n    tls: {{mode: SIMPLE, credentialName: httpbin-ingress}}\n",
+        block(cert),
+        block(key),
+    )
+}
+
+/// The Secret `tls-example-client` of namespace `demo` (certificate, key and
+/// the CA that verifies the server) and a MUTUAL rule for `app: sleep`
+/// naming it in `credentialName`.
+fn selector_rule_with_secret(cert: &str, key: &str, ca: &str) -> String {
+    let block = |pem: &str| {
+        pem.lines()
+            .map(|l| format!("    {l}\n"))
+            .collect::<String>()
+    };
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: tls-example-client, namespace: demo}}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: |\n{}  tls.key: |\n{}  ca.crt: |\n{}---\napiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: tls-example-sleep, namespace: demo}}\nspec:\n  host: tls.example\n  workloadSelector: {{matchLabels: {{app: sleep}}}}\n  trafficPolicy:\n    tls: {{mode: MUTUAL, credentialName: tls-example-client, sni: tls.example}}\n",
+        block(cert),
+        block(key),
+        block(ca),
+    )
 }
 
 // Load balancing by DestinationRule: consistent hashing and locality.

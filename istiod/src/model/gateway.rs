@@ -56,7 +56,7 @@ pub struct ServerPort {
 
 /// A Gateway server's TLS settings (Istio's `ServerTLSSettings`), every
 /// field of the CRD so that each one is either applied or refused by name.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ServerTlsSettings {
     /// Answer plain HTTP on this server with a 301 to https.

@@ -734,9 +734,10 @@ pub struct IstioIngressListener {
     pub capture_mode: CaptureMode,
     /// `127.0.0.1:PORT`, `0.0.0.0:PORT`, `[::1]:PORT`, `[::]:PORT` or `unix://`.
     pub default_endpoint: String,
-    /// Server TLS (accepted, not interpreted).
+    /// TLS terminated on the port (Istio applies it with
+    /// `ENABLE_TLS_ON_SIDECAR_INGRESS` when the port's mTLS mode is DISABLE).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls: Option<Opaque>,
+    pub tls: Option<super::gateway::ServerTlsSettings>,
     /// The connection pool of this port's inbound cluster (over
     /// `inboundConnectionPool`).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -449,6 +449,8 @@ pub struct RegistryOptions {
     /// The cluster the registry's workloads run in (`CLUSTER_ID`,
     /// `Kubernetes`), as endpoint metadata names it.
     pub cluster_id: String,
+    /// The feature flags the generators follow.
+    pub features: super::features::Features,
 }
 
 /// Istio's default `CLUSTER_ID`.
@@ -460,6 +462,7 @@ impl Default for RegistryOptions {
             domain: DEFAULT_DOMAIN.to_string(),
             trust_domain: common::identity::DEFAULT_TRUST_DOMAIN.to_string(),
             cluster_id: DEFAULT_CLUSTER_ID.to_string(),
+            features: super::features::Features::default(),
         }
     }
 }

@@ -61,7 +61,7 @@ pub fn validate(object: &Object) -> Vec<FieldError> {
     validate_metadata(object, &mut e);
     match &object.spec {
         Spec::VirtualService(vs) => virtual_service(vs, &mut e),
-        Spec::DestinationRule(dr) => destination_rule(dr, &mut e),
+        Spec::DestinationRule(dr) => destination_rule(dr, &object.metadata.namespace, &mut e),
         Spec::ServiceEntry(se) => service_entry(se, &mut e),
         Spec::WorkloadEntry(we) => workload_entry("spec", we, None, &mut e),
         Spec::Sidecar(sc) => sidecar(sc, &mut e),
@@ -357,10 +357,12 @@ fn sidecar(sc: &Sidecar, e: &mut Errors) {
     for (i, ing) in sc.ingress.iter().enumerate() {
         let field = format!("spec.ingress[{i}]");
         check_istio_port(&format!("{field}.port"), &ing.port, false, e);
-        if ing.tls.is_some() {
-            e.add(
-                format!("{field}.tls"),
-                "TLS termination on Sidecar ingress is not built by this istiod (Istio applies it only with ENABLE_TLS_ON_SIDECAR_INGRESS=true on a port whose PeerAuthentication mode is DISABLE); remove it: inbound traffic uses the mesh's mutual TLS per PeerAuthentication",
+        if let Some(tls) = &ing.tls {
+            gateway_tls::sidecar_ingress_tls(
+                &format!("{field}.tls"),
+                tls,
+                super::features::published().enable_tls_on_sidecar_ingress,
+                e,
             );
         }
         if let Some(cp) = &ing.connection_pool {

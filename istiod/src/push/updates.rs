@@ -11,10 +11,10 @@
 //! | endpoints only (EndpointSlice, Pod, WorkloadEntry, Node, ServiceEntry endpoints) | proxies that see the service | EDS for its host (and CDS for DNS services, whose clusters carry endpoints); all for passthrough services (listeners and DNS names per endpoint) |
 //! | a Pod or WorkloadEntry, or an endpoint that came, went or changed | the proxy at that IP | all |
 //! | VirtualService | proxies it is exported to that see one of its hosts (old or new); for a delegate, those of the roots naming it | RDS (LDS too with tcp/tls routes) |
-//! | DestinationRule | proxies it is exported to that see its host | CDS, EDS, RDS, LDS |
+//! | DestinationRule | proxies it is exported to that see its host (one with a `workloadSelector`: its namespace's, as it decides which rule they get) | CDS, EDS, RDS, LDS |
 //! | VirtualService bound to gateways | every router | RDS |
 //! | Gateway | every router (sidecars ignore Gateways) | LDS, RDS |
-//! | Secret | routers of its namespace that watch it | SDS, its own resources only |
+//! | Secret | proxies of its namespace that watch it (gateways, sidecars with a `credentialName`) | SDS, its own resources only |
 //! | Sidecar | proxies in its namespace (every proxy from the root namespace) | all |
 //! | PeerAuthentication | proxies in its namespace (LDS); proxies that see its namespace's services (CDS, auto mTLS) | LDS, CDS |
 //! | AuthorizationPolicy, RequestAuthentication, Telemetry, changed JWKS | proxies in its namespace (every proxy from the root namespace) | LDS |
@@ -212,7 +212,7 @@ impl Resolved {
                 }
             }
             Kind::Secret => {
-                // Only the Secret's own resources, to the gateways that may
+                // Only the Secret's own resources, to the proxies that may
                 // read it and watch it (Istio's SDS `needsUpdate`).
                 self.changes.push(change(
                     &reason,
@@ -480,9 +480,18 @@ fn virtual_service_audience(vs: &Named<VirtualService>, domain: &str) -> Audienc
 }
 
 fn destination_rule_audience(dr: &Named<DestinationRule>, domain: &str) -> Audience {
+    // A rule with a selector is not exported (Istio's `setDestinationRules`);
+    // it decides for every proxy of its namespace that sees the host which
+    // rule applies (the selected ones get it, the others then get the
+    // namespace's rule without selector, or none).
+    let export_to = if dr.spec.workload_selector.is_some() {
+        vec![".".to_string()]
+    } else {
+        dr.spec.export_to.clone()
+    };
     Audience::Hosts {
         namespace: dr.namespace.clone(),
-        export_to: dr.spec.export_to.clone(),
+        export_to,
         hosts: vec![resolve_host(&dr.spec.host, &dr.namespace, domain)],
     }
 }

@@ -129,7 +129,7 @@ fn service_clusters(
     router: bool,
 ) -> Vec<Arc<Resource>> {
     let mut out = Vec::new();
-    let dr = ctx.destination_rule(&scope.namespace, svc);
+    let dr = ctx.destination_rule(scope, svc);
     let top = dr.and_then(|d| d.spec.traffic_policy.as_ref());
     // What an outbound cluster is built from, besides its name: the
     // service, the DestinationRule chosen for this proxy, and the mTLS
@@ -141,6 +141,7 @@ fn service_clusters(
         .with(router && svc.is_passthrough())
         .key();
     let dependencies = || dependencies(svc, dr);
+    let with_selector = dr.is_some_and(|d| d.spec.workload_selector.is_some());
     let subsets = dr.map(|d| d.spec.subsets.as_slice()).unwrap_or_default();
     for port in &svc.ports {
         for subset in std::iter::once(None).chain(subsets.iter().map(Some)) {
@@ -151,7 +152,13 @@ fn service_clusters(
                 ctx.cache
                     .get_or_build(key, &name, ctx.seq, dependencies, || {
                         let policy = policy::effective(top, subset, port.port);
-                        let c = outbound(ctx, svc, port, subset_name, policy.as_ref(), router);
+                        let c = outbound(
+                            ctx,
+                            svc,
+                            port,
+                            (subset_name, policy.as_ref(), with_selector),
+                            router,
+                        );
                         Resource::new(name.clone(), super::metadata_encoding::cluster(&c))
                     }),
             );
@@ -192,12 +199,14 @@ fn unlimited_breakers() -> CircuitBreakers {
     }
 }
 
+/// One outbound cluster of `svc`'s `port`, for a subset (empty: none)
+/// with the traffic policy that applies to it, from a DestinationRule with
+/// a `workloadSelector` or not (a `credentialName` needs one on sidecars).
 fn outbound(
     ctx: &IstioContext,
     svc: &Service,
     port: &ServicePort,
-    subset: &str,
-    policy: Option<&TrafficPolicy>,
+    (subset, policy, with_selector): (&str, Option<&TrafficPolicy>, bool),
     router: bool,
 ) -> Cluster {
     let original_dst = svc.is_passthrough() && !router;
@@ -288,7 +297,8 @@ fn outbound(
     let http2 = upstream_is_http2(port.protocol, pool);
     let mut auto_sni = tls::AutoSni::default();
     if let Some(t) = user_tls
-        && let Some((context, auto)) = tls::originate(t, &svc.subject_alt_names, http2)
+        && let Some((context, auto)) =
+            tls::originate(t, &svc.subject_alt_names, http2, with_selector)
     {
         c.transport_socket = Some(transport_socket("envoy.transport_sockets.tls", &context));
         auto_sni = auto;

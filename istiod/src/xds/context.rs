@@ -69,6 +69,8 @@ pub struct IstioContext {
     pub pod_labels: std::collections::HashMap<String, Labels>,
     /// What the generators apply from the mesh config.
     pub mesh: MeshConfig,
+    /// Istio's feature flags.
+    pub features: crate::model::features::Features,
     /// The JWKS of RequestAuthentication `jwksUri`s, fetched by istiod.
     pub jwks: Arc<crate::jwks::JwksResolver>,
     /// EnvoyFilters, in Istio's order, applied after generation.
@@ -79,12 +81,58 @@ pub struct IstioContext {
     pub seq: u64,
     /// Lookups built once per context.
     index: Index,
-    /// Sidecar scopes by (proxy namespace, Sidecar index), computed on first use.
+    /// Sidecar scopes by (proxy namespace, Sidecar index, selecting
+    /// DestinationRules), computed on first use.
     scopes: Mutex<HashMap<ScopeKey, Arc<SidecarScope>>>,
 }
 
-/// A proxy namespace and the index of the Sidecar that applies there.
-type ScopeKey = (String, Option<usize>);
+/// A proxy namespace, the index of the Sidecar that applies there, and the
+/// DestinationRules with a `workloadSelector` that select the proxy (most
+/// proxies have none, and share the scope of their namespace and Sidecar).
+type ScopeKey = (String, Option<usize>, Vec<usize>);
+
+/// Who asks which DestinationRule applies (Istio's
+/// `SidecarScope.DestinationRule` with the proxy): a proxy, whose
+/// workload labels pick the rules with a `workloadSelector` of its
+/// namespace, or a Sidecar scope, which knows the rules that select its
+/// proxies.
+#[derive(Clone, Copy)]
+pub enum DrClient<'a> {
+    /// A proxy (its labels are its workload's: see `workload_labels`).
+    Proxy(&'a Proxy),
+    /// The scope of the proxies asking.
+    Scope(&'a SidecarScope),
+}
+
+impl<'a> From<&'a Proxy> for DrClient<'a> {
+    fn from(p: &'a Proxy) -> Self {
+        DrClient::Proxy(p)
+    }
+}
+
+impl<'a> From<&'a SidecarScope> for DrClient<'a> {
+    fn from(s: &'a SidecarScope) -> Self {
+        DrClient::Scope(s)
+    }
+}
+
+impl DrClient<'_> {
+    fn namespace(&self) -> &str {
+        match self {
+            DrClient::Proxy(p) => &p.namespace,
+            DrClient::Scope(s) => &s.namespace,
+        }
+    }
+
+    /// Whether the rule at `index` (with a selector, of the client's
+    /// namespace) selects the client.
+    fn selected_by(&self, index: usize, dr: &Named<DestinationRule>) -> bool {
+        match self {
+            DrClient::Proxy(p) => dr_selects(&dr.spec.workload_selector, &p.labels),
+            DrClient::Scope(s) => s.destination_rules.contains(&index),
+        }
+    }
+}
 
 /// The push context's lookups, built with it: VirtualServices by host,
 /// DestinationRules by namespace, and workloads by IP, so a generator's
@@ -97,6 +145,8 @@ struct Index {
     vs_wildcards: Vec<(String, usize)>,
     /// DestinationRules by namespace, with their resolved host.
     dr_by_namespace: HashMap<String, Vec<(String, usize)>>,
+    /// DestinationRules with a `workloadSelector`, by namespace.
+    dr_selectors_by_namespace: HashMap<String, Vec<usize>>,
     /// (service index, endpoint index, service port, target port) of every
     /// endpoint by IP, in registry order.
     inbound_by_ip: HashMap<String, Vec<(usize, usize, u16, u16)>>,
@@ -134,6 +184,19 @@ impl Index {
                 .entry(dr.namespace.clone())
                 .or_default()
                 .push((resolve_host(&dr.spec.host, &dr.namespace, domain), i));
+            if dr.spec.workload_selector.is_some() {
+                index
+                    .dr_selectors_by_namespace
+                    .entry(dr.namespace.clone())
+                    .or_default()
+                    .push(i);
+            }
+        }
+        // Rules with a selector first, as Istio sorts them
+        // (`sortConfigBySelectorAndCreationTime`): a lookup that meets a
+        // rule without one has seen every selector rule before it.
+        for list in index.dr_by_namespace.values_mut() {
+            list.sort_by_key(|(_, i)| destination_rules[*i].spec.workload_selector.is_none());
         }
         for (s, svc) in registry.services().iter().enumerate() {
             for (e, ep) in svc.endpoints.iter().enumerate() {
@@ -193,6 +256,10 @@ pub struct InboundPort {
     /// `InboundConnectionPoolForPort`): its ingress listener's, else its
     /// `inboundConnectionPool`.
     pub connection_pool: Option<crate::model::istio::ConnectionPoolSettings>,
+    /// The TLS its Sidecar ingress listener terminates
+    /// (`ENABLE_TLS_ON_SIDECAR_INGRESS` only; applied when the port's mTLS
+    /// mode is DISABLE).
+    pub tls: Option<crate::model::gateway::ServerTlsSettings>,
 }
 
 /// One egress scope of a proxy: a Sidecar egress listener, or the implicit
@@ -250,6 +317,14 @@ fn selects(selector: &Option<WorkloadSelector>, labels: &Labels) -> bool {
         .is_none_or(|s| s.labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
 }
 
+/// Whether a DestinationRule's `workloadSelector.matchLabels` picks the
+/// workload (Istio's `SubsetOf`: an empty selector picks every workload).
+fn dr_selects(selector: &Option<PolicySelector>, labels: &Labels) -> bool {
+    selector
+        .as_ref()
+        .is_some_and(|s| s.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
+}
+
 /// Whether a security policy's `selector.matchLabels` picks the workload:
 /// only a non-empty selector picks a workload (an empty one is namespace-wide).
 pub fn policy_selects(selector: &Option<PolicySelector>, labels: &Labels) -> bool {
@@ -275,7 +350,9 @@ impl IstioContext {
         options: &crate::model::service::RegistryOptions,
     ) -> Self {
         let registry = ServiceRegistry::build(snapshot, options);
-        let destination_rules = collect(snapshot);
+        // Oldest first, as Istio orders them (`sortConfigBySelectorAndCreationTime`;
+        // rules with a selector are preferred at lookup).
+        let destination_rules = oldest_first(snapshot);
         // The Gateway API's Gateways and HTTPRoutes join Istio's own, as
         // Istio's gateway controller feeds its config store.
         let gateway_api = crate::model::gateway_api::convert::convert(snapshot, &options.domain);
@@ -312,6 +389,7 @@ impl IstioContext {
             version,
             registry,
             domain: options.domain.clone(),
+            features: options.features,
             trust_domain: options.trust_domain.clone(),
             cluster_id: options.cluster_id.clone(),
             destination_rules,
@@ -440,18 +518,45 @@ impl IstioContext {
     /// that applies to it, computed once per context and shared.
     pub fn scope(&self, proxy: &Proxy) -> Arc<SidecarScope> {
         let sidecar = self.sidecar_index(proxy);
-        let key = (proxy.namespace.clone(), sidecar);
+        let selected = self.selecting_destination_rules(proxy);
+        let key = (proxy.namespace.clone(), sidecar, selected);
         let mut scopes = self.scopes.lock().unwrap_or_else(PoisonError::into_inner);
-        scopes
-            .entry(key)
-            .or_insert_with(|| {
-                Arc::new(SidecarScope::new(
-                    &self.registry,
-                    &proxy.namespace,
-                    sidecar.map(|i| (i, &self.sidecars[i])),
-                ))
+        if let Some(scope) = scopes.get(&key) {
+            return scope.clone();
+        }
+        let selected: Vec<(usize, &Named<DestinationRule>)> = key
+            .2
+            .iter()
+            .map(|i| (*i, &self.destination_rules[*i]))
+            .collect();
+        let scope = Arc::new(SidecarScope::new(
+            &self.registry,
+            &proxy.namespace,
+            sidecar.map(|i| (i, &self.sidecars[i])),
+            &selected,
+        ));
+        scopes.insert(key, scope.clone());
+        scope
+    }
+
+    /// The DestinationRules of the proxy's namespace whose
+    /// `workloadSelector` matches its labels, in the push context's order.
+    fn selecting_destination_rules(&self, proxy: &Proxy) -> Vec<usize> {
+        self.index
+            .dr_selectors_by_namespace
+            .get(&proxy.namespace)
+            .map(|list| {
+                list.iter()
+                    .copied()
+                    .filter(|i| {
+                        dr_selects(
+                            &self.destination_rules[*i].spec.workload_selector,
+                            &proxy.labels,
+                        )
+                    })
+                    .collect()
             })
-            .clone()
+            .unwrap_or_default()
     }
 
     /// The workload's inbound ports, sorted: its Sidecar's `ingress` when it
@@ -499,6 +604,10 @@ impl IstioContext {
                             .connection_pool
                             .clone()
                             .or_else(|| sidecar_pool.clone()),
+                        tls: ing
+                            .tls
+                            .clone()
+                            .filter(|_| self.features.enable_tls_on_sidecar_ingress),
                     });
                 }
             }
@@ -518,6 +627,7 @@ impl IstioContext {
                         default_endpoint: String::new(),
                         services: vec![super::istio_stats::ServiceRef::of(svc)],
                         connection_pool: sidecar_pool.clone(),
+                        tls: None,
                     });
                 }
             }
@@ -574,14 +684,43 @@ impl IstioContext {
             })
     }
 
-    /// The DestinationRule for `host` as seen from `client_ns`: the client's
-    /// namespace first, then the service's, then the root namespace.
-    pub fn destination_rule(
+    /// The DestinationRule for `service` as `client` sees it (Istio's
+    /// `PushContext.destinationRule` with `SidecarScope.DestinationRule`):
+    /// the client's namespace first, where a rule with a `workloadSelector`
+    /// that selects the client wins over one without; then the rules
+    /// exported by the service's namespace, then by the root namespace
+    /// (rules with a selector are never exported). As in Istio, when the
+    /// client's namespace has rules for the host but none applies to the
+    /// client (only other workloads' selector rules), the client has no rule.
+    pub fn destination_rule<'c>(
         &self,
-        client_ns: &str,
+        client: impl Into<DrClient<'c>>,
         service: &Service,
     ) -> Option<&Named<DestinationRule>> {
-        [client_ns, service.namespace.as_str(), ROOT_NAMESPACE]
+        let client = client.into();
+        let client_ns = client.namespace();
+        if let Some(local) = self.index.dr_by_namespace.get(client_ns) {
+            // Selector rules come first in the list (see `Index::new`).
+            let mut found = false;
+            for (host, i) in local {
+                let dr = &self.destination_rules[*i];
+                if !host_matches(host, &service.hostname) {
+                    continue;
+                }
+                if dr.spec.workload_selector.is_some() {
+                    found = true;
+                    if client.selected_by(*i, dr) {
+                        return Some(dr);
+                    }
+                } else if is_exported_to(&dr.spec.export_to, &dr.namespace, client_ns) {
+                    return Some(dr);
+                }
+            }
+            if found {
+                return None;
+            }
+        }
+        [service.namespace.as_str(), ROOT_NAMESPACE]
             .iter()
             .find_map(|ns| {
                 self.index
@@ -590,7 +729,8 @@ impl IstioContext {
                     .iter()
                     .map(|(host, i)| (host, &self.destination_rules[*i]))
                     .find(|(host, dr)| {
-                        host_matches(host, &service.hostname)
+                        dr.spec.workload_selector.is_none()
+                            && host_matches(host, &service.hostname)
                             && is_exported_to(&dr.spec.export_to, &dr.namespace, client_ns)
                     })
                     .map(|(_, dr)| dr)

@@ -78,7 +78,7 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy, names: &BTreeSet<String>) -> Vec
 fn locality_plans(ctx: &IstioContext, scope: &SidecarScope) -> HashMap<String, LocalityPlan> {
     let mut out = HashMap::new();
     for (cluster, port, subset, svc) in eds_clusters(ctx, scope) {
-        let dr = ctx.destination_rule(&scope.namespace, svc);
+        let dr = ctx.destination_rule(scope, svc);
         let subset = dr.and_then(|d| d.spec.subsets.iter().find(|s| s.name == subset));
         let policy = super::cds::policy::effective(
             dr.and_then(|d| d.spec.traffic_policy.as_ref()),
@@ -120,7 +120,7 @@ fn for_locality(
 ) -> Option<Arc<Resource>> {
     let (port, subset, host) = parse_cluster(name)?;
     let svc = scope.service(host)?;
-    let dr = ctx.destination_rule(&scope.namespace, svc);
+    let dr = ctx.destination_rule(scope, svc);
     let mut key = KeyBuilder::new("EDS", name)
         .with((&svc.hostname, &svc.namespace, svc.revision))
         .with(dr.map(|d| (&d.namespace, &d.name)))
@@ -225,7 +225,7 @@ fn load_assignment_of(
     subset: &str,
 ) -> Arc<Resource> {
     let dr = (!subset.is_empty())
-        .then(|| ctx.destination_rule(&scope.namespace, svc))
+        .then(|| ctx.destination_rule(scope, svc))
         .flatten();
     let key = KeyBuilder::new("EDS", name)
         .with((&svc.hostname, &svc.namespace, svc.revision))

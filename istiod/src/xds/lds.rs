@@ -157,10 +157,10 @@ fn tcp_proxy_hashed(
 }
 
 /// The source-IP hash of a TCP proxy to the outbound `cluster`, when its
-/// service's DestinationRule (as `client_ns` sees it) asks for one.
+/// service's DestinationRule (as `client` sees it) asks for one.
 fn tcp_hash_policy(
     ctx: &IstioContext,
-    client_ns: &str,
+    client: &Proxy,
     cluster: &str,
 ) -> Vec<proto::pb::envoy::r#type::v3::HashPolicy> {
     let Some((_, subset, host)) = super::eds::parse_cluster(cluster) else {
@@ -169,7 +169,7 @@ fn tcp_hash_policy(
     ctx.registry
         .by_hostname(host)
         .next()
-        .and_then(|svc| ctx.destination_rule(client_ns, svc))
+        .and_then(|svc| ctx.destination_rule(client, svc))
         .map(|dr| super::rds::hash::tcp_hash_policy(&dr.spec, subset))
         .unwrap_or_default()
 }

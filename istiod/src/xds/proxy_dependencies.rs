@@ -52,8 +52,6 @@ fn reaches(audience: &Audience, proxy: &Proxy, scope: &SidecarScope) -> bool {
         }
         Audience::Workloads(ips) => proxy.ips.iter().any(|ip| ips.contains(ip)),
         Audience::Routers => proxy.proxy_type == common::ProxyType::Router,
-        Audience::Secret { namespace, .. } => {
-            proxy.proxy_type == common::ProxyType::Router && proxy.namespace == *namespace
-        }
+        Audience::Secret { namespace, .. } => proxy.namespace == *namespace,
     }
 }

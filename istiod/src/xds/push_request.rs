@@ -123,7 +123,7 @@ pub enum Audience {
     /// Every gateway (`router` proxy): a Gateway, or a VirtualService
     /// that binds to gateways.
     Routers,
-    /// The gateways allowed to read this Secret (those of its namespace,
+    /// The proxies allowed to read this Secret (those of its namespace,
     /// Istio's default authorization); of them, only those that watch it
     /// get it (see [`PushPlan::secrets`]).
     Secret {

@@ -127,7 +127,7 @@ fn virtual_host(
         let clusters = Clusters {
             ctx,
             vs_ns: &vs.namespace,
-            client_ns: &proxy.namespace,
+            client: proxy,
             port,
             gateway_semantics: false,
         };
@@ -154,7 +154,7 @@ fn virtual_host(
         action.retry_policy = Some(default_retries());
         // Istio's `hashForService`: the rule's (port-level) consistent hash.
         action.hash_policy = ctx
-            .destination_rule(&proxy.namespace, svc)
+            .destination_rule(proxy, svc)
             .and_then(|dr| hash::for_destination(&dr.spec, port, ""))
             .and_then(hash::hash_policy)
             .into_iter()
@@ -199,7 +199,7 @@ impl RoutePlan<'_> {
         // The DestinationRules of the destinations: their consistent hash
         // goes into the routes.
         let dr = |svc: &Service| {
-            ctx.destination_rule(&proxy.namespace, svc)
+            ctx.destination_rule(proxy, svc)
                 .map(|d| (d.namespace.clone(), d.name.clone()))
         };
         for (svc, vss) in &self.services {
@@ -235,7 +235,7 @@ impl RoutePlan<'_> {
             out.push(Dependency::Config(ObjectKey::new(Kind::Sidecar, ns, name)));
         }
         let dr = |svc: &Service| {
-            ctx.destination_rule(&scope.namespace, svc).map(|d| {
+            ctx.destination_rule(scope, svc).map(|d| {
                 Dependency::Config(ObjectKey::new(Kind::DestinationRule, &d.namespace, &d.name))
             })
         };

@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use crate::model::istio::{IstioEgressListener, Sidecar};
+use crate::model::istio::{DestinationRule, IstioEgressListener, Sidecar};
 use crate::model::service::{
     ExportTo, Service, ServiceRegistry, egress_host_matches, host_matches,
 };
@@ -34,6 +34,10 @@ pub struct SidecarScope {
     pub sidecar: Option<usize>,
     /// The Sidecar's `namespace/name`, for cache keys; empty without one.
     pub sidecar_key: String,
+    /// The DestinationRules with a `workloadSelector` that select the
+    /// scope's proxies (indices into the push context's list): they win
+    /// over the namespace's other rules for these proxies.
+    pub destination_rules: Vec<usize>,
     /// Visible services (exported to the namespace and allowed by an egress
     /// listener of the Sidecar), in registry order.
     services: Vec<Arc<Service>>,
@@ -80,6 +84,7 @@ impl SidecarScope {
         registry: &ServiceRegistry,
         namespace: &str,
         sidecar: Option<(usize, &Named<Sidecar>)>,
+        selected_rules: &[(usize, &Named<DestinationRule>)],
     ) -> Self {
         let listeners: Vec<&IstioEgressListener> = sidecar
             .map(|(_, sc)| sc.spec.egress.iter().collect())
@@ -129,6 +134,7 @@ impl SidecarScope {
             sidecar_key: sidecar
                 .map(|(_, sc)| format!("{}/{}", sc.namespace, sc.name))
                 .unwrap_or_default(),
+            destination_rules: selected_rules.iter().map(|(i, _)| *i).collect(),
             services,
             by_host,
             egress,

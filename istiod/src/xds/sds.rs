@@ -1,22 +1,24 @@
-//! SDS for gateways over ADS, as Istio's `SecretGen` (`pilot/pkg/xds/sds.go`):
+//! SDS for gateways and sidecars over ADS, as Istio's `SecretGen` (`pilot/pkg/xds/sds.go`):
 //! the Envoy `Secret`s a gateway's listeners name (`kubernetes://<name>`,
 //! `kubernetes://<namespace>/<name>`, and `…-cacert` for the CA that
 //! verifies client certificates), built from Kubernetes Secrets in the
-//! config sources, inline. The workload certificate (`default`, `ROOTCA`)
-//! is the agent's, not istiod's.
+//! config sources, inline; sidecars ask for them for a DestinationRule's
+//! `credentialName`. The workload certificate (`default`, `ROOTCA`) is the
+//! agent's, not istiod's.
 //!
 //! Authorization, as Istio's default: only a proxy that proved its
-//! identity, only a gateway (no sidecar reads credentials: DestinationRule
-//! `credentialName` is refused by validation), and only Secrets of its own
-//! namespace. A refused or missing resource is left out of the response
+//! identity, and only Secrets of its own namespace (gateways and sidecars
+//! alike: Istio's `proxyAuthorizedForSecret`). A refused or missing resource is left out of the response
 //! and logged (warn, scope `ads`) naming the proxy and the resource.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use proto::pb::envoy::config::core::v3::{DataSource, data_source};
+use proto::pb::envoy::config::core::v3::{
+    AggregatedConfigSource, ApiVersion, ConfigSource, DataSource, config_source, data_source,
+};
 use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
-    CertificateValidationContext, Secret as EnvoySecret, TlsCertificate, secret,
+    CertificateValidationContext, SdsSecretConfig, Secret as EnvoySecret, TlsCertificate, secret,
 };
 
 use super::context::IstioContext;
@@ -71,9 +73,6 @@ pub enum SdsError {
         "proxy is not authorized to receive credentials: connect over the TLS port (15012) and authenticate"
     )]
     NotVerified,
-    /// Sidecars get no credentials from istiod.
-    #[error("only gateways (router proxies) receive credentials")]
-    NotGateway,
     /// A Secret of another namespace.
     #[error(
         "secret is in namespace {secret_namespace:?}, the proxy in {proxy_namespace:?}: a gateway may only read Secrets of its own namespace"
@@ -134,6 +133,22 @@ pub fn ca_resource(credential_name: &str) -> String {
     format!("{}{CA_SUFFIX}", credential_resource(credential_name))
 }
 
+/// An SDS reference to istiod's credentials over the ADS stream (Istio's
+/// `SDSAdsConfig`: Envoy's default initial fetch timeout, so a listener or
+/// cluster whose certificate never comes still starts, and fails handshakes).
+pub fn ads_secret(name: &str) -> SdsSecretConfig {
+    SdsSecretConfig {
+        name: name.to_string(),
+        sds_config: Some(ConfigSource {
+            resource_api_version: ApiVersion::V3.into(),
+            config_source_specifier: Some(config_source::ConfigSourceSpecifier::Ads(
+                AggregatedConfigSource {},
+            )),
+            ..Default::default()
+        }),
+    }
+}
+
 /// Of the watched resource names, those that read one of the `changed`
 /// Secrets (`namespace/name`), for a proxy of `proxy_ns`.
 pub fn watching(
@@ -174,9 +189,6 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy, names: &BTreeSet<String>) -> Vec
 fn authorize(proxy: &Proxy, sr: &SecretResource) -> Result<(), SdsError> {
     if !proxy.verified {
         return Err(SdsError::NotVerified);
-    }
-    if proxy.proxy_type != common::ProxyType::Router {
-        return Err(SdsError::NotGateway);
     }
     if sr.namespace != proxy.namespace {
         return Err(SdsError::OtherNamespace {

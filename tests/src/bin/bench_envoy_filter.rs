@@ -235,10 +235,26 @@ fn lb_mesh(base: &str, services: usize, lb: bool) -> String {
 }
 
 fn measure_yaml(label: usize, rounds: usize, yaml: &str, eds: bool) -> Row {
+    measure_for(label, rounds, yaml, eds, &sleep())
+}
+
+/// `lb_mesh`'s plain rules, plus on every service a second rule with a
+/// `workloadSelector` for `app: <app>` (a connection pool of its own).
+fn selector_mesh(plain: &str, services: usize, app: &str) -> String {
+    let mut yaml = plain.to_string();
+    for i in 0..services {
+        yaml.push_str(&format!(
+            "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: svc-{i}-{app}, namespace: demo}}\nspec:\n  host: svc-{i}\n  workloadSelector: {{matchLabels: {{app: {app}}}}}\n  trafficPolicy: {{connectionPool: {{tcp: {{maxConnections: 7}}}}}}\n---\n"
+        ));
+    }
+    yaml
+}
+
+fn measure_for(label: usize, rounds: usize, yaml: &str, eds: bool, proxy: &Proxy) -> Row {
     let store = store_of(yaml);
     let snapshot = store.snapshot();
     let options = RegistryOptions::default();
-    let proxy = sleep();
+    let proxy = proxy.clone();
     let (mut context, mut cold, mut warm) = (Vec::new(), Vec::new(), Vec::new());
     let (mut resources, mut bytes) = (0, 0);
     for round in 0..rounds {
@@ -329,6 +345,45 @@ fn main() {
             ms(r.warm),
             ms(r.cold) / ms(rows[0].cold),
             ms(r.warm) / ms(rows[0].warm),
+            r.resources,
+            r.bytes,
+        );
+    }
+
+    // DestinationRules with a workloadSelector: for another workload (sleep
+    // keeps the namespace's rules and shares their scope), and for sleep
+    // (a scope of its own).
+    let mut labelled = sleep();
+    labelled.labels = [("app".to_string(), "sleep".to_string())].into();
+    let others = selector_mesh(&plain, services, "web");
+    let own = selector_mesh(&plain, services, "sleep");
+    measure_for(0, 1, &others, true, &labelled);
+    let rows = [
+        ("none", measure_for(0, rounds, &plain, true, &labelled)),
+        (
+            "other app",
+            measure_for(0, rounds, &others, true, &labelled),
+        ),
+        ("this app", measure_for(0, rounds, &own, true, &labelled)),
+    ];
+    println!();
+    println!(
+        "LDS+RDS+CDS+EDS for one sidecar (app: sleep), plain rules on {} services, plus selector rules, {rounds} rounds (medians)",
+        services + 3
+    );
+    println!(
+        "{:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "selecting", "context ms", "cold ms", "warm ms", "cold x", "warm x", "resources", "bytes"
+    );
+    for (name, r) in &rows {
+        println!(
+            "{:>12} {:>12.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10} {:>10}",
+            name,
+            ms(r.context),
+            ms(r.cold),
+            ms(r.warm),
+            ms(r.cold) / ms(rows[0].1.cold),
+            ms(r.warm) / ms(rows[0].1.warm),
             r.resources,
             r.bytes,
         );

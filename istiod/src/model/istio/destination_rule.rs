@@ -22,9 +22,11 @@ pub struct DestinationRule {
     pub subsets: Vec<Subset>,
     /// Namespaces the rule is visible to.
     pub export_to: Vec<String>,
-    /// Workloads the rule applies to (all when unset).
+    /// Workloads of the rule's namespace it applies to (Istio's
+    /// `istio.type.v1beta1.WorkloadSelector`, spelled `matchLabels`); unset:
+    /// every client it is exported to.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub workload_selector: Option<WorkloadSelector>,
+    pub workload_selector: Option<PolicySelector>,
 }
 
 /// A traffic policy.

@@ -10,11 +10,11 @@ use super::super::istio::{
     LocalityLbSetting, OutlierDetection, SimpleLb, TlsMode, TrafficPolicy,
 };
 use super::{
-    Errors, check_export_to, check_host, check_min_duration, check_port, is_dns1123_label,
-    non_negative,
+    Errors, check_export_to, check_host, check_min_duration, check_policy_selector, check_port,
+    is_dns1123_label, non_negative,
 };
 
-pub(super) fn destination_rule(dr: &DestinationRule, e: &mut Errors) {
+pub(super) fn destination_rule(dr: &DestinationRule, namespace: &str, e: &mut Errors) {
     if dr.host.is_empty() {
         e.add(
             "spec.host",
@@ -56,14 +56,52 @@ pub(super) fn destination_rule(dr: &DestinationRule, e: &mut Errors) {
         }
     }
     check_export_to("spec.exportTo", &dr.export_to, e);
-    // Istio scopes such a rule to the selected workloads; this istiod
-    // would apply it to every client, so it is refused.
-    if dr.workload_selector.is_some() {
-        e.add(
-            "spec.workloadSelector",
-            "is not supported by this istiod yet (remove it; the rule then applies to every client it is exported to)",
-        );
+    match &dr.workload_selector {
+        Some(sel) => {
+            check_policy_selector("spec.workloadSelector", sel, e);
+            // Istio's `validateExportTo` for a rule with a selector.
+            if dr.export_to.iter().any(|ns| ns != "." && ns != namespace) {
+                e.add(
+                    "spec.exportTo",
+                    "a DestinationRule with a workloadSelector applies to workloads of its own namespace only (use exportTo: [\".\"] or remove it)",
+                );
+            }
+        }
+        None => {
+            for (field, tls) in client_tls_settings(dr) {
+                if !tls.credential_name.is_empty() {
+                    e.add(
+                        format!("{field}.credentialName"),
+                        "needs spec.workloadSelector: Istio gives a credentialName to the workloads a rule selects only (sidecars of other rules get no TLS from it); select the clients (sidecars or an egress gateway) that originate TLS with this Secret",
+                    );
+                }
+            }
+        }
     }
+}
+
+/// Every `tls` of a rule, with its field path.
+fn client_tls_settings(dr: &DestinationRule) -> Vec<(String, &ClientTlsSettings)> {
+    let policies = dr
+        .traffic_policy
+        .iter()
+        .map(|tp| ("spec.trafficPolicy".to_string(), tp))
+        .chain(dr.subsets.iter().enumerate().filter_map(|(i, s)| {
+            let tp = s.traffic_policy.as_ref()?;
+            Some((format!("spec.subsets[{i}].trafficPolicy"), tp))
+        }));
+    let mut out = Vec::new();
+    for (field, tp) in policies {
+        if let Some(tls) = &tp.tls {
+            out.push((format!("{field}.tls"), tls));
+        }
+        for (i, p) in tp.port_level_settings.iter().enumerate() {
+            if let Some(tls) = &p.tls {
+                out.push((format!("{field}.portLevelSettings[{i}].tls"), tls));
+            }
+        }
+    }
+    out
 }
 
 fn traffic_policy(field: &str, tp: &TrafficPolicy, port_level: bool, e: &mut Errors) {
@@ -347,11 +385,39 @@ fn outlier_detection(field: &str, od: &OutlierDetection, e: &mut Errors) {
 }
 
 fn client_tls(field: &str, tls: &ClientTlsSettings, e: &mut Errors) {
-    if !tls.credential_name.is_empty() {
-        e.add(
-            format!("{field}.credentialName"),
-            "is not supported yet: it needs istiod to serve Kubernetes Secrets over SDS, which comes with gateway support (give the certificate files with caCertificates, clientCertificate and privateKey instead)",
-        );
+    let credential = !tls.credential_name.is_empty();
+    if credential {
+        // The Secret holds the certificate, key and CA (Istio's
+        // `validateTLS`: files and a credential are exclusive).
+        for (name, value) in [
+            ("clientCertificate", &tls.client_certificate),
+            ("privateKey", &tls.private_key),
+            ("caCertificates", &tls.ca_certificates),
+            ("caCrl", &tls.ca_crl),
+        ] {
+            if !value.is_empty() {
+                e.add(
+                    format!("{field}.{name}"),
+                    "cannot be set with credentialName: the Secret holds the client certificate, key and CA (remove one of them)",
+                );
+            }
+        }
+        if tls.credential_name.contains("://") && !tls.credential_name.starts_with("kubernetes://")
+        {
+            e.add(
+                format!("{field}.credentialName"),
+                format!(
+                    "{:?}: this istiod serves Kubernetes Secrets only (name the Secret, or use kubernetes://<name>)",
+                    tls.credential_name
+                ),
+            );
+        }
+        if !matches!(tls.mode, TlsMode::Simple | TlsMode::Mutual) {
+            e.add(
+                format!("{field}.credentialName"),
+                "applies to SIMPLE and MUTUAL only (remove it, or set mode: SIMPLE or MUTUAL)",
+            );
+        }
     }
     let files = [
         ("clientCertificate", &tls.client_certificate),
@@ -360,6 +426,7 @@ fn client_tls(field: &str, tls: &ClientTlsSettings, e: &mut Errors) {
         ("caCrl", &tls.ca_crl),
     ];
     match tls.mode {
+        TlsMode::Mutual if credential => {}
         TlsMode::Mutual => {
             if tls.client_certificate.is_empty() {
                 e.add(
@@ -454,8 +521,8 @@ mod tests {
     }
 
     #[test]
-    fn credential_name_is_refused_at_every_level() {
-        let msg = "serve Kubernetes Secrets over SDS";
+    fn credential_name_needs_a_workload_selector_at_every_level() {
+        let msg = "needs spec.workloadSelector";
         refused(
             "{host: a, trafficPolicy: {tls: {mode: SIMPLE, credentialName: c}}}",
             "spec.trafficPolicy.tls.credentialName",
@@ -470,6 +537,60 @@ mod tests {
             "{host: a, subsets: [{name: v1, trafficPolicy: {tls: {mode: MUTUAL, credentialName: c}}}]}",
             "spec.subsets[0].trafficPolicy.tls.credentialName",
             msg,
+        );
+        let sel = "workloadSelector: {matchLabels: {app: sleep}}";
+        for spec in [
+            format!(
+                "{{host: a, {sel}, trafficPolicy: {{tls: {{mode: MUTUAL, credentialName: c, sni: a}}}}}}"
+            ),
+            format!(
+                "{{host: a, {sel}, exportTo: [.], trafficPolicy: {{tls: {{mode: SIMPLE, credentialName: kubernetes://c}}}}}}"
+            ),
+            format!(
+                "{{host: a, {sel}, subsets: [{{name: v1, trafficPolicy: {{tls: {{mode: MUTUAL, credentialName: c}}}}}}]}}"
+            ),
+        ] {
+            assert!(errors(&spec).is_empty(), "{spec}: {:?}", errors(&spec));
+        }
+        refused(
+            &format!(
+                "{{host: a, {sel}, trafficPolicy: {{tls: {{mode: MUTUAL, credentialName: c, clientCertificate: /c.pem}}}}}}"
+            ),
+            "spec.trafficPolicy.tls.clientCertificate",
+            "cannot be set with credentialName",
+        );
+        refused(
+            &format!(
+                "{{host: a, {sel}, trafficPolicy: {{tls: {{mode: ISTIO_MUTUAL, credentialName: c}}}}}}"
+            ),
+            "spec.trafficPolicy.tls.credentialName",
+            "SIMPLE and MUTUAL only",
+        );
+        refused(
+            &format!(
+                "{{host: a, {sel}, trafficPolicy: {{tls: {{mode: SIMPLE, credentialName: configmap://c}}}}}}"
+            ),
+            "spec.trafficPolicy.tls.credentialName",
+            "Kubernetes Secrets only",
+        );
+    }
+
+    #[test]
+    fn a_workload_selector_keeps_the_rule_in_its_namespace() {
+        assert!(errors("{host: a, workloadSelector: {matchLabels: {app: x}}}").is_empty());
+        assert!(
+            errors("{host: a, workloadSelector: {matchLabels: {app: x}}, exportTo: [demo]}")
+                .is_empty()
+        );
+        refused(
+            "{host: a, workloadSelector: {matchLabels: {app: x}}, exportTo: ['*']}",
+            "spec.exportTo",
+            "its own namespace only",
+        );
+        refused(
+            "{host: a, workloadSelector: {matchLabels: {'': x}}}",
+            "spec.workloadSelector.matchLabels",
+            "cannot be empty",
         );
     }
 
@@ -521,11 +642,6 @@ mod tests {
     #[test]
     fn policy_parts_not_applied_are_refused() {
         for (spec, field, needle) in [
-            (
-                "{host: a, workloadSelector: {labels: {app: x}}}",
-                "spec.workloadSelector",
-                "not supported",
-            ),
             (
                 "{host: a, trafficPolicy: {tunnel: {protocol: CONNECT, targetHost: x, targetPort: 1}}}",
                 "spec.trafficPolicy.tunnel",

@@ -1,5 +1,6 @@
 //! Validation of a Gateway server's `tls` (Istio's `validateTLSOptions` and
-//! `validateServer` rules), plus a refusal naming the field for each part
+//! `validateServer` rules), and of a Sidecar ingress listener's (the same
+//! settings, terminated by a sidecar), plus a refusal naming the field for each part
 //! this istiod does not apply: PASSTHROUGH and AUTO_PASSTHROUGH,
 //! `tlsCertificates`, `caCrl`, and settings that would reach Envoy with no
 //! effect in the mode chosen.
@@ -42,6 +43,44 @@ pub(super) fn plain_server_tls(field: &str, tls: &ServerTlsSettings, e: &mut Err
             "server cannot have TLS settings for plain text HTTP ports (only httpsRedirect; use protocol HTTPS to terminate TLS)",
         );
     }
+}
+
+/// A Sidecar `ingress[].tls`: built only under Istio's
+/// `ENABLE_TLS_ON_SIDECAR_INGRESS` (`enabled`), then as a gateway's HTTPS
+/// server TLS, in the modes a sidecar terminates itself.
+pub(super) fn sidecar_ingress_tls(
+    field: &str,
+    tls: &ServerTlsSettings,
+    enabled: bool,
+    e: &mut Errors,
+) {
+    if !enabled {
+        e.add(
+            field,
+            "TLS termination on Sidecar ingress is off: Istio applies it only with ENABLE_TLS_ON_SIDECAR_INGRESS=true (on ports whose PeerAuthentication mode is DISABLE); start istiod with that flag, or remove it (inbound traffic then uses the mesh's mutual TLS per PeerAuthentication)",
+        );
+        return;
+    }
+    if matches!(
+        tls.mode,
+        ServerTlsMode::IstioMutual | ServerTlsMode::Passthrough | ServerTlsMode::AutoPassthrough
+    ) {
+        e.add(
+            format!("{field}.mode"),
+            format!(
+                "{:?}: a Sidecar ingress terminates SIMPLE, MUTUAL or OPTIONAL_MUTUAL TLS (mesh mutual TLS comes from PeerAuthentication)",
+                tls.mode
+            ),
+        );
+        return;
+    }
+    if tls.https_redirect {
+        e.add(
+            format!("{field}.httpsRedirect"),
+            "applies to Gateway servers only (remove it)",
+        );
+    }
+    https_server_tls(field, Some(tls), e);
 }
 
 /// The `tls` of an HTTPS server.
@@ -285,6 +324,51 @@ mod tests {
             &errors(tls),
             &format!("spec.servers[0].tls.{field}"),
             needle,
+        );
+    }
+
+    /// `sidecar_ingress_tls` with the flag as given: `field: message`.
+    fn sidecar_errors(tls: &str, enabled: bool) -> Vec<String> {
+        let tls: crate::model::gateway::ServerTlsSettings = serde_yaml_ng::from_str(tls).unwrap();
+        let mut e = super::super::Errors::default();
+        super::sidecar_ingress_tls("spec.ingress[0].tls", &tls, enabled, &mut e);
+        e.0.iter()
+            .map(|f| format!("{}: {}", f.field, f.message))
+            .collect()
+    }
+
+    #[test]
+    fn sidecar_ingress_tls_needs_the_flag_and_a_terminating_mode() {
+        let off = sidecar_errors("{mode: SIMPLE, credentialName: c}", false);
+        assert!(
+            off.len() == 1
+                && off[0].starts_with("spec.ingress[0].tls: ")
+                && off[0].contains("ENABLE_TLS_ON_SIDECAR_INGRESS=true"),
+            "{off:?}"
+        );
+        for tls in [
+            "{mode: SIMPLE, credentialName: c}",
+            "{mode: MUTUAL, credentialName: c, subjectAltNames: [client.example]}",
+            "{mode: SIMPLE, serverCertificate: /c, privateKey: /k}",
+        ] {
+            assert!(
+                sidecar_errors(tls, true).is_empty(),
+                "{tls}: {:?}",
+                sidecar_errors(tls, true)
+            );
+        }
+        let istio = sidecar_errors("{mode: ISTIO_MUTUAL}", true);
+        assert!(
+            istio[0].starts_with("spec.ingress[0].tls.mode: "),
+            "{istio:?}"
+        );
+        let redirect = sidecar_errors(
+            "{mode: SIMPLE, credentialName: c, httpsRedirect: true}",
+            true,
+        );
+        assert!(
+            redirect[0].starts_with("spec.ingress[0].tls.httpsRedirect: "),
+            "{redirect:?}"
         );
     }
 

@@ -174,3 +174,144 @@ fn hashing_locality_and_proxy_protocol_reach_the_cluster() {
             .is_none_or(|c| c.locality_config_specifier.is_none())
     );
 }
+
+/// The outside service `tls.example` on port 443, a rule without selector
+/// (SIMPLE with a CA file) and, for `app: sleep`, one with `selector_tls`.
+fn selector_rules(selector_tls: &str) -> String {
+    format!(
+        r#"apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: ext, namespace: demo}}
+spec:
+  hosts: [tls.example]
+  location: MESH_EXTERNAL
+  resolution: DNS
+  ports: [{{number: 443, name: https, protocol: HTTPS}}]
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {{name: all, namespace: demo}}
+spec:
+  host: tls.example
+  trafficPolicy: {{tls: {{mode: SIMPLE, caCertificates: /ca.pem}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {{name: sleep-only, namespace: demo}}
+spec:
+  host: tls.example
+  workloadSelector: {{matchLabels: {{app: sleep}}}}
+  trafficPolicy: {{tls: {selector_tls}}}
+"#
+    )
+}
+
+const EXT: &str = "outbound|443||tls.example";
+
+fn sidecar(app: &str) -> Proxy {
+    Proxy {
+        proxy_type: common::ProxyType::Sidecar,
+        ip: "198.18.0.7".into(),
+        ips: vec!["198.18.0.7".into()],
+        namespace: "demo".into(),
+        labels: [("app".to_string(), app.to_string())].into(),
+        ..Default::default()
+    }
+}
+
+fn cluster_for(ctx: &IstioContext, proxy: &Proxy, name: &str) -> Cluster {
+    let r = build(ctx, proxy)
+        .into_iter()
+        .find(|r| r.name == name)
+        .unwrap();
+    Cluster::decode(r.resource.value.as_slice()).unwrap()
+}
+
+fn upstream_tls(c: &Cluster) -> UpstreamTlsContext {
+    let socket = c.transport_socket.as_ref().expect("a TLS socket");
+    match socket.config_type.as_ref().unwrap() {
+        proto::pb::envoy::config::core::v3::transport_socket::ConfigType::TypedConfig(a) => {
+            UpstreamTlsContext::decode(a.value.as_slice()).unwrap()
+        }
+    }
+}
+
+#[test]
+fn a_selector_rule_applies_to_the_workloads_it_selects_and_the_others_share_the_namespace_rule() {
+    let ctx = crate::xds::context::context_of_yaml(&selector_rules(
+        "{mode: MUTUAL, credentialName: client-cred, sni: tls.example}",
+    ));
+    // The selected sidecar: its client certificate and the server's CA
+    // from the Secret, over SDS on the ADS stream.
+    let tls = upstream_tls(&cluster_for(&ctx, &sidecar("sleep"), EXT));
+    let common = tls.common_tls_context.unwrap();
+    let names: Vec<&str> = common
+        .tls_certificate_sds_secret_configs
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(names, ["kubernetes://client-cred"]);
+    assert!(common.tls_certificates.is_empty());
+    match common.validation_context_type.unwrap() {
+        common_tls_context::ValidationContextType::CombinedValidationContext(c) => {
+            let sds = c.validation_context_sds_secret_config.unwrap();
+            assert_eq!(sds.name, "kubernetes://client-cred-cacert");
+            assert!(matches!(
+                sds.sds_config.unwrap().config_source_specifier,
+                Some(
+                    proto::pb::envoy::config::core::v3::config_source::ConfigSourceSpecifier::Ads(
+                        _
+                    )
+                )
+            ));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(tls.sni, "tls.example");
+    // Another workload of the namespace: the rule without selector.
+    let other = upstream_tls(&cluster_for(&ctx, &sidecar("httpbin"), EXT));
+    let common = other.common_tls_context.unwrap();
+    assert!(common.tls_certificate_sds_secret_configs.is_empty());
+    assert!(matches!(
+        common.validation_context_type,
+        Some(common_tls_context::ValidationContextType::ValidationContext(_))
+    ));
+    // Proxies no selector rule picks share one scope (and its clusters);
+    // a selected one has its own.
+    let scope = |app: &str| ctx.scope(&sidecar(app));
+    assert!(Arc::ptr_eq(&scope("httpbin"), &scope("web")));
+    assert!(!Arc::ptr_eq(&scope("httpbin"), &scope("sleep")));
+    assert_eq!(scope("httpbin").destination_rules, Vec::<usize>::new());
+    assert_eq!(scope("sleep").destination_rules.len(), 1);
+}
+
+#[test]
+fn selector_rules_stay_in_their_namespace_and_shadow_as_in_istio() {
+    // Only the selector rule in the client's namespace: an unselected
+    // client has no rule for the host (Istio's `SidecarScope.DestinationRule`),
+    // not the exported one of the root namespace.
+    let only_selector = selector_rules("{mode: SIMPLE, sni: sel.example}")
+        .replace("namespace: demo}\nspec:\n  host: tls.example\n  trafficPolicy: {tls: {mode: SIMPLE, caCertificates: /ca.pem}}", "namespace: istio-system}\nspec:\n  host: tls.example\n  trafficPolicy: {tls: {mode: SIMPLE, caCertificates: /ca.pem}}");
+    let ctx = crate::xds::context::context_of_yaml(&only_selector);
+    assert!(
+        cluster_for(&ctx, &sidecar("httpbin"), EXT)
+            .transport_socket
+            .is_none()
+    );
+    assert_eq!(
+        upstream_tls(&cluster_for(&ctx, &sidecar("sleep"), EXT)).sni,
+        "sel.example"
+    );
+    // A client of another namespace with the same labels: the root
+    // namespace's rule (a selector rule is never exported).
+    let mut elsewhere = sidecar("sleep");
+    elsewhere.namespace = "other".into();
+    let tls = upstream_tls(&cluster_for(&ctx, &elsewhere, EXT));
+    assert_eq!(tls.sni, "");
+    assert!(
+        tls.common_tls_context
+            .unwrap()
+            .tls_certificate_sds_secret_configs
+            .is_empty()
+    );
+}

@@ -6,6 +6,14 @@
 //! `subjectAltNames` (else `auto_san_validation` against the host), an
 //! optional CRL, and for MUTUAL the client certificate and key.
 //!
+//! `credentialName` (Istio's `ApplyCustomSDSToClientCommonTLSContext`): the
+//! client certificate and key of MUTUAL from istiod over SDS on the ADS
+//! stream (`kubernetes://<name>`), the CA that verifies the server from
+//! `kubernetes://<name>-cacert`, with `subjectAltNames`. Istio builds it for
+//! a sidecar only from a rule with a `workloadSelector` (other sidecars
+//! would wait for credentials they may not read); a rule without one gives
+//! sidecars no TLS at all (validation refuses such a rule here).
+//!
 //! Where we differ: Istio hands the files to the agent as SDS resources
 //! (`file-cert:<cert>~<key>`, `file-root:<ca>`), which reloads them when they
 //! change; our agent serves only the workload certificate over SDS, so Envoy
@@ -19,6 +27,7 @@ use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
 };
 use proto::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher};
 
+use super::super::sds::{ads_secret, ca_resource, credential_resource};
 use super::mesh_tls_params;
 use crate::model::istio::{ClientTlsSettings, TlsMode};
 
@@ -72,14 +81,21 @@ pub struct AutoSni {
 }
 
 /// The upstream TLS context of a SIMPLE or MUTUAL policy (`None` for other
-/// modes). `default_sans` are the ServiceEntry's `subjectAltNames`, used
-/// when the policy gives none (Istio's behaviour for external services).
+/// modes, and for a `credentialName` of a rule without `workloadSelector`,
+/// `with_selector` false, as Istio's sidecars). `default_sans` are the
+/// ServiceEntry's `subjectAltNames`, used when the policy gives none
+/// (Istio's behaviour for external services).
 pub fn originate(
     tls: &ClientTlsSettings,
     default_sans: &[String],
     http2: bool,
+    with_selector: bool,
 ) -> Option<(UpstreamTlsContext, AutoSni)> {
     if !matches!(tls.mode, TlsMode::Simple | TlsMode::Mutual) {
+        return None;
+    }
+    let credential = !tls.credential_name.is_empty();
+    if credential && !with_selector {
         return None;
     }
     let skip_verify = tls.insecure_skip_verify == Some(true);
@@ -92,22 +108,56 @@ pub fn originate(
         sni: tls.sni.is_empty(),
         san_validation: tls.sni.is_empty() && tls.subject_alt_names.is_empty() && !skip_verify,
     };
-    let validation = if skip_verify {
-        CertificateValidationContext::default()
+    let matchers = || sans.iter().map(|s| san_matcher(s)).collect();
+    let validation = if credential {
+        if skip_verify {
+            None
+        } else {
+            Some(
+                common_tls_context::ValidationContextType::CombinedValidationContext(
+                    common_tls_context::CombinedCertificateValidationContext {
+                        default_validation_context: Some(CertificateValidationContext {
+                            match_typed_subject_alt_names: matchers(),
+                            ..Default::default()
+                        }),
+                        validation_context_sds_secret_config: Some(ads_secret(&ca_resource(
+                            &tls.credential_name,
+                        ))),
+                        ..Default::default()
+                    },
+                ),
+            )
+        }
+    } else if skip_verify {
+        Some(
+            common_tls_context::ValidationContextType::ValidationContext(
+                CertificateValidationContext::default(),
+            ),
+        )
     } else {
         let ca = if tls.ca_certificates.is_empty() {
             SYSTEM_ROOT_CERTS
         } else {
             &tls.ca_certificates
         };
-        CertificateValidationContext {
-            trusted_ca: Some(file(ca)),
-            match_typed_subject_alt_names: sans.iter().map(|s| san_matcher(s)).collect(),
-            crl: (!tls.ca_crl.is_empty()).then(|| file(&tls.ca_crl)),
-            ..Default::default()
-        }
+        Some(
+            common_tls_context::ValidationContextType::ValidationContext(
+                CertificateValidationContext {
+                    trusted_ca: Some(file(ca)),
+                    match_typed_subject_alt_names: matchers(),
+                    crl: (!tls.ca_crl.is_empty()).then(|| file(&tls.ca_crl)),
+                    ..Default::default()
+                },
+            ),
+        )
     };
-    let tls_certificates = if tls.mode == TlsMode::Mutual {
+    let mutual = tls.mode == TlsMode::Mutual;
+    let tls_certificate_sds_secret_configs = if mutual && credential {
+        vec![ads_secret(&credential_resource(&tls.credential_name))]
+    } else {
+        Vec::new()
+    };
+    let tls_certificates = if mutual && !credential {
         vec![TlsCertificate {
             certificate_chain: Some(file(&tls.client_certificate)),
             private_key: Some(file(&tls.private_key)),
@@ -120,9 +170,8 @@ pub fn originate(
         common_tls_context: Some(CommonTlsContext {
             tls_params: Some(mesh_tls_params(&[])),
             tls_certificates,
-            validation_context_type: Some(
-                common_tls_context::ValidationContextType::ValidationContext(validation),
-            ),
+            tls_certificate_sds_secret_configs,
+            validation_context_type: validation,
             alpn_protocols: if http2 {
                 ALPN_H2_ONLY.iter().map(|a| a.to_string()).collect()
             } else {
@@ -171,7 +220,7 @@ mod tests {
             ca_crl: "/etc/certs/crl.pem".into(),
             ..Default::default()
         };
-        let (c, auto) = originate(&tls, &[], false).unwrap();
+        let (c, auto) = originate(&tls, &[], false, false).unwrap();
         assert_eq!(c.sni, "api.example.com");
         assert_eq!(auto, AutoSni::default());
         let v = validation(&c);
@@ -203,7 +252,7 @@ mod tests {
             mode: TlsMode::Simple,
             ..Default::default()
         };
-        let (c, auto) = originate(&tls, &["se-san".into()], true).unwrap();
+        let (c, auto) = originate(&tls, &["se-san".into()], true, false).unwrap();
         let v = validation(&c);
         assert_eq!(filename(&v.trusted_ca), Some(SYSTEM_ROOT_CERTS));
         assert_eq!(
@@ -230,7 +279,7 @@ mod tests {
             insecure_skip_verify: Some(true),
             ..Default::default()
         };
-        let (c, auto) = originate(&tls, &[], false).unwrap();
+        let (c, auto) = originate(&tls, &[], false, false).unwrap();
         let common = c.common_tls_context.as_ref().unwrap();
         assert_eq!(
             filename(&common.tls_certificates[0].certificate_chain),
@@ -251,7 +300,7 @@ mod tests {
                 mode,
                 ..Default::default()
             };
-            assert!(originate(&tls, &[], false).is_none());
+            assert!(originate(&tls, &[], false, false).is_none());
         }
     }
 }

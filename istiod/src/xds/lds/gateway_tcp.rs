@@ -200,7 +200,7 @@ pub(super) fn route_filters(
     let clusters = Clusters {
         ctx,
         vs_ns: &vs.namespace,
-        client_ns: &proxy.namespace,
+        client: proxy,
         port,
         gateway_semantics: vs.spec.gateway_semantics,
     };
@@ -209,7 +209,7 @@ pub(super) fn route_filters(
         ctx.registry
             .by_hostname(&host)
             .next()
-            .and_then(|svc| ctx.destination_rule(&proxy.namespace, svc))
+            .and_then(|svc| ctx.destination_rule(proxy, svc))
             .and_then(|dr| dr.spec.traffic_policy.as_ref())
             .and_then(|tp| tp.connection_pool.as_ref())
             .and_then(|cp| cp.tcp.as_ref())
@@ -220,7 +220,7 @@ pub(super) fn route_filters(
         let cluster = clusters.of(&only.destination);
         return vec![tcp_proxy(TcpProxy {
             stat_prefix: cluster.clone(),
-            hash_policy: tcp_hash_policy(ctx, &proxy.namespace, &cluster),
+            hash_policy: tcp_hash_policy(ctx, proxy, &cluster),
             cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster)),
             max_downstream_connection_duration: max_duration,
             ..Default::default()
@@ -238,7 +238,7 @@ pub(super) fn route_filters(
     // Istio hashes a weighted split on the first destination's rule.
     let first = clusters.of(&route[0].destination);
     vec![tcp_proxy(TcpProxy {
-        hash_policy: tcp_hash_policy(ctx, &proxy.namespace, &first),
+        hash_policy: tcp_hash_policy(ctx, proxy, &first),
         stat_prefix: format!("{}.{}", vs.name, vs.namespace),
         cluster_specifier: Some(tcp_proxy::ClusterSpecifier::WeightedClusters(
             tcp_proxy::WeightedCluster { clusters: weighted },

@@ -17,9 +17,7 @@
 //! SIMPLE, MUTUAL and OPTIONAL_MUTUAL apply `min`/`maxProtocolVersion`,
 //! `cipherSuites` and `ecdhCurves`; ALPN is `h2, http/1.1`.
 
-use proto::pb::envoy::config::core::v3::{
-    AggregatedConfigSource, ApiVersion, ConfigSource, DataSource, config_source, data_source,
-};
+use proto::pb::envoy::config::core::v3::{DataSource, data_source};
 use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
     CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, SdsSecretConfig,
     SubjectAltNameMatcher, TlsCertificate, TlsParameters, common_tls_context,
@@ -28,7 +26,7 @@ use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
 use proto::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher};
 use proto::pb::google::protobuf::BoolValue;
 
-use super::super::sds::{ca_resource, credential_resource};
+use super::super::sds::{ads_secret, ca_resource, credential_resource};
 use super::super::util::sds;
 use crate::model::gateway::{ServerTlsMode, ServerTlsSettings, TlsProtocolVersion};
 
@@ -98,22 +96,6 @@ fn credential_names(tls: &ServerTlsSettings) -> Vec<&str> {
             .collect()
     } else {
         tls.credential_names.iter().map(String::as_str).collect()
-    }
-}
-
-/// An SDS reference to istiod's credentials over the ADS stream (Istio's
-/// `SDSAdsConfig`: Envoy's default initial fetch timeout, so a listener
-/// whose certificate never comes still starts, and refuses handshakes).
-fn ads_secret(name: &str) -> SdsSecretConfig {
-    SdsSecretConfig {
-        name: name.to_string(),
-        sds_config: Some(ConfigSource {
-            resource_api_version: ApiVersion::V3.into(),
-            config_source_specifier: Some(config_source::ConfigSourceSpecifier::Ads(
-                AggregatedConfigSource {},
-            )),
-            ..Default::default()
-        }),
     }
 }
 

@@ -3,7 +3,11 @@
 //! (`virtualInbound`, `virtualInbound-catchall-http`) and one set of chains
 //! per workload port (`<bind>_<port>`), chosen by PeerAuthentication mode and
 //! port protocol as Istio's `filterchain_options.go` does; Sidecar ingress
-//! ports with `captureMode: NONE` get listeners of their own.
+//! ports with `captureMode: NONE` get listeners of their own. A Sidecar
+//! ingress port with `tls` (under `ENABLE_TLS_ON_SIDECAR_INGRESS`) whose
+//! mTLS mode is DISABLE gets one chain terminating that TLS instead
+//! (Istio's `getTLSFilterChainMatchOptions`), serving the protocol after
+//! termination (HTTPS as HTTP, TLS as TCP).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -33,10 +37,12 @@ use super::super::util::{
     BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER, IpMode, VIRTUAL_INBOUND, VIRTUAL_INBOUND_PORT,
     delimited, duration, sds, socket, transport_socket, u32v,
 };
+use super::gateway_tls::downstream_tls_context;
 use super::{
     PLAINTEXT_HTTP_ALPNS, any_port, http_filter, http_inspector, network_filter, no_interception,
     not_any_port, original_dst, original_src, tcp_proxy_to, tls_inspector, tproxy,
 };
+use crate::model::gateway::ServerTlsSettings;
 use crate::model::istio::MtlsMode;
 use crate::model::service::Protocol;
 
@@ -230,18 +236,46 @@ impl ChainConfig {
             .map(|o| FilterChain {
                 name: self.name(o.serve),
                 filter_chain_match: Some(self.chain_match(o)),
-                filters: match o.serve {
-                    Serve::Http => vec![self.hcm(security)],
-                    Serve::Tcp => {
-                        let mut filters = security.tcp.clone();
-                        filters.push(tcp_proxy_to(&self.cluster));
-                        filters
-                    }
-                },
+                filters: self.filters(o.serve, security),
                 transport_socket: o.mtls.then(|| mesh_mtls(trust_domain)),
                 ..Default::default()
             })
             .collect()
+    }
+
+    /// The chain of a port terminating the Sidecar ingress `tls` (the
+    /// config's protocol is already the one after termination).
+    fn terminating_chain(
+        &self,
+        tls: &ServerTlsSettings,
+        security: &InboundSecurity,
+    ) -> FilterChain {
+        let serve = if self.protocol.is_http() {
+            Serve::Http
+        } else {
+            Serve::Tcp
+        };
+        FilterChain {
+            name: self.name(serve),
+            filter_chain_match: Some(self.chain_match(&opt(&[], TLS, serve))),
+            filters: self.filters(serve, security),
+            transport_socket: Some(transport_socket(
+                "envoy.transport_sockets.tls",
+                &downstream_tls_context(tls),
+            )),
+            ..Default::default()
+        }
+    }
+
+    fn filters(&self, serve: Serve, security: &InboundSecurity) -> Vec<Filter> {
+        match serve {
+            Serve::Http => vec![self.hcm(security)],
+            Serve::Tcp => {
+                let mut filters = security.tcp.clone();
+                filters.push(tcp_proxy_to(&self.cluster));
+                filters
+            }
+        }
     }
 
     /// The inbound HTTP connection manager: an inline route to the cluster,
@@ -359,6 +393,15 @@ fn mesh_mtls(trust_domain: &str) -> TransportSocket {
             ..Default::default()
         },
     )
+}
+
+/// Istio's `AfterTLSTermination`: what a terminated port serves.
+fn after_tls_termination(p: Protocol) -> Protocol {
+    match p {
+        Protocol::Https => Protocol::Http,
+        Protocol::Tls => Protocol::Tcp,
+        other => other,
+    }
 }
 
 /// `virtualInbound-blackhole`: connections made to 15006 itself would loop.
@@ -485,8 +528,16 @@ pub(super) fn listeners(ctx: &IstioContext, proxy: &Proxy) -> Vec<Listener> {
     let mut out = Vec::new();
     let mut virtual_chains = Vec::new();
     for p in &ports {
-        let cc = ChainConfig::from_port(p, ip);
-        let chains = cc.chains(ctx.mtls_mode(proxy, p.port), &ctx.trust_domain, &security);
+        let mut cc = ChainConfig::from_port(p, ip);
+        let mode = ctx.mtls_mode(proxy, p.port);
+        let chains = match &p.tls {
+            // Istio's rule: the user's TLS only where mesh mTLS is off.
+            Some(tls) if mode == MtlsMode::Disable => {
+                cc.protocol = after_tls_termination(cc.protocol);
+                vec![cc.terminating_chain(tls, &security)]
+            }
+            _ => cc.chains(mode, &ctx.trust_domain, &security),
+        };
         if p.bind_to_port {
             out.push(inbound_listener(
                 proxy,

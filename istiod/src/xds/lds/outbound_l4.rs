@@ -96,7 +96,7 @@ pub(super) fn chains(ctx: &IstioContext, proxy: &Proxy, p: &Port<'_>) -> Vec<Fil
             }),
             filters: vec![tcp_proxy_hashed(
                 p.cluster,
-                tcp_hash_policy(ctx, &proxy.namespace, p.cluster),
+                tcp_hash_policy(ctx, proxy, p.cluster),
             )],
             ..Default::default()
         });

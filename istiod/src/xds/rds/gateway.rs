@@ -137,7 +137,7 @@ fn virtual_host(
         let clusters = Clusters {
             ctx,
             vs_ns: &vs.namespace,
-            client_ns: &proxy.namespace,
+            client: proxy,
             port,
             gateway_semantics: vs.spec.gateway_semantics,
         };

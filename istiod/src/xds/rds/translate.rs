@@ -179,8 +179,8 @@ pub(super) fn source_matches(m: &HttpMatchRequest, proxy: &crate::xds::Proxy) ->
 pub(crate) struct Clusters<'a> {
     pub ctx: &'a IstioContext,
     pub vs_ns: &'a str,
-    /// The proxy's namespace (which DestinationRule applies).
-    pub client_ns: &'a str,
+    /// The proxy (which DestinationRule applies).
+    pub client: &'a crate::xds::Proxy,
     pub port: u16,
     /// A Gateway API route's VirtualService: an unknown host keeps its
     /// `outbound|<port>||<host>` name (no such cluster: a 500, see
@@ -223,7 +223,7 @@ impl Clusters<'_> {
         let (_, Some((svc, port))) = self.resolve(dest) else {
             return None;
         };
-        let dr = self.ctx.destination_rule(self.client_ns, &svc)?;
+        let dr = self.ctx.destination_rule(self.client, &svc)?;
         hash::for_destination(&dr.spec, port, &dest.subset).and_then(hash::hash_policy)
     }
 }

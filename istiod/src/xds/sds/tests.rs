@@ -162,7 +162,7 @@ fn missing_secrets_and_cas_are_left_out() {
 }
 
 #[test]
-fn only_verified_gateways_of_the_secret_namespace_get_it() {
+fn only_verified_proxies_of_the_secret_namespace_get_it() {
     let (ctx, _, _) = context();
     // Another namespace, named explicitly or not.
     let other = gateway("other");
@@ -173,15 +173,21 @@ fn only_verified_gateways_of_the_secret_namespace_get_it() {
     ));
     assert_eq!(secrets(&ctx, &other, &["kubernetes://theirs"]).len(), 1);
     assert!(secrets(&ctx, &gateway("gw"), &["kubernetes://other/theirs"]).is_empty());
-    // A sidecar, and a connection without a proven identity.
-    let sidecar = Proxy {
+    // A sidecar of the namespace too (a DestinationRule's
+    // `credentialName`), not one of another namespace; and no connection
+    // without a proven identity.
+    let sidecar = |ns: &str| Proxy {
         proxy_type: common::ProxyType::Sidecar,
-        ..gateway("gw")
+        ..gateway(ns)
     };
     assert_eq!(
-        generate(&ctx, &sidecar, "kubernetes://tls-cred").unwrap_err(),
-        SdsError::NotGateway
+        secrets(&ctx, &sidecar("gw"), &["kubernetes://tls-cred"]).len(),
+        1
     );
+    assert!(matches!(
+        generate(&ctx, &sidecar("other"), "kubernetes://gw/tls-cred"),
+        Err(SdsError::OtherNamespace { .. })
+    ));
     let plaintext = Proxy {
         verified: false,
         ..gateway("gw")
