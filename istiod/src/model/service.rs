@@ -909,8 +909,7 @@ fn workload_endpoint(
 /// `security.istio.io/tlsMode` label (`getTLSModeFromWorkloadEntry`).
 fn entry_object_endpoint(mut ep: Endpoint, we: Typed<'_, istio::WorkloadEntry>) -> Endpoint {
     ep.healthy = istio::is_healthy(&we.object.metadata.annotations, &we.spec.status_conditions);
-    if !we.spec.labels.contains_key(EndpointTlsMode::LABEL) && !we.spec.service_account.is_empty()
-    {
+    if !we.spec.labels.contains_key(EndpointTlsMode::LABEL) && !we.spec.service_account.is_empty() {
         ep.tls_mode = EndpointTlsMode::Istio;
     }
     ep

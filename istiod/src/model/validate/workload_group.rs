@@ -66,7 +66,10 @@ pub(super) fn readiness_probe(field: &str, p: &ReadinessProbe, e: &mut Errors) {
         ("failureThreshold", p.failure_threshold),
     ] {
         if v < 0 {
-            e.add(format!("{field}.{name}"), format!("{v} must be non-negative"));
+            e.add(
+                format!("{field}.{name}"),
+                format!("{v} must be non-negative"),
+            );
         }
     }
     let methods = [
@@ -157,8 +160,7 @@ fn is_label_name(s: &str) -> bool {
         && b.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b
-            .iter()
+        && b.iter()
             .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(c))
 }
 
