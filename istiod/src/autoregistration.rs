@@ -683,7 +683,7 @@ pub fn should_mark_disconnected(
     if annotations.get(ANNOTATION_CONTROLLER).map(String::as_str) != Some(instance_id) {
         return false;
     }
-    !connected.is_some_and(|c| disconnected < c)
+    connected.is_none_or(|c| disconnected >= c)
 }
 
 /// Istio's `shouldCleanupEntry` for an auto-registered entry: connected
