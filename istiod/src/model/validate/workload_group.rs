@@ -100,6 +100,11 @@ pub(super) fn readiness_probe(field: &str, p: &ReadinessProbe, e: &mut Errors) {
                 format!("{field}.httpGet.scheme"),
                 format!("{:?} must be one of \"HTTPS\", \"HTTP\"", h.scheme),
             );
+        } else if h.scheme == "HTTPS" {
+            e.add(
+                format!("{field}.httpGet.scheme"),
+                "HTTPS probes are not built in this mesh's agent (use HTTP, tcpSocket or exec)",
+            );
         }
         for (i, header) in h.http_headers.iter().enumerate() {
             if !is_header_name(&header.name) {
@@ -208,6 +213,8 @@ mod tests {
         assert!(e.contains("exactly one health check method"), "{e}");
         let e = all("{template: {}, probe: {exec: {command: []}}}");
         assert!(e.contains("spec.probe.exec.command"), "{e}");
+        let e = all("{template: {}, probe: {httpGet: {port: 443, scheme: HTTPS}}}");
+        assert!(e.contains("HTTPS probes are not built"), "{e}");
         let e = all("{template: {}, probe: {grpc: {port: 1}}}");
         assert!(e.contains("spec.probe.grpc"), "{e}");
     }
