@@ -152,6 +152,14 @@ pub struct NodeMetadata {
         skip_serializing_if = "Option::is_none"
     )]
     pub network: Option<String>,
+    /// `AUTO_REGISTER_GROUP`: the WorkloadGroup (in the proxy's namespace)
+    /// a VM's proxy registers a WorkloadEntry with (Istio's auto-registration).
+    #[serde(
+        rename = "AUTO_REGISTER_GROUP",
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub auto_register_group: Option<String>,
     /// `REQUESTED_NETWORK_VIEW`: the networks the proxy wants endpoints of,
     /// written as one comma-separated string.
     #[serde(

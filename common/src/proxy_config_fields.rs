@@ -5,8 +5,10 @@
 //! that is set and not built, naming it.
 //!
 //! Applied: by the agent (bootstrap, Envoy's command line, drain, status
-//! port, statistics), by istiod (`gatewayTopology`, `tracing.sampling` of the
-//! mesh's `defaultConfig`) or by the injector (`concurrency`, `image`,
+//! port, statistics), by istiod (`gatewayTopology`, `tracing.sampling`), by
+//! the agent and istiod together
+//! (`readinessProbe`: the agent probes, istiod writes a registered
+//! WorkloadEntry's health) or by the injector (`concurrency`, `image`,
 //! `holdApplicationUntilProxyStarts`, `proxyMetadata`). Accepted without
 //! effect, as in Istio: the deprecated `discoveryRefreshDelay`,
 //! `zipkinAddress` (applied as the zipkin tracer), `envoyMetricsServiceAddress`,
@@ -32,10 +34,6 @@ const REFUSED: &[(&str, &str)] = &[
     (
         "proxyHeaders",
         "per-proxy header settings (server, x-request-id, attempt count, forwarded client certificate, debug headers) are not built",
-    ),
-    (
-        "readinessProbe",
-        "application probes from ProxyConfig are not run by the agent",
     ),
 ];
 

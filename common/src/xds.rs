@@ -42,6 +42,10 @@ pub const EXTENSION_CONFIGURATION_TYPE: &str =
 /// With this type itself the resource name is a debug path (`syncz`,
 /// `config_dump?proxyID=...`), answered with that HTTP endpoint's body.
 pub const DEBUG_TYPE: &str = "istio.io/debug";
+
+/// Istio's `HealthInfoType`: an agent's report of its workload's health
+/// (a request, never answered; `error_detail` set when unhealthy).
+pub const HEALTH_INFO_TYPE: &str = "istio.io/health";
 /// `istio.io/debug/syncz`: every connected proxy's sync state, one Envoy
 /// CSDS `ClientConfig` per proxy (Istio's `TypeDebugSyncronization`, what
 /// `istioctl proxy-status` asks for).

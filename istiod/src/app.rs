@@ -305,6 +305,16 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         crate::metrics::rejected_configs(&registry),
     )
     .await?;
+    let writer = match &kube {
+        Some(client) => crate::autoregistration::Writer::Kube(client.clone()),
+        None => crate::autoregistration::Writer::memory(&sources.store),
+    };
+    let xds = xds.with_autoregistration(crate::autoregistration::Controller::start(
+        config.autoregistration.clone(),
+        sources.store.clone(),
+        writer,
+        shutdown_rx.clone(),
+    ));
     let (inputs, jwks) = push_inputs(sources.batches, &sources.mesh, shutdown_rx.clone())?;
     let config_snapshots = sources.store.watch();
     let builder = crate::push::Builder::new(

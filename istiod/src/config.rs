@@ -237,6 +237,11 @@ pub struct Config {
     /// istiod's instance ID for debug answers (`POD_NAME`, else the host
     /// name; Istio's `IstioControlPlaneInstance.ID`).
     pub pod_name: String,
+    /// WorkloadEntry auto-registration and health
+    /// (`PILOT_ENABLE_WORKLOAD_ENTRY_AUTOREGISTRATION`,
+    /// `PILOT_ENABLE_WORKLOAD_ENTRY_HEALTHCHECKS`,
+    /// `PILOT_WORKLOAD_ENTRY_GRACE_PERIOD`).
+    pub autoregistration: crate::autoregistration::Settings,
 }
 
 /// Parses Go's listen address forms: `:15012`, `host:port`, `""` (disabled).
@@ -472,6 +477,19 @@ impl Config {
                 std::thread::available_parallelism().map_or(1, usize::from),
             )
         };
+        let max_connection_age = (!args.keepalive_max_server_connection_age.is_zero())
+            .then_some(args.keepalive_max_server_connection_age);
+        let autoregistration = crate::autoregistration::Settings {
+            auto_registration: r.bool(crate::autoregistration::ENV_AUTOREGISTRATION, true),
+            health_checks: r.bool(crate::autoregistration::ENV_HEALTH_CHECKS, true),
+            grace_period: r.duration(
+                crate::autoregistration::ENV_GRACE_PERIOD,
+                crate::autoregistration::DEFAULT_GRACE_PERIOD,
+            ),
+            // Istio's controller: 1.5 x the max connection age.
+            max_connection_age: max_connection_age.map(|a| a + a / 2),
+            instance_id: pod_name.clone(),
+        };
         r.finish()?;
         Ok(Self {
             grpc_addr,
@@ -514,6 +532,7 @@ impl Config {
             xds_cache,
             xds_send_timeout,
             pod_name,
+            autoregistration,
         })
     }
 

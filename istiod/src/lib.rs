@@ -3,6 +3,7 @@
 //! Istio capability it implements.
 
 pub mod app;
+pub mod autoregistration;
 pub mod ca;
 pub mod config;
 pub mod debug;

@@ -874,6 +874,20 @@ fn rbac_grants_what_istiod_uses_to_its_service_account() {
             );
         }
     }
+    // The autoregistration controller writes WorkloadEntries and their status.
+    for verb in ["create", "patch", "delete"] {
+        assert!(
+            allows(&rules, "networking.istio.io", "workloadentries", verb, None),
+            "workloadentries {verb}"
+        );
+    }
+    assert!(allows(
+        &rules,
+        "networking.istio.io",
+        "workloadentries/status",
+        "patch",
+        None
+    ));
     // The CA: token reviews, and the root ConfigMap in every namespace.
     assert!(allows(
         &rules,
@@ -956,6 +970,9 @@ fn rbac_grants_what_istiod_uses_to_its_service_account() {
                         | ["validatingwebhookconfigurations"]
                         // The Gateway API status istiod writes back.
                         | ["gatewayclasses/status", "gateways/status", "httproutes/status"]
+                        // Auto-registered VMs' WorkloadEntries and their health.
+                        | ["workloadentries"]
+                        | ["workloadentries/status"]
                 ) && (r.resource_names.is_some()
                     || !resources[0].ends_with("webhookconfigurations")),
                 "unexpected cluster-wide write: {r:?}"

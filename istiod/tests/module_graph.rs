@@ -9,7 +9,16 @@ use common::module_graph::ModuleGraph;
 fn graph() -> ModuleGraph {
     ModuleGraph::read_crate(
         env!("CARGO_MANIFEST_DIR"),
-        &["app", "config", "model", "source", "push", "xds", "ca"],
+        &[
+            "app",
+            "config",
+            "model",
+            "source",
+            "push",
+            "xds",
+            "ca",
+            "autoregistration",
+        ],
     )
     .unwrap_or_else(|e| panic!("{e}"))
 }

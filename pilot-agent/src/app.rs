@@ -347,7 +347,13 @@ fn start_xds_proxy(
     let socket = &config.xds_proxy.socket;
     let listener = bind_uds(socket)
         .with_context(|| format!("cannot listen on the xDS proxy socket {}", socket.display()))?;
-    let xds = crate::xds_proxy::XdsProxy::new(config.clone(), secrets, nds).into_service();
+    let mut xds = crate::xds_proxy::XdsProxy::new(config.clone(), secrets, nds);
+    if let Some(check) = &config.xds_proxy.health_check {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        tokio::spawn(crate::health_check::run(check.clone(), tx));
+        xds = xds.with_health(rx);
+    }
+    let xds = xds.into_service();
     let stopping = servers.stopping();
     let keepalive = config.xds_proxy.keepalive;
     servers.spawn(async move {

@@ -10,6 +10,7 @@ pub mod dns;
 pub mod envoy;
 pub mod footprint;
 pub mod fuzzing;
+pub mod health_check;
 mod http_client;
 pub mod iptables;
 pub mod lifecycle;

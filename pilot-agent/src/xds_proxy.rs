@@ -8,6 +8,9 @@
 //! When a stream fails, the error goes to Envoy, which reconnects with its own
 //! backoff while keeping its configuration; when Envoy leaves, the upstream
 //! stream and its connection close at once, not at istiod's next push.
+//! With a `readinessProbe`, the application's health goes upstream too, as
+//! `istio.io/health` requests once the first LDS request has gone (Istio's
+//! `sendHealthCheckRequest`), and again on every new upstream stream.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -24,13 +27,17 @@ use proto::pb::envoy::service::discovery::v3::{
 use proto::pb::google::protobuf::Any;
 use proto::pb::google::rpc::Status as RpcStatus;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tonic::metadata::{AsciiMetadataValue, MetadataKey};
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
-use common::xds::{ENVOY_TYPE_PREFIX, LISTENER_TYPE, NAME_TABLE_TYPE, WORKLOAD_TYPE};
+use common::xds::{
+    ENVOY_TYPE_PREFIX, HEALTH_INFO_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, WORKLOAD_TYPE,
+};
+
+use crate::health_check::ProbeEvent;
 
 use crate::config::Config;
 use crate::secret_manager::SecretWatch;
@@ -45,6 +52,7 @@ pub struct XdsProxy {
     config: Arc<Config>,
     secrets: SecretWatch,
     nds: Option<NdsHandler>,
+    health: Option<watch::Receiver<Option<ProbeEvent>>>,
 }
 
 /// Whether a response goes on to Envoy: Envoy's own types and ambient
@@ -60,6 +68,15 @@ impl XdsProxy {
             config,
             secrets,
             nds,
+            health: None,
+        }
+    }
+
+    /// The same proxy, sending the application's health upstream.
+    pub fn with_health(self, health: watch::Receiver<Option<ProbeEvent>>) -> Self {
+        Self {
+            health: Some(health),
+            ..self
         }
     }
 
@@ -177,6 +194,8 @@ trait Flavor: Send + 'static {
     fn tables(resp: &Self::Resp) -> Vec<Any>;
     /// The agent's ACK (no error) or NACK of an NDS response.
     fn ack(resp: &Self::Resp, error: Option<RpcStatus>) -> Self::Req;
+    /// The agent's health report.
+    fn health_request(error: Option<RpcStatus>) -> Self::Req;
     /// Opens the upstream stream.
     fn open(
         client: AggregatedDiscoveryServiceClient<Channel>,
@@ -226,6 +245,14 @@ impl Flavor for Sotw {
             type_url: resp.type_url.clone(),
             version_info,
             response_nonce: resp.nonce.clone(),
+            error_detail: error,
+            ..Default::default()
+        }
+    }
+
+    fn health_request(error: Option<RpcStatus>) -> DiscoveryRequest {
+        DiscoveryRequest {
+            type_url: HEALTH_INFO_TYPE.into(),
             error_detail: error,
             ..Default::default()
         }
@@ -283,6 +310,14 @@ impl Flavor for Delta {
         }
     }
 
+    fn health_request(error: Option<RpcStatus>) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            type_url: HEALTH_INFO_TYPE.into(),
+            error_detail: error,
+            ..Default::default()
+        }
+    }
+
     async fn open(
         mut client: AggregatedDiscoveryServiceClient<Channel>,
         requests: Request<UnboundedReceiverStream<DeltaDiscoveryRequest>>,
@@ -312,6 +347,7 @@ impl XdsProxy {
             inbound,
             up_tx.clone(),
             self.nds.is_some(),
+            self.health.clone(),
             envoy_gone,
             proxy_done_rx,
         ));
@@ -398,6 +434,7 @@ async fn read_envoy<F: Flavor>(
     mut inbound: Streaming<F::Req>,
     up_tx: mpsc::UnboundedSender<F::Req>,
     dns: bool,
+    mut health: Option<watch::Receiver<Option<ProbeEvent>>>,
     _envoy_gone: oneshot::Sender<()>,
     mut proxy_done: oneshot::Receiver<()>,
 ) {
@@ -405,6 +442,14 @@ async fn read_envoy<F: Flavor>(
     loop {
         let req = tokio::select! {
             _ = &mut proxy_done => return,
+            event = next_health(&mut health), if lds_seen => {
+                if let Some(event) = event
+                    && up_tx.send(F::health_request(health_error(&event))).is_err()
+                {
+                    return;
+                }
+                continue;
+            }
             msg = inbound.message() => match msg {
                 Ok(Some(req)) => req,
                 // EOF or an error: Istio ends the proxied stream either way.
@@ -421,8 +466,37 @@ async fn read_envoy<F: Flavor>(
             if dns {
                 let _ = up_tx.send(F::nds_request(node));
             }
+            // The health known so far goes with the first LDS request.
+            if let Some(event) = health.as_mut().and_then(|h| h.borrow_and_update().clone()) {
+                let _ = up_tx.send(F::health_request(health_error(&event)));
+            }
         }
     }
+}
+
+/// The next health change; pending for ever without a health checker (or
+/// once it is gone).
+async fn next_health(
+    health: &mut Option<watch::Receiver<Option<ProbeEvent>>>,
+) -> Option<ProbeEvent> {
+    let Some(rx) = health.as_mut() else {
+        return std::future::pending().await;
+    };
+    if rx.changed().await.is_err() {
+        *health = None;
+        return None;
+    }
+    rx.borrow_and_update().clone()
+}
+
+/// Istio's health request's `error_detail`: code Internal with the probe's
+/// message when unhealthy.
+fn health_error(event: &ProbeEvent) -> Option<RpcStatus> {
+    (!event.healthy).then(|| RpcStatus {
+        code: 13,
+        message: event.message.clone(),
+        details: vec![],
+    })
 }
 
 #[tonic::async_trait]

@@ -397,6 +397,17 @@ pub fn one_mesh_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 /// `proxyStatsMatcher` to watch passthrough and refused traffic).
 pub const MESH_PROXY_CONFIG: &str = r#""statusPort": 15020, "proxyStatsMatcher": {"inclusionPrefixes": ["cluster.PassthroughCluster", "cluster.BlackHoleCluster", "cluster.outbound|", "cluster.inbound|", "cluster.InboundPassthroughCluster", "listener.", "http."]}"#;
 
+/// How a workload differs from the sample's Pods.
+#[derive(Default)]
+struct Extra<'a> {
+    /// Agent environment on top of the mesh's.
+    env: &'a [(&'a str, &'a str)],
+    /// The labels file (`app` and `version` from the name when `None`).
+    labels: Option<&'a [(&'a str, &'a str)]>,
+    /// ProxyConfig fields appended to [`MESH_PROXY_CONFIG`] (`, "k": v`).
+    proxy_config: &'a str,
+}
+
 /// One running Pod of the mesh.
 pub type MeshPod = (String, PodNet, crate::PodDir, crate::Proc);
 
@@ -553,7 +564,7 @@ impl LocalMesh {
             ("httpbin-v1", "198.18.0.3", "httpbin", Some("v1")),
             ("httpbin-v2", "198.18.0.4", "httpbin", Some("v2")),
         ] {
-            mesh.launch_pod("demo", name, ip, sa, version, &[]);
+            mesh.launch_pod("demo", name, ip, sa, version, &Extra::default());
         }
         for i in 0..mesh.pods.len() {
             mesh.wait_pod_ready(i);
@@ -575,8 +586,9 @@ impl LocalMesh {
         ip: &str,
         sa: &str,
         version: Option<&str>,
-        pod_env: &[(&str, &str)],
+        extra: &Extra<'_>,
     ) {
+        let pod_env = extra.env;
         let net = self.hub.pod("pod", ip);
         let app_addr: SocketAddr = match self.capture {
             // The app listens on its Pod port, untouched by the mesh.
@@ -599,7 +611,11 @@ impl LocalMesh {
             Some(&root),
         );
         let app = if sa == "sleep" { "sleep" } else { "httpbin" };
-        pod_dir.write_labels(&[("app", app), ("version", app_version_label(name))]);
+        match extra.labels {
+            Some(labels) => pod_dir.write_labels(labels),
+            None => pod_dir.write_labels(&[("app", app), ("version", app_version_label(name))]),
+        }
+        let proxy_config = format!("{MESH_PROXY_CONFIG}{}", extra.proxy_config);
         let mut env = vec![
             ("POD_NAME", name),
             ("POD_NAMESPACE", namespace),
@@ -613,9 +629,9 @@ impl LocalMesh {
             Capture::Iptables => {
                 env.push(("ISTIO_META_INTERCEPTION_MODE", "REDIRECT"));
                 give_to_proxy(&pod_dir.dir);
-                pod_dir.start_agent_as_proxy(&net, &self.pilot_agent, &env, MESH_PROXY_CONFIG)
+                pod_dir.start_agent_as_proxy(&net, &self.pilot_agent, &env, &proxy_config)
             }
-            Capture::None => pod_dir.start_agent_with(&net.ns, &env, MESH_PROXY_CONFIG),
+            Capture::None => pod_dir.start_agent_with(&net.ns, &env, &proxy_config),
         };
         self.pods.push((name.to_string(), net, pod_dir, agent));
     }
@@ -656,7 +672,14 @@ impl LocalMesh {
         sa: &str,
         app_version: &str,
     ) {
-        self.launch_pod(namespace, name, ip, sa, Some(app_version), &[]);
+        self.launch_pod(
+            namespace,
+            name,
+            ip,
+            sa,
+            Some(app_version),
+            &Extra::default(),
+        );
         self.wait_pod_ready(self.pods.len() - 1);
     }
 
@@ -671,7 +694,34 @@ impl LocalMesh {
         app_version: Option<&str>,
         env: &[(&str, &str)],
     ) {
-        self.launch_pod("demo", name, ip, sa, app_version, env);
+        let extra = Extra {
+            env,
+            ..Extra::default()
+        };
+        self.launch_pod("demo", name, ip, sa, app_version, &extra);
+        self.wait_pod_ready(self.pods.len() - 1);
+    }
+
+    /// Adds a VM-shaped workload of namespace `demo`: its network, app
+    /// (`version=vm`), agent and Envoy, with no Kubernetes object; the
+    /// agent gets `env` on top of the mesh's, reports `labels` (its node
+    /// metadata `LABELS`) and has `proxy_config` (`, "field": ...`) added to
+    /// the mesh's ProxyConfig (a WorkloadGroup's `readinessProbe`).
+    pub fn add_vm(
+        &mut self,
+        name: &str,
+        ip: &str,
+        sa: &str,
+        env: &[(&str, &str)],
+        labels: &[(&str, &str)],
+        proxy_config: &str,
+    ) {
+        let extra = Extra {
+            env,
+            labels: Some(labels),
+            proxy_config,
+        };
+        self.launch_pod("demo", name, ip, sa, Some("vm"), &extra);
         self.wait_pod_ready(self.pods.len() - 1);
     }
 

@@ -4,6 +4,10 @@
 //! a VirtualService edited or deleted changes the route, and an
 //! EndpointSlice change reaches Envoy as EDS alone; a Kubernetes Ingress
 //! of Istio's class routes outside clients through the ingress gateway.
+//! A VM-shaped workload (an agent and an app, no Pod object) joins through
+//! a WorkloadGroup: its WorkloadEntry is written to the API, its probe's
+//! result becomes the entry's `Healthy` condition, and the entry is gone
+//! once the agent has stopped for the grace period.
 
 #![allow(clippy::unwrap_used)]
 
@@ -20,6 +24,10 @@ const GATEWAY_IP: &str = "198.18.0.20";
 /// A client outside the mesh.
 const CLIENT_IP: &str = "198.18.0.30";
 const GATEWAY_ID: &str = "spiffe://cluster.local/ns/istio-system/sa/istio-ingressgateway";
+/// The VM's address on the hub, and the name Istio gives its entry.
+const VM_IP: &str = "198.18.0.40";
+const VM_ENTRY: &str = "vm-198.18.0.40";
+const VM_ID: &str = "spiffe://cluster.local/ns/demo/sa/vm";
 
 fn versions(mesh: &LocalMesh, n: usize) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
@@ -174,5 +182,189 @@ fn envoys_follow_the_kubernetes_api() {
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Some(()),
             _ => None,
         },
+    );
+}
+
+/// Serves `GET /ready` on `port` inside `ns`: 200 while `healthy` holds,
+/// else 503 (the VM application's health endpoint).
+fn serve_health(
+    ns: &tests::netns::Netns,
+    port: u16,
+    healthy: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    use std::io::{Read, Write};
+    let listener =
+        ns.run(move || std::net::TcpListener::bind(("0.0.0.0", port)).expect("bind health"));
+    std::thread::spawn(move || {
+        for conn in listener.incoming().take(100_000) {
+            let Ok(mut c) = conn else { continue };
+            let mut buf = [0u8; 2048];
+            let _ = c.read(&mut buf);
+            let status = if healthy.load(std::sync::atomic::Ordering::SeqCst) {
+                "200 OK"
+            } else {
+                "503 Service Unavailable"
+            };
+            let _ = c.write_all(
+                format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            );
+        }
+    });
+}
+
+fn healthy_condition(entry: &serde_json::Value) -> Option<String> {
+    entry["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Healthy")
+        .and_then(|c| c["status"].as_str())
+        .map(String::from)
+}
+
+#[test]
+fn a_vm_joins_through_a_workload_group() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _serial = tests::mesh::one_mesh_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut mesh = LocalMesh::start_kube(tmp.path());
+    // The API is held here; the mesh is changed below (a VM added, stopped).
+    let api = mesh.kube_api.take().unwrap();
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "vm-app", "namespace": "demo"},
+        "spec": {"clusterIP": "198.19.0.40", "selector": {"app": "vm"},
+                 "ports": [{"name": "http", "port": 8080, "targetPort": 8080}]}
+    }))
+    .unwrap();
+    api.create(json!({
+        "apiVersion": "networking.istio.io/v1", "kind": "WorkloadGroup",
+        "metadata": {"name": "vm", "namespace": "demo"},
+        "spec": {
+            "metadata": {"labels": {"app": "vm"}},
+            "template": {"serviceAccount": "vm"},
+            "probe": {"periodSeconds": 1, "httpGet": {"path": "/ready", "port": 8081}}
+        }
+    }))
+    .unwrap();
+
+    // The VM: an agent with the group's probe (as `istioctl x workload
+    // entry configure` writes it into the mesh config), no Pod object.
+    mesh.add_vm(
+        "vm-1",
+        VM_IP,
+        "vm",
+        &[("ISTIO_META_AUTO_REGISTER_GROUP", "vm")],
+        &[("version", "vm")],
+        r#", "readinessProbe": {"periodSeconds": 1, "httpGet": {"path": "/ready", "port": 8081}}"#,
+    );
+    let healthy = Arc::new(AtomicBool::new(true));
+    serve_health(&mesh.pod("vm-1").ns, 8081, healthy.clone());
+
+    // Registered as Istio names it, from the group, owned by it; healthy
+    // once the probe has passed.
+    let entry = tests::wait_for(
+        "the WorkloadEntry, Healthy=True",
+        Duration::from_secs(30),
+        || {
+            api.get("networking.istio.io/v1", "WorkloadEntry", "demo", VM_ENTRY)
+                .filter(|e| healthy_condition(e).as_deref() == Some("True"))
+        },
+    );
+    assert_eq!(entry["spec"]["address"], VM_IP, "{entry}");
+    assert_eq!(entry["spec"]["serviceAccount"], "vm", "{entry}");
+    assert_eq!(entry["metadata"]["labels"]["app"], "vm", "{entry}");
+    assert_eq!(entry["metadata"]["labels"]["version"], "vm", "{entry}");
+    let annotations = &entry["metadata"]["annotations"];
+    assert_eq!(
+        annotations["istio.io/autoRegistrationGroup"], "vm",
+        "{entry}"
+    );
+    assert!(
+        annotations["istio.io/workloadController"].is_string(),
+        "{entry}"
+    );
+    assert!(annotations["istio.io/connectedAt"].is_string(), "{entry}");
+    assert_eq!(annotations["proxy.istio.io/health-checks-enabled"], "true");
+    let owner = &entry["metadata"]["ownerReferences"][0];
+    assert_eq!(
+        (&owner["kind"], &owner["name"]),
+        (&json!("WorkloadGroup"), &json!("vm"))
+    );
+
+    // A meshed client reaches it by the Service's name, over mTLS (the
+    // namespace is STRICT): the VM's Envoy saw sleep's identity.
+    let body = tests::wait_for(
+        "the VM answering sleep",
+        Duration::from_secs(30),
+        || match mesh.app_curl("sleep-1", "http://vm-app:8080/") {
+            Ok((200, body)) => Some(body),
+            _ => None,
+        },
+    );
+    assert!(body.contains("version=vm"), "{body}");
+    assert!(body.contains(&format!("By={VM_ID}")), "{body}");
+    assert!(body.contains(&format!("URI={SLEEP}")), "{body}");
+
+    // The probe fails: the entry says Healthy=False with the probe's
+    // message, and the client's Envoy has no endpoint left for it.
+    healthy.store(false, Ordering::SeqCst);
+    let entry = tests::wait_for("Healthy=False", Duration::from_secs(30), || {
+        api.get("networking.istio.io/v1", "WorkloadEntry", "demo", VM_ENTRY)
+            .filter(|e| healthy_condition(e).as_deref() == Some("False"))
+    });
+    assert!(
+        entry["status"]["conditions"][0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("503")),
+        "{entry}"
+    );
+    tests::wait_for(
+        "no traffic to the VM",
+        Duration::from_secs(30),
+        || match mesh.app_curl("sleep-1", "http://vm-app:8080/") {
+            Ok((503, body)) if body.contains("no healthy upstream") => Some(()),
+            _ => None,
+        },
+    );
+    for _ in 0..10 {
+        let (code, body) = mesh.app_curl("sleep-1", "http://vm-app:8080/").unwrap();
+        assert_eq!(code, 503, "an unhealthy VM got traffic: {body}");
+    }
+
+    // Healthy again: traffic comes back.
+    healthy.store(true, Ordering::SeqCst);
+    tests::wait_for("the VM answering again", Duration::from_secs(30), || {
+        matches!(
+            mesh.app_curl("sleep-1", "http://vm-app:8080/"),
+            Ok((200, _))
+        )
+        .then_some(())
+    });
+
+    // The agent stops: the entry is marked disconnected, kept for the
+    // grace period (10s), then deleted.
+    let i = mesh.pods.iter().position(|p| p.0 == "vm-1").unwrap();
+    let (_, _net, _dir, agent) = mesh.pods.remove(i);
+    let stopped = std::time::Instant::now();
+    drop(agent);
+    let entry = tests::wait_for("disconnectedAt", Duration::from_secs(30), || {
+        api.get("networking.istio.io/v1", "WorkloadEntry", "demo", VM_ENTRY)
+            .filter(|e| e["metadata"]["annotations"]["istio.io/disconnectedAt"].is_string())
+    });
+    assert!(
+        entry["metadata"]["annotations"]["istio.io/connectedAt"].is_null(),
+        "{entry}"
+    );
+    tests::wait_for("the WorkloadEntry gone", Duration::from_secs(60), || {
+        api.get("networking.istio.io/v1", "WorkloadEntry", "demo", VM_ENTRY)
+            .is_none()
+            .then_some(())
+    });
+    assert!(
+        stopped.elapsed() >= Duration::from_secs(9),
+        "deleted after {:?}, before the grace period",
+        stopped.elapsed()
     );
 }

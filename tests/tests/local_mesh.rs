@@ -869,3 +869,83 @@ fn mesh_tls_routes_pass_through_by_sni_and_tcp_routes_split_by_weight() {
     );
     drop(pods);
 }
+
+/// In file mode (no Kubernetes API), an auto-registered VM's WorkloadEntry
+/// lives in istiod's store: `/debug/configz` lists it while the agent is
+/// connected, the VM serves a meshed client over mTLS, and the entry is
+/// gone once the agent has stopped for `PILOT_WORKLOAD_ENTRY_GRACE_PERIOD`.
+#[test]
+fn a_vm_registers_through_a_workload_group_in_file_mode() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut mesh = LocalMesh::start_tuned(
+        tmp.path(),
+        &[("PILOT_WORKLOAD_ENTRY_GRACE_PERIOD", "2s")],
+        &[],
+    );
+    apply_yaml(
+        &mesh,
+        "vm.yaml",
+        r#"apiVersion: v1
+kind: Service
+metadata: {name: vm-app, namespace: demo}
+spec:
+  clusterIP: 198.19.0.41
+  selector: {app: vm}
+  ports: [{name: http, port: 8080, targetPort: 8080}]
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadGroup
+metadata: {name: vm, namespace: demo}
+spec:
+  metadata: {labels: {app: vm}}
+  template: {serviceAccount: vm}
+"#,
+    );
+    let http = mesh.istiod.http;
+    let listed = move |ns: &tests::netns::Netns| {
+        ns.run(move || {
+            let (code, body) = tests::http_get(http, "/debug/configz").unwrap();
+            assert_eq!(code, 200, "{body}");
+            body.contains("WorkloadEntry/demo/vm-198.18.0.41")
+        })
+    };
+    // The group reaches istiod before the VM connects.
+    tests::wait_for("the WorkloadGroup", Duration::from_secs(20), || {
+        let ns = &mesh.hub.ns;
+        ns.run(move || tests::http_get(http, "/debug/configz").unwrap().1)
+            .contains("WorkloadGroup/demo/vm")
+            .then_some(())
+    });
+    mesh.add_vm(
+        "vm-2",
+        "198.18.0.41",
+        "vm",
+        &[("ISTIO_META_AUTO_REGISTER_GROUP", "vm")],
+        &[],
+        "",
+    );
+    assert!(listed(&mesh.hub.ns), "the entry is in configz");
+    let body = tests::wait_for(
+        "the VM answering sleep",
+        Duration::from_secs(30),
+        || match mesh.app_curl("sleep-1", "http://vm-app:8080/") {
+            Ok((200, body)) => Some(body),
+            _ => None,
+        },
+    );
+    assert!(body.contains("version=vm"), "{body}");
+    assert!(body.contains(&format!("URI={SLEEP}")), "{body}");
+
+    let i = mesh.pods.iter().position(|p| p.0 == "vm-2").unwrap();
+    let stopped = Instant::now();
+    drop(mesh.pods.remove(i));
+    tests::wait_for("the entry gone", Duration::from_secs(30), || {
+        (!listed(&mesh.hub.ns)).then_some(())
+    });
+    assert!(
+        stopped.elapsed() >= Duration::from_secs(2),
+        "removed after {:?}, within the grace period",
+        stopped.elapsed()
+    );
+}

@@ -20,7 +20,9 @@ pub type Labels = BTreeMap<String, String>;
 pub type Opaque = serde_json::Value;
 
 mod destination_rule;
+mod workload_group;
 pub use destination_rule::*;
+pub use workload_group::*;
 
 /// (De)serializes `Option<Duration>` as a Go/protobuf duration string.
 pub(crate) mod go_duration {
@@ -217,6 +219,10 @@ pub struct WorkloadEntry {
     pub weight: Option<u32>,
     /// The workload's service account (its SPIFFE identity).
     pub service_account: String,
+    /// The object's `status.conditions` (a WorkloadEntry's `Healthy`
+    /// condition; read from the status, never from the spec).
+    #[serde(skip)]
+    pub status_conditions: Vec<IstioCondition>,
 }
 
 /// A `networking.istio.io` VirtualService.

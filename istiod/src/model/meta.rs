@@ -13,6 +13,7 @@ use super::gateway_api::{GatewayClass, HttpRoute, KubernetesGateway};
 use super::ingress::{Ingress, IngressClass};
 use super::istio::{
     DestinationRule, PeerAuthentication, ServiceEntry, Sidecar, VirtualService, WorkloadEntry,
+    WorkloadGroup,
 };
 use super::kube::{EndpointSlice, Namespace, Node, Pod, Service};
 use super::proxy_config::ProxyConfig;
@@ -43,6 +44,9 @@ pub enum Kind {
     ServiceEntry,
     /// `networking.istio.io` WorkloadEntry: a non-Kubernetes workload (VM).
     WorkloadEntry,
+    /// `networking.istio.io` WorkloadGroup: the template VMs register
+    /// WorkloadEntries from (auto-registration).
+    WorkloadGroup,
     /// `networking.istio.io` VirtualService: routing rules.
     VirtualService,
     /// `networking.istio.io` DestinationRule: policies applied after routing.
@@ -91,9 +95,10 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 23] = [
+    pub const ALL: [Kind; 24] = [
         Kind::ServiceEntry,
         Kind::WorkloadEntry,
+        Kind::WorkloadGroup,
         Kind::VirtualService,
         Kind::DestinationRule,
         Kind::Sidecar,
@@ -122,6 +127,7 @@ impl Kind {
         match self {
             Kind::ServiceEntry => "ServiceEntry",
             Kind::WorkloadEntry => "WorkloadEntry",
+            Kind::WorkloadGroup => "WorkloadGroup",
             Kind::VirtualService => "VirtualService",
             Kind::DestinationRule => "DestinationRule",
             Kind::Sidecar => "Sidecar",
@@ -151,6 +157,7 @@ impl Kind {
         match self {
             Kind::ServiceEntry
             | Kind::WorkloadEntry
+            | Kind::WorkloadGroup
             | Kind::VirtualService
             | Kind::DestinationRule
             | Kind::Sidecar
@@ -329,6 +336,30 @@ pub struct ObjectMeta {
     /// Istio lets the oldest win.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub creation_timestamp: Option<String>,
+    /// The API server's id of the object (an owner reference names it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// The objects this one belongs to (an auto-registered WorkloadEntry's
+    /// WorkloadGroup).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub owner_references: Vec<OwnerReference>,
+}
+
+/// One of `metadata.ownerReferences`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct OwnerReference {
+    /// The owner's `apiVersion`.
+    pub api_version: String,
+    /// The owner's kind.
+    pub kind: String,
+    /// The owner's name.
+    pub name: String,
+    /// The owner's uid.
+    pub uid: String,
+    /// Whether the owner is the managing controller.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub controller: Option<bool>,
 }
 
 /// The typed body of an object, one variant per [`Kind`].
@@ -342,6 +373,8 @@ pub enum Spec {
     ServiceEntry(ServiceEntry),
     /// A WorkloadEntry's `spec`.
     WorkloadEntry(WorkloadEntry),
+    /// A WorkloadGroup's `spec`.
+    WorkloadGroup(WorkloadGroup),
     /// A VirtualService's `spec`.
     VirtualService(VirtualService),
     /// A DestinationRule's `spec`.
@@ -392,6 +425,7 @@ impl Spec {
         match self {
             Spec::ServiceEntry(_) => Kind::ServiceEntry,
             Spec::WorkloadEntry(_) => Kind::WorkloadEntry,
+            Spec::WorkloadGroup(_) => Kind::WorkloadGroup,
             Spec::VirtualService(_) => Kind::VirtualService,
             Spec::DestinationRule(_) => Kind::DestinationRule,
             Spec::Sidecar(_) => Kind::Sidecar,
@@ -441,6 +475,14 @@ impl Serialize for Object {
         map.serialize_entry("metadata", &self.metadata)?;
         if self.kind().has_spec_body() {
             map.serialize_entry("spec", &self.spec)?;
+            if let Spec::WorkloadEntry(we) = &self.spec
+                && !we.status_conditions.is_empty()
+            {
+                map.serialize_entry(
+                    "status",
+                    &serde_json::json!({ "conditions": we.status_conditions }),
+                )?;
+            }
         } else {
             // Kubernetes kinds keep their own top-level fields (`spec`,
             // `status`, or EndpointSlice's `endpoints` and `ports`).
@@ -498,6 +540,7 @@ macro_rules! kind_spec {
 kind_spec!(
     ServiceEntry,
     WorkloadEntry,
+    WorkloadGroup,
     VirtualService,
     DestinationRule,
     Sidecar,

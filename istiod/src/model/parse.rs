@@ -221,7 +221,8 @@ fn decode_body(kind: Kind, map: Map<String, Value>) -> Result<Spec, FieldError> 
     let body = Value::Object(map);
     Ok(match kind {
         Kind::ServiceEntry => Spec::ServiceEntry(service_entry(body)?),
-        Kind::WorkloadEntry => Spec::WorkloadEntry(istio(body)?),
+        Kind::WorkloadEntry => Spec::WorkloadEntry(workload_entry(body)?),
+        Kind::WorkloadGroup => Spec::WorkloadGroup(istio(body)?),
         Kind::VirtualService => Spec::VirtualService(istio(body)?),
         Kind::DestinationRule => Spec::DestinationRule(istio(body)?),
         Kind::Sidecar => Spec::Sidecar(istio(body)?),
@@ -258,6 +259,20 @@ fn service_entry(body: Value) -> Result<super::istio::ServiceEntry, FieldError> 
         .and_then(|a| serde_json::from_value(a).ok())
         .unwrap_or_default();
     Ok(se)
+}
+
+/// A WorkloadEntry's `spec`, with the conditions its `status` holds (the
+/// health the autoregistration controller writes; an unreadable status is
+/// no condition).
+fn workload_entry(body: Value) -> Result<super::istio::WorkloadEntry, FieldError> {
+    let b = typed::<IstioBody<super::istio::WorkloadEntry>>(body)?;
+    let mut we = b.spec;
+    we.status_conditions = b
+        .status
+        .and_then(|s| s.get("conditions").cloned())
+        .and_then(|a| serde_json::from_value(a).ok())
+        .unwrap_or_default();
+    Ok(we)
 }
 
 fn istio<T: DeserializeOwned + Default>(body: Value) -> Result<T, FieldError> {

@@ -870,7 +870,7 @@ fn workload_entry_endpoints(
                 port,
                 options,
             ) {
-                out.push(ep);
+                out.push(entry_object_endpoint(ep, we));
             }
         }
     }
@@ -903,6 +903,19 @@ fn workload_endpoint(
         hostname: String::new(),
         subdomain: String::new(),
     })
+}
+
+/// What a WorkloadEntry object adds to its endpoint (Istio's
+/// `convertWorkloadEntryToServiceInstances`): its health (an entry whose
+/// agent reports health is unhealthy until its `Healthy` condition is
+/// `True`), and Istio mTLS when it has a service account and no
+/// `security.istio.io/tlsMode` label (`getTLSModeFromWorkloadEntry`).
+fn entry_object_endpoint(mut ep: Endpoint, we: Typed<'_, istio::WorkloadEntry>) -> Endpoint {
+    ep.healthy = istio::is_healthy(&we.object.metadata.annotations, &we.spec.status_conditions);
+    if !we.spec.labels.contains_key(EndpointTlsMode::LABEL) && !we.spec.service_account.is_empty() {
+        ep.tls_mode = EndpointTlsMode::Istio;
+    }
+    ep
 }
 
 /// One service per ServiceEntry host, with endpoints from `endpoints`, or
@@ -966,7 +979,7 @@ fn service_entry_services(
                     port,
                     options,
                 ) {
-                    endpoints.push(e);
+                    endpoints.push(entry_object_endpoint(e, we));
                 }
             }
             for pod in snapshot.list::<kube::Pod>() {

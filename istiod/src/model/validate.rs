@@ -31,6 +31,7 @@ mod telemetry;
 mod test_support;
 mod virtual_service;
 mod virtual_service_tcp;
+mod workload_group;
 
 use destination_rule::destination_rule;
 use virtual_service::{destination, virtual_service};
@@ -64,6 +65,7 @@ pub fn validate(object: &Object) -> Vec<FieldError> {
         Spec::DestinationRule(dr) => destination_rule(dr, &object.metadata.namespace, &mut e),
         Spec::ServiceEntry(se) => service_entry(se, &mut e),
         Spec::WorkloadEntry(we) => workload_entry("spec", we, None, &mut e),
+        Spec::WorkloadGroup(wg) => workload_group::workload_group(wg, &mut e),
         Spec::Sidecar(sc) => sidecar(sc, &mut e),
         Spec::Gateway(gw) => gateway::gateway(gw, &mut e),
         Spec::EnvoyFilter(ef) => envoy_filter::envoy_filter(ef, &object.metadata.namespace, &mut e),

@@ -306,6 +306,9 @@ impl Resolved {
             // injector reads them the same way): nothing istiod serves
             // over xDS depends on them.
             Kind::ProxyConfig => {}
+            // Read by the autoregistration controller when a proxy
+            // connects; its WorkloadEntries are what proxies see.
+            Kind::WorkloadGroup => {}
         }
     }
 

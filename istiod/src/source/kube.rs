@@ -47,6 +47,7 @@ pub fn plural(kind: Kind) -> &'static str {
     match kind {
         Kind::ServiceEntry => "serviceentries",
         Kind::WorkloadEntry => "workloadentries",
+        Kind::WorkloadGroup => "workloadgroups",
         Kind::VirtualService => "virtualservices",
         Kind::DestinationRule => "destinationrules",
         Kind::Sidecar => "sidecars",

@@ -14,6 +14,7 @@ use proto::pb::envoy::config::core::v3::Node;
 use super::outbox::{Closed, Outbox};
 use super::server::{DiscoveryServer, Ended, Identities, init_proxy};
 use super::{Proxy, PushPlan, PushRequest};
+use crate::autoregistration::{HealthEvent, Registration};
 
 /// What every stream has, whatever its protocol.
 pub(super) struct Stream {
@@ -25,6 +26,8 @@ pub(super) struct Stream {
     pub id: String,
     /// Where its responses go.
     pub outbox: Outbox,
+    /// The WorkloadEntry the connection controls (auto-registration).
+    pub registration: Option<Registration>,
 }
 
 impl Stream {
@@ -53,6 +56,9 @@ pub(super) trait Protocol: Send {
 
     /// The node a request carries (the first request's says who connects).
     fn node(req: &Self::Request) -> Option<&Node>;
+    /// The health an agent reports, when the request is an
+    /// `istio.io/health` one (Istio's `handleWorkloadHealthcheck`).
+    fn health(req: &Self::Request) -> Option<HealthEvent>;
     /// A response a request asked for.
     type Reply: Send;
 
@@ -106,17 +112,36 @@ pub(super) async fn run<P: Protocol>(
         .is_some_and(|m| common::NodeMetadata::from_struct(m).proxy_config.is_some());
     let id = server.register(&proxy, P::DELTA, is_proxy);
     tracing::info!(target: "ads", "ADS: new {kind} for node:{id}");
+    // Istio's `initializeProxy`: the WorkloadEntry first, a refusal ends
+    // the stream.
+    let connected_at = std::time::SystemTime::now();
+    let registration = match server.autoregistration() {
+        Some(c) => match c.on_connect(&proxy.registrant(), connected_at).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(target: "ads", "ADS: {id} refused: {e}");
+                outbox.end(e.into());
+                server.unregister(&id, &proxy);
+                return;
+            }
+        },
+        None => None,
+    };
     let mut conn = open(Stream {
         server: server.clone(),
         proxy,
         id: id.clone(),
         outbox,
+        registration,
     });
     if let Err(Ended::Status(status)) = serve(&server, &mut conn, &mut inbound, first).await {
         conn.stream().outbox.end(status);
     }
     tracing::info!(target: "ads", "ADS: {id} terminated");
     server.unregister(&id, &conn.stream().proxy);
+    if let (Some(c), Some(reg)) = (server.autoregistration(), &conn.stream().registration) {
+        c.on_disconnect(reg.clone(), std::time::SystemTime::now());
+    }
 }
 
 /// Serves a stream whose first request was `first`, until the peer or
@@ -136,6 +161,10 @@ async fn serve<P: Protocol>(
     let mut next = Some(first);
     loop {
         if let Some(req) = next.take() {
+            if let Some(event) = P::health(&req) {
+                health(server, conn.stream(), &event);
+                continue;
+            }
             let (Some(reply), Some(ctx)) = (conn.on_request(&req), server.current()) else {
                 continue;
             };
@@ -165,6 +194,16 @@ async fn serve<P: Protocol>(
                 let Some(latest) = pushes.borrow_and_update().clone() else { continue };
                 push(server, conn, &mut pushes, &mut seen, latest).await?;
             }
+        }
+    }
+}
+
+/// An agent's health report: to the controller, for the stream's entry.
+fn health(server: &DiscoveryServer, stream: &Stream, event: &HealthEvent) {
+    match (server.autoregistration(), &stream.registration) {
+        (Some(c), Some(reg)) => c.on_health(reg, event, std::time::SystemTime::now()),
+        _ => {
+            tracing::debug!(target: "ads", "ADS: {} health report ignored (no WorkloadEntry controlled)", stream.id)
         }
     }
 }

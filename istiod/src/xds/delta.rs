@@ -400,6 +400,19 @@ impl Protocol for DeltaConn {
     type Reply = Reply;
     const DELTA: bool = true;
 
+    fn health(req: &DeltaDiscoveryRequest) -> Option<crate::autoregistration::HealthEvent> {
+        (req.type_url == common::xds::HEALTH_INFO_TYPE).then(|| {
+            crate::autoregistration::HealthEvent {
+                healthy: req.error_detail.is_none(),
+                message: req
+                    .error_detail
+                    .as_ref()
+                    .map(|e| e.message.clone())
+                    .unwrap_or_default(),
+            }
+        })
+    }
+
     fn node(req: &DeltaDiscoveryRequest) -> Option<&Node> {
         req.node.as_ref()
     }

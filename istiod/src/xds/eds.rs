@@ -280,6 +280,12 @@ fn grouped(
         {
             continue;
         }
+        // Istio's default (`PILOT_SEND_UNHEALTHY_ENDPOINTS` off): an
+        // unhealthy endpoint (an unready Pod, a WorkloadEntry whose probe
+        // fails) is left out, so Envoy's panic threshold cannot send to it.
+        if !ep.healthy {
+            continue;
+        }
         let mut metadata = Metadata::default();
         if ep.tls_mode == EndpointTlsMode::Istio {
             metadata.filter_metadata.insert(
@@ -309,12 +315,7 @@ fn grouped(
                 address: Some(socket(&ep.address, ep.port.into())),
                 ..Default::default()
             })),
-            health_status: if ep.healthy {
-                HealthStatus::Healthy
-            } else {
-                HealthStatus::Unhealthy
-            }
-            .into(),
+            health_status: HealthStatus::Healthy.into(),
             metadata: Some(metadata),
             load_balancing_weight: Some(u32v(ep.weight.max(1))),
         });

@@ -57,6 +57,16 @@ pub struct Proxy {
     /// when no Telemetry sets one (the agent merges the mesh's
     /// `defaultConfig` and the Pod's `proxy.istio.io/config` into it).
     pub tracing_sampling: Option<f64>,
+    /// The authenticated identity that matched the proxy (Istio's
+    /// `VerifiedIdentity`), on the authenticated port.
+    pub verified_identity: Option<common::Identity>,
+    /// Metadata `AUTO_REGISTER_GROUP`: the WorkloadGroup to register with.
+    pub auto_register_group: Option<String>,
+    /// Metadata `NETWORK`.
+    pub network: String,
+    /// Whether `PROXY_CONFIG` has a `readinessProbe`: the agent reports the
+    /// workload's health (Istio marks the entry health-checked).
+    pub reports_health: bool,
 }
 
 /// The string values of a node's metadata.
@@ -158,21 +168,44 @@ impl Proxy {
                 .and_then(|pc| pc.get("tracing")?.get("sampling")?.as_f64())
                 .filter(|p| (0.0..=100.0).contains(p)),
             gateway_topology: meta.proxy_config.as_ref().map(gateway_topology),
+            verified_identity: None,
+            auto_register_group: meta.auto_register_group.filter(|g| !g.is_empty()),
+            network: meta.network.unwrap_or_default(),
+            reports_health: meta
+                .proxy_config
+                .as_ref()
+                .is_some_and(|pc| pc.get("readinessProbe").is_some_and(|p| !p.is_null())),
         })
+    }
+
+    /// What the autoregistration controller needs of the proxy.
+    pub fn registrant(&self) -> crate::autoregistration::Registrant {
+        crate::autoregistration::Registrant {
+            id: self.id.clone(),
+            namespace: self.namespace.clone(),
+            ip: self.ip.clone(),
+            group: self.auto_register_group.clone(),
+            network: self.network.clone(),
+            labels: self.labels.clone(),
+            locality: self.locality.clone(),
+            reports_health: self.reports_health,
+            identity: self.verified_identity.clone(),
+        }
     }
 
     /// Istio's identity check on :15012: some authenticated identity must be
     /// of the proxy's namespace and (when set) service account.
-    pub fn authorize(&self, identities: &[common::Identity]) -> Result<(), String> {
-        let ok = identities.iter().any(|id| {
+    /// Returns the identity that matched.
+    pub fn authorize(&self, identities: &[common::Identity]) -> Result<common::Identity, String> {
+        let found = identities.iter().find(|id| {
             id.namespace == self.namespace
                 && self
                     .service_account
                     .as_ref()
                     .is_none_or(|sa| &id.service_account == sa)
         });
-        if ok {
-            Ok(())
+        if let Some(id) = found {
+            Ok(id.clone())
         } else {
             Err(format!(
                 "authorization failed: no identity of {:?} matches namespace {:?} and service account {:?}",

@@ -140,6 +140,8 @@ struct Inner {
     counter: AtomicU64,
     /// Subscribed name sets, shared by the streams that subscribe the same.
     names: Mutex<NameSets>,
+    /// WorkloadEntry auto-registration and health, when enabled.
+    autoregistration: Option<Arc<crate::autoregistration::Controller>>,
 }
 
 /// A digest of a set of names (see [`names_digest`]).
@@ -207,6 +209,7 @@ impl DiscoveryServer {
                 debug_mux: std::sync::OnceLock::new(),
                 counter: AtomicU64::new(0),
                 names: Mutex::default(),
+                autoregistration: None,
             }),
             authn: None,
             limiter: None,
@@ -250,6 +253,24 @@ impl DiscoveryServer {
             inner.control_plane = control_plane_identifier(id);
         }
         self
+    }
+
+    /// The same server, registering WorkloadEntries of proxies that
+    /// connect with `AUTO_REGISTER_GROUP` and taking their health reports.
+    /// Only before the server is cloned.
+    pub fn with_autoregistration(
+        mut self,
+        controller: Option<Arc<crate::autoregistration::Controller>>,
+    ) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.autoregistration = controller;
+        }
+        self
+    }
+
+    /// The autoregistration controller, when enabled.
+    pub(super) fn autoregistration(&self) -> Option<&Arc<crate::autoregistration::Controller>> {
+        self.inner.autoregistration.as_ref()
     }
 
     /// istiod's namespace.
@@ -470,8 +491,9 @@ pub(super) fn init_proxy(
     let node = node.ok_or_else(|| Status::invalid_argument("missing node information"))?;
     let mut proxy = Proxy::from_node(node).map_err(Status::invalid_argument)?;
     if let Some(ids) = identities {
-        proxy.authorize(ids).map_err(Status::permission_denied)?;
+        let id = proxy.authorize(ids).map_err(Status::permission_denied)?;
         proxy.verified = true;
+        proxy.verified_identity = Some(id);
     }
     Ok(proxy)
 }

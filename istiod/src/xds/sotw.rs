@@ -200,6 +200,19 @@ impl Protocol for SotwConn {
         req.node.as_ref()
     }
 
+    fn health(req: &DiscoveryRequest) -> Option<crate::autoregistration::HealthEvent> {
+        (req.type_url == common::xds::HEALTH_INFO_TYPE).then(|| {
+            crate::autoregistration::HealthEvent {
+                healthy: req.error_detail.is_none(),
+                message: req
+                    .error_detail
+                    .as_ref()
+                    .map(|e| e.message.clone())
+                    .unwrap_or_default(),
+            }
+        })
+    }
+
     fn stream(&self) -> &Stream {
         &self.stream
     }

@@ -84,6 +84,9 @@ pub enum ConfigError {
     /// `ISTIO_KUBE_APP_PROBERS` is invalid.
     #[error("{ENV_KUBE_APP_PROBERS}: {0}")]
     AppProber(#[from] AppProberError),
+    /// ProxyConfig `readinessProbe` cannot be run.
+    #[error(transparent)]
+    HealthCheck(#[from] crate::health_check::HealthCheckError),
     /// `ISTIO_PROMETHEUS_ANNOTATIONS` is invalid.
     #[error("{ENV_PROMETHEUS_ANNOTATIONS}: {0}")]
     Scrape(#[from] ScrapeConfigError),

@@ -238,7 +238,8 @@ impl Config {
         }
         let pod = pod::parse(&mut v, args);
         let envoy = envoy::parse(&mut v, args, proxy_type, &pod);
-        let xds_proxy = xds_proxy::parse(&mut v, &envoy.proxy_config);
+        let pod_ip = pod.ips.first().map_or("localhost", String::as_str);
+        let xds_proxy = xds_proxy::parse(&mut v, &envoy.proxy_config, pod_ip);
         let identity = identity::parse(&mut v, &pod, &xds_proxy.discovery_address);
         let status = status::parse(&mut v, proxy_type, envoy.proxy_config.status_port());
         let dns = dns::parse(&mut v, proxy_type);

@@ -32,10 +32,22 @@ pub struct XdsProxyConfig {
     /// connection's keepalive (a dead link to istiod is noticed after about
     /// their sum) and the downstream server's, as Istio's `pkg/keepalive`.
     pub keepalive: common::tls::GrpcKeepalive,
+    /// ProxyConfig `readinessProbe`: the application's health, probed and
+    /// reported to istiod (a VM registered through a WorkloadGroup).
+    pub health_check: Option<crate::health_check::HealthCheckConfig>,
 }
 
 /// Reads the xDS proxy's settings from the environment and the ProxyConfig.
-pub(super) fn parse(v: &mut Vars<'_>, proxy_config: &ProxyConfig) -> XdsProxyConfig {
+pub(super) fn parse(v: &mut Vars<'_>, proxy_config: &ProxyConfig, pod_ip: &str) -> XdsProxyConfig {
+    let health_check = proxy_config
+        .readiness_probe
+        .as_ref()
+        .filter(|p| !p.is_null())
+        .and_then(|p| {
+            crate::health_check::HealthCheckConfig::parse(p, pod_ip)
+                .map_err(|e| v.error(e))
+                .ok()
+        });
     let discovery_address = proxy_config
         .discovery_address
         .clone()
@@ -83,5 +95,6 @@ pub(super) fn parse(v: &mut Vars<'_>, proxy_config: &ProxyConfig) -> XdsProxyCon
         socket: PathBuf::from(proxy_config.config_path()).join("XDS"),
         delta,
         keepalive,
+        health_check,
     }
 }
