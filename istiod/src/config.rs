@@ -708,11 +708,11 @@ mod tests {
     #[test]
     fn mesh_fields_that_are_not_built_stop_istiod_naming_the_field() {
         let err = with_mesh(
-            "connectTimeout: 1s\ndefaultConfig: {proxyHeaders: {server: {disabled: true}}}\n",
+            "protocolDetectionTimeout: 1s\ndefaultConfig: {proxyHeaders: {server: {disabled: true}}}\n",
         )
         .unwrap_err();
         assert!(
-            err.contains("connectTimeout: \"1s\" is not supported"),
+            err.contains("protocolDetectionTimeout: \"1s\" is not supported"),
             "{err}"
         );
         assert!(

@@ -22,7 +22,7 @@ pub use providers::{
 /// The parts of Istio's `MeshConfig` that the xDS generators apply;
 /// `trustDomain` is [`Mesh::trust_domain`]. Read from the `--meshConfig`
 /// file at start-up, or live from the `istio` ConfigMap.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MeshConfig {
     /// `outboundTrafficPolicy.mode`: where traffic to destinations outside
     /// the registry goes (`ALLOW_ANY`, the default, or `REGISTRY_ONLY`). A
@@ -44,7 +44,33 @@ pub struct MeshConfig {
     /// `pathNormalization.normalization`: how every HTTP connection manager
     /// normalizes request paths before routing and authorization.
     pub path_normalization: PathNormalization,
+    /// `connectTimeout`: every cluster's connect timeout unless a
+    /// DestinationRule (or Sidecar) sets one (Istio's default: 10s).
+    pub connect_timeout: std::time::Duration,
+    /// `dnsRefreshRate`: how often DNS clusters resolve again when a lookup
+    /// fails (answers keep their TTL; Istio's default: 60s).
+    pub dns_refresh_rate: std::time::Duration,
 }
+
+impl Default for MeshConfig {
+    fn default() -> Self {
+        Self {
+            outbound_traffic_policy: OutboundMode::default(),
+            extension_providers: Vec::new(),
+            telemetry: Box::default(),
+            default_gateway_topology: Default::default(),
+            locality_lb_setting: None,
+            path_normalization: PathNormalization::default(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            dns_refresh_rate: DEFAULT_DNS_REFRESH_RATE,
+        }
+    }
+}
+
+/// Istio's default `connectTimeout`.
+pub const DEFAULT_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Istio's default `dnsRefreshRate`.
+pub const DEFAULT_DNS_REFRESH_RATE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Istio's `ProxyPathNormalization.NormalizationType`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -200,6 +226,32 @@ struct MeshConfigFile {
     locality_lb_setting: Option<crate::model::istio::LocalityLbSetting>,
     #[serde(default)]
     path_normalization: Option<MeshPathNormalization>,
+    #[serde(default)]
+    connect_timeout: Option<String>,
+    #[serde(default)]
+    dns_refresh_rate: Option<String>,
+}
+
+/// A positive duration field of the mesh config, Go's or protobuf's
+/// spelling (`10s`, `1m`, `0.5s`); `default` when left out.
+fn positive_duration(
+    field: &str,
+    value: Option<&str>,
+    default: std::time::Duration,
+    errors: &mut Vec<String>,
+) -> std::time::Duration {
+    match value.map(common::duration::parse) {
+        None => default,
+        Some(Ok(d)) if !d.is_zero() => d,
+        Some(Ok(_)) => {
+            errors.push(format!("{field} must be longer than 0s"));
+            default
+        }
+        Some(Err(e)) => {
+            errors.push(format!("{field}: {e}"));
+            default
+        }
+    }
 }
 
 /// The telemetry fields of the mesh config, every problem added to `errors`.
@@ -370,6 +422,18 @@ impl Mesh {
             );
         }
         let path_normalization = path_normalization(file.path_normalization.as_ref(), &mut errors);
+        let connect_timeout = positive_duration(
+            "connectTimeout",
+            file.connect_timeout.as_deref(),
+            DEFAULT_CONNECT_TIMEOUT,
+            &mut errors,
+        );
+        let dns_refresh_rate = positive_duration(
+            "dnsRefreshRate",
+            file.dns_refresh_rate.as_deref(),
+            DEFAULT_DNS_REFRESH_RATE,
+            &mut errors,
+        );
         let default_gateway_topology = file
             .default_config
             .as_ref()
@@ -393,6 +457,8 @@ impl Mesh {
                 default_gateway_topology,
                 locality_lb_setting: file.locality_lb_setting,
                 path_normalization,
+                connect_timeout,
+                dns_refresh_rate,
             },
             discovery_selectors,
             injection: MeshInjection {
@@ -468,6 +534,29 @@ mod tests {
                     && e.contains("numTrustedProxy")),
             "{errors:?}"
         );
+    }
+
+    #[test]
+    fn connect_timeout_and_dns_refresh_rate_are_read_and_checked() {
+        let m = Mesh::parse("connectTimeout: 2.5s\ndnsRefreshRate: 1m\n").unwrap();
+        assert_eq!(
+            m.config.connect_timeout,
+            std::time::Duration::from_millis(2500)
+        );
+        assert_eq!(
+            m.config.dns_refresh_rate,
+            std::time::Duration::from_secs(60)
+        );
+        assert_eq!(
+            Mesh::parse("").unwrap().config.connect_timeout,
+            DEFAULT_CONNECT_TIMEOUT
+        );
+        let errors = Mesh::parse("connectTimeout: 0s\ndnsRefreshRate: soon\n").unwrap_err();
+        assert!(
+            errors[0].contains("connectTimeout must be longer than 0s"),
+            "{errors:?}"
+        );
+        assert!(errors[1].starts_with("dnsRefreshRate:"), "{errors:?}");
     }
 
     #[test]

@@ -264,7 +264,7 @@ fn mesh_and_proxy_config_fields_that_are_not_built_stop_the_binaries_naming_them
     let mesh = dir.path().join("mesh");
     std::fs::write(
         &mesh,
-        "connectTimeout: 2s\ntrustDomainAliases: [old.example]\ndefaultConfig:\n  proxyHeaders: {server: {disabled: true}}\n",
+        "h2UpgradePolicy: UPGRADE\ntrustDomainAliases: [old.example]\ndefaultConfig:\n  proxyHeaders: {server: {disabled: true}}\n",
     )
     .unwrap();
     let out = std::process::Command::new(tests::bin("istiod"))
@@ -278,7 +278,7 @@ fn mesh_and_proxy_config_fields_that_are_not_built_stop_the_binaries_naming_them
     let log = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "istiod started: {log}");
     for field in [
-        "connectTimeout: \"2s\" is not supported",
+        "h2UpgradePolicy: \"UPGRADE\" is not supported",
         "trustDomainAliases: [\"old.example\"] is not supported",
         "defaultConfig.proxyHeaders is not supported",
     ] {

@@ -84,13 +84,7 @@ const FIELDS: &[(&str, Use)] = &[
             "the sidecar's HTTP proxy listener is not built",
         ),
     ),
-    (
-        "connectTimeout",
-        Use::OnlyDefault(
-            Default::Seconds(10),
-            "clusters use Istio's default; set connectionPool.tcp.connectTimeout in a DestinationRule instead",
-        ),
-    ),
+    ("connectTimeout", Use::Applied),
     ("hboneIdleTimeout", Use::AmbientOnly),
     (
         "protocolDetectionTimeout",
@@ -208,13 +202,7 @@ const FIELDS: &[(&str, Use)] = &[
             "zone-aware balancing settings are not built; use localityLbSetting",
         ),
     ),
-    (
-        "dnsRefreshRate",
-        Use::OnlyDefault(
-            Default::Seconds(60),
-            "DNS clusters refresh at Istio's default",
-        ),
-    ),
+    ("dnsRefreshRate", Use::Applied),
     (
         "h2UpgradePolicy",
         Use::OnlyDefault(
@@ -349,12 +337,13 @@ mod tests {
     #[test]
     fn other_values_are_refused_naming_field_and_reason() {
         let all = errors(
-            "connectTimeout: 1s\ningressClass: nginx\nenableAutoMtls: false\ntrustDomainAliases: [old.example]\ndefaultServiceExportTo: ['.']\nh2UpgradePolicy: UPGRADE\ndefaultHttpRetryPolicy: {attempts: 5}\nca: {address: ca.example:443}\n",
+            "protocolDetectionTimeout: 1s\ningressClass: nginx\nenableAutoMtls: false\ntrustDomainAliases: [old.example]\ndefaultServiceExportTo: ['.']\nh2UpgradePolicy: UPGRADE\ndefaultHttpRetryPolicy: {attempts: 5}\nca: {address: ca.example:443}\n",
         );
         assert_eq!(all.len(), 8, "{all:#?}");
         assert!(
-            all.iter()
-                .any(|e| e.starts_with("connectTimeout: \"1s\" is not supported, only 10s")),
+            all.iter().any(
+                |e| e.starts_with("protocolDetectionTimeout: \"1s\" is not supported, only 0s")
+            ),
             "{all:?}"
         );
         assert!(all.iter().any(|e| e.starts_with("ingressClass: \"nginx\"")));

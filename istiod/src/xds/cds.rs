@@ -48,7 +48,6 @@ use crate::model::service::{EndpointTlsMode, Protocol, Service, ServicePort, Ser
 use crate::model::{Kind, ObjectKey};
 
 /// Istio's mesh default `connectTimeout`.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Istio's "unlimited" circuit-breaker threshold.
 const UNLIMITED: u32 = u32::MAX;
 
@@ -91,7 +90,11 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Arc<Resource>> {
         // A gateway has no inbound side: its listeners route outbound only.
         out.extend(inbound::clusters(ctx, proxy).into_iter().map(resource));
     }
-    out.extend(inbound::builtin(proxy).into_iter().map(resource));
+    out.extend(
+        inbound::builtin(proxy, ctx.mesh.connect_timeout)
+            .into_iter()
+            .map(resource),
+    );
     out
 }
 
@@ -219,7 +222,7 @@ fn outbound(
                 .and_then(|p| p.connection_pool.as_ref())
                 .and_then(|cp| cp.tcp.as_ref())
                 .and_then(|t| t.connect_timeout)
-                .unwrap_or(CONNECT_TIMEOUT),
+                .unwrap_or(ctx.mesh.connect_timeout),
         )),
         circuit_breakers: Some(unlimited_breakers()),
         metadata: Some(super::istio_stats::cluster_metadata(
@@ -235,6 +238,15 @@ fn outbound(
             } else {
                 cluster::DiscoveryType::LogicalDns
             });
+            // Istio's DNS settings: answers keep their TTL, failed lookups
+            // retry at the mesh's `dnsRefreshRate`. Envoy deprecates both
+            // fields for its DNS cluster extension; Istio still sets them,
+            // and Envoy 1.40 applies them.
+            #[allow(deprecated)]
+            {
+                c.dns_refresh_rate = Some(duration(ctx.mesh.dns_refresh_rate));
+                c.respect_dns_ttl = true;
+            }
             c.load_assignment = Some(ClusterLoadAssignment {
                 cluster_name: name.clone(),
                 endpoints: vec![LocalityLbEndpoints {

@@ -19,8 +19,8 @@ use crate::mesh::{MESH_CONFIGMAP, MESH_CONFIGMAP_KEY, Mesh};
 /// What one version of the ConfigMap means.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reading {
-    /// Apply this mesh config.
-    Mesh(Mesh),
+    /// Apply this mesh config (boxed: it is large, the error small).
+    Mesh(Box<Mesh>),
     /// Unusable: keep the last good one.
     Invalid(Vec<String>),
 }
@@ -28,12 +28,12 @@ pub enum Reading {
 /// Reads the ConfigMap (`None`: there is none).
 pub fn read(configmap: Option<&ConfigMap>) -> Reading {
     let Some(cm) = configmap else {
-        return Reading::Mesh(Mesh::default());
+        return Reading::Mesh(Box::default());
     };
     match cm.data.as_ref().and_then(|d| d.get(MESH_CONFIGMAP_KEY)) {
-        None => Reading::Mesh(Mesh::default()),
+        None => Reading::Mesh(Box::default()),
         Some(text) => match Mesh::parse(text) {
-            Ok(mesh) => Reading::Mesh(mesh),
+            Ok(mesh) => Reading::Mesh(Box::new(mesh)),
             Err(errors) => Reading::Invalid(errors),
         },
     }
@@ -102,10 +102,10 @@ pub fn watch_configmap(
                         tracing::warn!(target: "mesh", "{what}: trustDomain {td:?} differs from the running {trust_domain:?}; a trust domain change needs a restart of istiod");
                     }
                     let changed = mesh.send_if_modified(|current| {
-                        if **current == m {
+                        if **current == *m {
                             return false;
                         }
-                        *current = Arc::new(m.clone());
+                        *current = Arc::new((*m).clone());
                         true
                     });
                     if changed {
@@ -144,8 +144,8 @@ mod tests {
             panic!()
         };
         assert_eq!(m.config.outbound_traffic_policy, OutboundMode::RegistryOnly);
-        assert_eq!(read(None), Reading::Mesh(Mesh::default()));
-        assert_eq!(read(Some(&cm(None))), Reading::Mesh(Mesh::default()));
+        assert_eq!(read(None), Reading::Mesh(Box::default()));
+        assert_eq!(read(Some(&cm(None))), Reading::Mesh(Box::default()));
         let Reading::Invalid(errors) = read(Some(&cm(Some("outboundTrafficPolicy: {mode: X}"))))
         else {
             panic!()

@@ -23,8 +23,8 @@ use super::super::util::{
     PASSTHROUGH_CLUSTER, any, delimited, duration, socket,
 };
 use super::{
-    CONNECT_TIMEOUT, HTTP_PROTOCOL_OPTIONS, http_options, inbound_name, kind,
-    passthrough_protocol_options, unlimited_breakers,
+    HTTP_PROTOCOL_OPTIONS, http_options, inbound_name, kind, passthrough_protocol_options,
+    unlimited_breakers,
 };
 
 /// Istio's cleanup interval for inbound ORIGINAL_DST clusters: the longest a
@@ -36,7 +36,7 @@ pub(super) fn clusters(ctx: &IstioContext, proxy: &Proxy) -> Vec<Cluster> {
     let ip = IpMode::of(&proxy.ips);
     ctx.inbound_ports(proxy)
         .iter()
-        .map(|p| inbound(proxy, ip, p))
+        .map(|p| inbound(proxy, ip, p, ctx.mesh.connect_timeout))
         .collect()
 }
 
@@ -96,7 +96,7 @@ fn source(ip: &str) -> SocketAddress {
 /// `inbound|<port>||`: ORIGINAL_DST (Envoy connects to the Pod address and
 /// port the client dialled, from `127.0.0.6`), or STATIC to a Sidecar
 /// ingress `defaultEndpoint`, from `127.0.0.6` unless that is localhost.
-fn inbound(proxy: &Proxy, ip: IpMode, p: &InboundPort) -> Cluster {
+fn inbound(proxy: &Proxy, ip: IpMode, p: &InboundPort, connect_timeout: Duration) -> Cluster {
     let name = inbound_name(p.port);
     let endpoint = default_endpoint(&p.default_endpoint, proxy, ip);
     let pool = p.connection_pool.as_ref();
@@ -106,7 +106,7 @@ fn inbound(proxy: &Proxy, ip: IpMode, p: &InboundPort) -> Cluster {
         connect_timeout: Some(duration(
             pool.and_then(|cp| cp.tcp.as_ref())
                 .and_then(|t| t.connect_timeout)
-                .unwrap_or(CONNECT_TIMEOUT),
+                .unwrap_or(connect_timeout),
         )),
         circuit_breakers: Some(unlimited_breakers()),
         metadata: Some(super::super::istio_stats::cluster_metadata(
@@ -159,12 +159,12 @@ fn inbound(proxy: &Proxy, ip: IpMode, p: &InboundPort) -> Cluster {
 }
 
 /// `BlackHoleCluster`, `PassthroughCluster` and `InboundPassthroughCluster`.
-pub(super) fn builtin(proxy: &Proxy) -> Vec<Cluster> {
+pub(super) fn builtin(proxy: &Proxy, connect_timeout: Duration) -> Vec<Cluster> {
     let blackhole = Cluster {
         name: BLACKHOLE_CLUSTER.into(),
         alt_stat_name: delimited(BLACKHOLE_CLUSTER),
         cluster_discovery_type: kind(cluster::DiscoveryType::Static),
-        connect_timeout: Some(duration(CONNECT_TIMEOUT)),
+        connect_timeout: Some(duration(connect_timeout)),
         lb_policy: cluster::LbPolicy::RoundRobin.into(),
         ..Default::default()
     };
@@ -173,7 +173,7 @@ pub(super) fn builtin(proxy: &Proxy) -> Vec<Cluster> {
         alt_stat_name: delimited(PASSTHROUGH_CLUSTER),
         cluster_discovery_type: kind(cluster::DiscoveryType::OriginalDst),
         lb_policy: cluster::LbPolicy::ClusterProvided.into(),
-        connect_timeout: Some(duration(CONNECT_TIMEOUT)),
+        connect_timeout: Some(duration(connect_timeout)),
         circuit_breakers: Some(unlimited_breakers()),
         typed_extension_protocol_options: [(
             HTTP_PROTOCOL_OPTIONS.to_string(),

@@ -315,3 +315,46 @@ fn selector_rules_stay_in_their_namespace_and_shadow_as_in_istio() {
             .is_empty()
     );
 }
+
+#[test]
+fn the_mesh_connect_timeout_and_dns_refresh_rate_reach_every_cluster() {
+    let entry = "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: ext, namespace: demo}\nspec:\n  hosts: [dns.example]\n  location: MESH_EXTERNAL\n  resolution: DNS\n  ports: [{number: 80, name: http, protocol: HTTP}]\n";
+    let ctx = |mesh: &str| {
+        crate::xds::context::context_of_yaml(&format!("{MESH}\n---\n{entry}"))
+            .with_mesh(crate::mesh::Mesh::parse(mesh).unwrap().config)
+    };
+    let seconds = |c: &Cluster| c.connect_timeout.as_ref().unwrap().seconds;
+    #[allow(deprecated)]
+    let refresh = |c: &Cluster| {
+        (
+            c.dns_refresh_rate.as_ref().unwrap().seconds,
+            c.respect_dns_ttl,
+        )
+    };
+    // Istio's defaults.
+    let plain = ctx("");
+    let httpbin = cluster_for(&plain, &sidecar("sleep"), HTTPBIN);
+    assert_eq!(seconds(&httpbin), 10);
+    let dns = cluster_for(&plain, &sidecar("sleep"), "outbound|80||dns.example");
+    assert_eq!(refresh(&dns), (60, true));
+    // The mesh's, on outbound, DNS and built-in clusters alike; a
+    // DestinationRule's connectTimeout still wins for its host.
+    let tuned = ctx("connectTimeout: 3s\ndnsRefreshRate: 20s\n");
+    for name in [HTTPBIN, "PassthroughCluster", "BlackHoleCluster"] {
+        assert_eq!(
+            seconds(&cluster_for(&tuned, &sidecar("sleep"), name)),
+            3,
+            "{name}"
+        );
+    }
+    let dns = cluster_for(&tuned, &sidecar("sleep"), "outbound|80||dns.example");
+    assert_eq!(refresh(&dns), (20, true));
+    let with_rule = crate::xds::context::context_of_yaml(&format!(
+        "{MESH}\n---\napiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: h, namespace: demo}}\nspec:\n  host: httpbin\n  trafficPolicy: {{connectionPool: {{tcp: {{connectTimeout: 1s}}}}}}\n"
+    ))
+    .with_mesh(crate::mesh::Mesh::parse("connectTimeout: 3s\n").unwrap().config);
+    assert_eq!(
+        seconds(&cluster_for(&with_rule, &sidecar("sleep"), HTTPBIN)),
+        1
+    );
+}
