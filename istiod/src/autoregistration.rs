@@ -201,6 +201,20 @@ pub struct HealthEvent {
     pub message: String,
 }
 
+impl HealthEvent {
+    /// The health an `istio.io/health` request reports (`None` for any
+    /// other type): unhealthy with the error's message when it has one.
+    pub fn of_request(
+        type_url: &str,
+        error: Option<&proto::pb::google::rpc::Status>,
+    ) -> Option<Self> {
+        (type_url == common::xds::HEALTH_INFO_TYPE).then(|| HealthEvent {
+            healthy: error.is_none(),
+            message: error.map(|e| e.message.clone()).unwrap_or_default(),
+        })
+    }
+}
+
 struct HealthWork {
     namespace: String,
     name: String,

@@ -401,16 +401,7 @@ impl Protocol for DeltaConn {
     const DELTA: bool = true;
 
     fn health(req: &DeltaDiscoveryRequest) -> Option<crate::autoregistration::HealthEvent> {
-        (req.type_url == common::xds::HEALTH_INFO_TYPE).then(|| {
-            crate::autoregistration::HealthEvent {
-                healthy: req.error_detail.is_none(),
-                message: req
-                    .error_detail
-                    .as_ref()
-                    .map(|e| e.message.clone())
-                    .unwrap_or_default(),
-            }
-        })
+        crate::autoregistration::HealthEvent::of_request(&req.type_url, req.error_detail.as_ref())
     }
 
     fn node(req: &DeltaDiscoveryRequest) -> Option<&Node> {

@@ -201,16 +201,7 @@ impl Protocol for SotwConn {
     }
 
     fn health(req: &DiscoveryRequest) -> Option<crate::autoregistration::HealthEvent> {
-        (req.type_url == common::xds::HEALTH_INFO_TYPE).then(|| {
-            crate::autoregistration::HealthEvent {
-                healthy: req.error_detail.is_none(),
-                message: req
-                    .error_detail
-                    .as_ref()
-                    .map(|e| e.message.clone())
-                    .unwrap_or_default(),
-            }
-        })
+        crate::autoregistration::HealthEvent::of_request(&req.type_url, req.error_detail.as_ref())
     }
 
     fn stream(&self) -> &Stream {
