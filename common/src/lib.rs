@@ -5,6 +5,7 @@
 
 pub mod backoff;
 pub mod cli;
+pub mod clock;
 pub mod duration;
 pub mod env;
 pub mod fuzz_corpus;
@@ -13,6 +14,8 @@ pub mod grpc_stream;
 pub mod identity;
 pub mod istio_stats;
 pub mod log;
+pub mod memory;
+pub mod metrics;
 pub mod model;
 #[cfg(feature = "testing")]
 pub mod module_graph;

@@ -11,6 +11,13 @@
 /// take it.
 pub type ResponseStream<T> = tonic::codegen::BoxStream<T>;
 
+/// The SDS secret with the workload's key and certificate chain, as the
+/// agent serves it and istiod's clusters and listeners name it (Istio's
+/// `default`).
+pub const SDS_WORKLOAD_SECRET: &str = "default";
+/// The SDS secret with the mesh's trust bundle (Istio's `ROOTCA`).
+pub const SDS_ROOT_SECRET: &str = "ROOTCA";
+
 /// What every type URL starts with (Go's `resource.APITypePrefix`).
 pub const TYPE_URL_PREFIX: &str = "type.googleapis.com/";
 /// The prefix of Envoy's own types, which the agent's xDS proxy forwards

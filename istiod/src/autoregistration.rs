@@ -777,22 +777,7 @@ pub fn merge_condition(
 
 /// Go's `time.RFC3339Nano` in UTC (fraction without trailing zeros).
 pub fn format_time(t: SystemTime) -> String {
-    let t = time::OffsetDateTime::from(t);
-    let nanos = t.nanosecond();
-    let frac = if nanos == 0 {
-        String::new()
-    } else {
-        format!(".{nanos:09}").trim_end_matches('0').to_string()
-    };
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}{frac}Z",
-        t.year(),
-        u8::from(t.month()),
-        t.day(),
-        t.hour(),
-        t.minute(),
-        t.second()
-    )
+    common::clock::rfc3339_nano(t)
 }
 
 /// Parses what [`format_time`] writes (and RFC 3339 in UTC generally).

@@ -1,6 +1,7 @@
 //! istiod's Prometheus metrics, with Istio's names. The `prometheus` crate is
 //! used because it writes names as given: Istio's counters carry no `_total`.
 
+use common::metrics::counter;
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 
 /// The CA's counters (`security/pkg/server/ca/monitoring.go`).
@@ -14,14 +15,6 @@ pub struct CaMetrics {
     pub success_cert_issuance_count: IntCounter,
     /// `citadel_server_csr_sign_err_count{error}`.
     pub csr_sign_err_count: IntCounterVec,
-}
-
-fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
-    let c = IntCounter::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
-    registry
-        .register(Box::new(c.clone()))
-        .unwrap_or_else(|e| panic!("metric {name} registered twice: {e}"));
-    c
 }
 
 impl CaMetrics {

@@ -104,16 +104,7 @@ impl PushMetrics {
 
 /// Istio's push version: `<RFC3339 now>/<counter>`.
 pub fn push_version(counter: u64) -> String {
-    let t = time::OffsetDateTime::now_utc();
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z/{counter}",
-        t.year(),
-        u8::from(t.month()),
-        t.day(),
-        t.hour(),
-        t.minute(),
-        t.second()
-    )
+    format!("{}/{counter}", common::clock::now_rfc3339())
 }
 
 /// A store batch as debouncing merges it; each event is logged as Istio's

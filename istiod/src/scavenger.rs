@@ -23,20 +23,6 @@ pub async fn run(interval: Duration, mut shutdown: watch::Receiver<bool>) {
             _ = shutdown.changed() => return,
         }
         // The pass takes the allocator's locks briefly: off the workers.
-        let _ = tokio::task::spawn_blocking(release).await;
+        let _ = tokio::task::spawn_blocking(common::memory::release_free_heap).await;
     }
 }
-
-/// One pass: `malloc_trim(0)` releases every free page of every arena.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn release() {
-    #[allow(unsafe_code)]
-    // SAFETY: malloc_trim takes no pointers and is thread-safe.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
-/// Other allocators return memory on their own.
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn release() {}

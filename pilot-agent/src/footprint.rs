@@ -111,7 +111,7 @@ pub fn release() -> Result<Released, FootprintError> {
             released.mappings += 1;
         }
     }
-    trim_heap();
+    common::memory::release_free_heap();
     Ok(released)
 }
 
@@ -126,17 +126,6 @@ fn advise_dontneed(start: usize, len: usize) -> bool {
     // next access. No Rust reference can observe the difference.
     let rc = unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) };
     rc == 0
-}
-
-/// Returns free heap at the top of each arena to the system (glibc's
-/// `malloc_trim`); a no-op elsewhere.
-#[allow(unsafe_code)]
-fn trim_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases memory the allocator holds as free.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 #[cfg(test)]

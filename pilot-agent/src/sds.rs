@@ -30,10 +30,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::secret_manager::{SecretWatch, WorkloadSecret};
 use common::xds::ResponseStream;
 
-/// The workload key and certificate chain.
-pub const WORKLOAD_SECRET: &str = "default";
-/// The workload trust bundle.
-pub const ROOT_SECRET: &str = "ROOTCA";
+use common::xds::{SDS_ROOT_SECRET, SDS_WORKLOAD_SECRET};
 
 /// The SDS service.
 #[derive(Clone)]
@@ -60,7 +57,7 @@ impl SdsServer {
 /// What a secret looked like when last sent, to tell whether it changed.
 fn fingerprint(name: &str, s: &WorkloadSecret) -> String {
     match name {
-        ROOT_SECRET => s.root_pem.clone(),
+        SDS_ROOT_SECRET => s.root_pem.clone(),
         _ => format!("{}/{}", s.serial, s.cert_chain_pem.len()),
     }
 }
@@ -75,18 +72,18 @@ fn inline(pem: &str) -> Option<DataSource> {
 /// Encodes one secret as Istio does.
 pub fn encode_secret(name: &str, s: &WorkloadSecret) -> Result<Secret, String> {
     let r#type = match name {
-        WORKLOAD_SECRET => secret::Type::TlsCertificate(TlsCertificate {
+        SDS_WORKLOAD_SECRET => secret::Type::TlsCertificate(TlsCertificate {
             certificate_chain: inline(&s.cert_chain_pem),
             private_key: inline(&s.key_pem),
             ..Default::default()
         }),
-        ROOT_SECRET => secret::Type::ValidationContext(CertificateValidationContext {
+        SDS_ROOT_SECRET => secret::Type::ValidationContext(CertificateValidationContext {
             trusted_ca: inline(&s.root_pem),
             ..Default::default()
         }),
         other => {
             return Err(format!(
-                "failed to generate secret for {other}: unknown resource (this agent serves {WORKLOAD_SECRET} and {ROOT_SECRET})"
+                "failed to generate secret for {other}: unknown resource (this agent serves {SDS_WORKLOAD_SECRET} and {SDS_ROOT_SECRET})"
             ));
         }
     };
@@ -94,19 +91,6 @@ pub fn encode_secret(name: &str, s: &WorkloadSecret) -> Result<Secret, String> {
         name: name.to_string(),
         r#type: Some(r#type),
     })
-}
-
-fn now_rfc3339() -> String {
-    let t = time::OffsetDateTime::now_utc();
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
-        t.year(),
-        u8::from(t.month()),
-        t.day(),
-        t.hour(),
-        t.minute(),
-        t.second()
-    )
 }
 
 /// One SDS stream's state.
@@ -233,7 +217,7 @@ impl SdsServer {
             let nonce = uuid::Uuid::new_v4().to_string();
             let version = format!(
                 "{}/{}",
-                now_rfc3339(),
+                common::clock::now_rfc3339(),
                 self.version.fetch_add(1, Ordering::Relaxed) + 1
             );
             tracing::info!(target: "sds", "SDS: PUSH resources={:?} version={version} serial={}", names, current.serial);

@@ -33,6 +33,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use common::metrics::counter;
 use k8s_openapi::api::core::v1::ConfigMap;
 use prometheus::{Histogram, HistogramOpts, IntCounter, Registry};
 use serde_json::{Value, json};
@@ -60,14 +61,6 @@ pub struct InjectMetrics {
     failure: IntCounter,
     skip: IntCounter,
     time: Histogram,
-}
-
-fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
-    let c = IntCounter::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"));
-    registry
-        .register(Box::new(c.clone()))
-        .unwrap_or_else(|e| panic!("metric {name} registered twice: {e}"));
-    c
 }
 
 impl InjectMetrics {

@@ -18,7 +18,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use prometheus::{IntCounterVec, Opts, Registry};
+use common::metrics::counter_vec;
+use prometheus::{IntCounterVec, Registry};
 use serde_json::Value;
 
 use super::review::{self, AdmissionRequest, AdmissionResponse};
@@ -38,15 +39,6 @@ pub struct ValidationMetrics {
     passed: IntCounterVec,
     failed: IntCounterVec,
     http_error: IntCounterVec,
-}
-
-fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let c = IntCounterVec::new(Opts::new(name, help), labels)
-        .unwrap_or_else(|e| panic!("metric {name}: {e}"));
-    registry
-        .register(Box::new(c.clone()))
-        .unwrap_or_else(|e| panic!("metric {name} registered twice: {e}"));
-    c
 }
 
 impl ValidationMetrics {

@@ -543,7 +543,7 @@ pub fn istio_mutual(sans: &[String], sni: &str, protocol: Protocol) -> UpstreamT
     UpstreamTlsContext {
         common_tls_context: Some(CommonTlsContext {
             tls_params: Some(mesh_tls_params(&[])),
-            tls_certificate_sds_secret_configs: vec![sds("default")],
+            tls_certificate_sds_secret_configs: vec![sds(common::xds::SDS_WORKLOAD_SECRET)],
             validation_context_type: Some(
                 common_tls_context::ValidationContextType::CombinedValidationContext(
                     common_tls_context::CombinedCertificateValidationContext {
@@ -563,7 +563,9 @@ pub fn istio_mutual(sans: &[String], sni: &str, protocol: Protocol) -> UpstreamT
                                 .collect(),
                             ..Default::default()
                         }),
-                        validation_context_sds_secret_config: Some(sds("ROOTCA")),
+                        validation_context_sds_secret_config: Some(sds(
+                            common::xds::SDS_ROOT_SECRET,
+                        )),
                         ..Default::default()
                     },
                 ),

@@ -15,7 +15,7 @@ use serde_json::{Map, Value, json};
 
 use super::tls::sds_secret;
 use super::{BootstrapOptions, Family};
-use crate::sds::{ROOT_SECRET, WORKLOAD_SECRET};
+use common::xds::{SDS_ROOT_SECRET, SDS_WORKLOAD_SECRET};
 
 fn router() -> Value {
     json!({"name": "envoy.filters.http.router", "typed_config": {"@type": Router::type_url()}})
@@ -112,10 +112,10 @@ fn secure_metrics_listener(
                     "@type": DownstreamTlsContext::type_url(),
                     "require_client_certificate": true,
                     "common_tls_context": {
-                        "tls_certificate_sds_secret_configs": [sds_secret(WORKLOAD_SECRET)],
+                        "tls_certificate_sds_secret_configs": [sds_secret(SDS_WORKLOAD_SECRET)],
                         "combined_validation_context": {
                             "default_validation_context": {},
-                            "validation_context_sds_secret_config": sds_secret(ROOT_SECRET)
+                            "validation_context_sds_secret_config": sds_secret(SDS_ROOT_SECRET)
                         }
                     }
                 }

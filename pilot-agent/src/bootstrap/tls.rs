@@ -10,7 +10,7 @@ use serde_json::{Map, Value, json};
 
 use super::HostPort;
 use super::clusters::SDS_CLUSTER;
-use crate::sds::{ROOT_SECRET, WORKLOAD_SECRET};
+use common::xds::{SDS_ROOT_SECRET, SDS_WORKLOAD_SECRET};
 
 /// `ClientTLSSettings.mode` for the connections Envoy opens to telemetry services.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -126,11 +126,11 @@ pub(super) fn upstream_tls(
         TlsMode::IstioMutual => {
             common.insert(
                 "tls_certificate_sds_secret_configs".into(),
-                json!([sds_secret(WORKLOAD_SECRET)]),
+                json!([sds_secret(SDS_WORKLOAD_SECRET)]),
             );
             common.insert(
                 "combined_validation_context".into(),
-                root_secret(Some(ROOT_SECRET.to_string())),
+                root_secret(Some(SDS_ROOT_SECRET.to_string())),
             );
             common.insert("alpn_protocols".into(), json!(["istio", "h2"]));
             if sni.is_empty() {

@@ -102,7 +102,7 @@ async fn write(
                 .collect()
         })
         .unwrap_or_default();
-    let desired = status.to_json(generation, &now(), &before, others);
+    let desired = status.to_json(generation, &common::clock::now_rfc3339(), &before, others);
     if desired == before {
         written.insert(key.clone(), desired);
         return Ok(());
@@ -119,18 +119,4 @@ async fn write(
     tracing::info!(target: "model", "{key}: status written: {}", status.lines().join("; "));
     written.insert(key.clone(), desired);
     Ok(())
-}
-
-/// The current time as the API writes it (RFC 3339, seconds, UTC).
-fn now() -> String {
-    let t = time::OffsetDateTime::now_utc();
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
-        t.year(),
-        u8::from(t.month()),
-        t.day(),
-        t.hour(),
-        t.minute(),
-        t.second()
-    )
 }

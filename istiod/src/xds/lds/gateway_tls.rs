@@ -47,8 +47,11 @@ pub fn downstream_tls_context(tls: &ServerTlsSettings) -> DownstreamTlsContext {
         ServerTlsMode::Mutual | ServerTlsMode::OptionalMutual
     );
     if tls.mode == ServerTlsMode::IstioMutual {
-        common.tls_certificate_sds_secret_configs = vec![sds("default")];
-        common.validation_context_type = Some(combined(validation(tls, false), sds("ROOTCA")));
+        common.tls_certificate_sds_secret_configs = vec![sds(common::xds::SDS_WORKLOAD_SECRET)];
+        common.validation_context_type = Some(combined(
+            validation(tls, false),
+            sds(common::xds::SDS_ROOT_SECRET),
+        ));
     } else if !credential_names(tls).is_empty() {
         common.tls_certificate_sds_secret_configs = credential_names(tls)
             .into_iter()

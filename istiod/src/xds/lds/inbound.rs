@@ -364,7 +364,7 @@ fn mesh_mtls(trust_domain: &str) -> TransportSocket {
         &DownstreamTlsContext {
             common_tls_context: Some(CommonTlsContext {
                 tls_params: Some(mesh_tls_params(CIPHER_SUITES)),
-                tls_certificate_sds_secret_configs: vec![sds("default")],
+                tls_certificate_sds_secret_configs: vec![sds(common::xds::SDS_WORKLOAD_SECRET)],
                 validation_context_type: Some(
                     common_tls_context::ValidationContextType::CombinedValidationContext(
                         common_tls_context::CombinedCertificateValidationContext {
@@ -381,7 +381,9 @@ fn mesh_mtls(trust_domain: &str) -> TransportSocket {
                                 }],
                                 ..Default::default()
                             }),
-                            validation_context_sds_secret_config: Some(sds("ROOTCA")),
+                            validation_context_sds_secret_config: Some(sds(
+                                common::xds::SDS_ROOT_SECRET,
+                            )),
                             ..Default::default()
                         },
                     ),
