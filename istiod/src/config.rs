@@ -375,7 +375,7 @@ impl Config {
             Some(json) => match JwtRule::parse(&json) {
                 Ok(rule) => Some(rule),
                 Err(e) => {
-                    r.error(e);
+                    r.error(e.to_string());
                     None
                 }
             },

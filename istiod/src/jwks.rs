@@ -12,7 +12,7 @@ use std::time::Duration;
 pub mod cache;
 pub mod resolver;
 
-pub use cache::KeySetCache;
+pub use cache::{KeySetCache, KeySetError};
 pub use resolver::JwksResolver;
 
 /// Why a JWKS (or an OpenID discovery document) could not be fetched.

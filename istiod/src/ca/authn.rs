@@ -51,28 +51,87 @@ pub struct JwtRule {
     pub audiences: Vec<String>,
 }
 
+/// Why `JWT_RULE` is unusable.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum JwtRuleError {
+    /// Not the JSON object Istio reads.
+    #[error(
+        "JWT_RULE is not valid JSON of the form {{\"issuer\":...,\"jwks_uri\":...,\"audiences\":[...]}}: {0}"
+    )]
+    Json(String),
+    /// `issuer` is empty.
+    #[error("JWT_RULE: issuer must not be empty")]
+    NoIssuer,
+    /// `jwks_uri` has a scheme keys cannot be read from.
+    #[error("JWT_RULE: jwks_uri {0:?} must start with file://, https:// or http://")]
+    JwksUri(String),
+}
+
 impl JwtRule {
     /// Parses `JWT_RULE`.
-    pub fn parse(json: &str) -> Result<Self, String> {
-        let rule: JwtRule = serde_json::from_str(json).map_err(|e| {
-            format!(
-                "JWT_RULE is not valid JSON of the form {{\"issuer\":...,\"jwks_uri\":...,\"audiences\":[...]}}: {e}"
-            )
-        })?;
+    pub fn parse(json: &str) -> Result<Self, JwtRuleError> {
+        let rule: JwtRule =
+            serde_json::from_str(json).map_err(|e| JwtRuleError::Json(e.to_string()))?;
         if rule.issuer.is_empty() {
-            return Err("JWT_RULE: issuer must not be empty".into());
+            return Err(JwtRuleError::NoIssuer);
         }
         if !(rule.jwks_uri.starts_with("file://")
             || rule.jwks_uri.starts_with("https://")
             || rule.jwks_uri.starts_with("http://"))
         {
-            return Err(format!(
-                "JWT_RULE: jwks_uri {:?} must start with file://, https:// or http://",
-                rule.jwks_uri
-            ));
+            return Err(JwtRuleError::JwksUri(rule.jwks_uri));
         }
         Ok(rule)
     }
+}
+
+/// Why a bearer token was not accepted by the `JWT_RULE` authenticator.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum TokenError {
+    /// Not a JWT.
+    #[error("malformed JWT: {0}")]
+    Malformed(String),
+    /// The signing keys could not be had.
+    #[error(transparent)]
+    Keys(#[from] crate::jwks::KeySetError),
+    /// No key of the set has the token's key id.
+    #[error("no key in {uri} matches the token's key id {kid:?}")]
+    NoKey {
+        /// The rule's `jwks_uri`.
+        uri: String,
+        /// The token's `kid`.
+        kid: Option<String>,
+    },
+    /// Signed with a shared secret, which a key set cannot verify.
+    #[error("HMAC-signed tokens are not accepted")]
+    Hmac,
+    /// A key of the set cannot verify anything.
+    #[error("unusable key in JWKS: {0}")]
+    UnusableKey(String),
+    /// Past `exp`.
+    #[error("token has expired")]
+    Expired,
+    /// `iss` is not the rule's.
+    #[error("token issuer is not {0:?}")]
+    Issuer(String),
+    /// `aud` names none of the accepted audiences.
+    #[error("token audience is not one of {0:?}")]
+    Audience(Vec<String>),
+    /// No key's signature matches.
+    #[error("token signature is invalid")]
+    Signature,
+    /// Before `nbf`.
+    #[error("token is not valid yet")]
+    NotYetValid,
+    /// A required claim is missing.
+    #[error("token lacks the {0:?} claim")]
+    MissingClaim(String),
+    /// Any other reason the library gives.
+    #[error("invalid token: {0}")]
+    Invalid(String),
+    /// `sub` is not a Kubernetes service account.
+    #[error("token subject {0:?} is not system:serviceaccount:<namespace>:<name>")]
+    Subject(String),
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -119,19 +178,19 @@ impl JwtAuthenticator {
     }
 
     /// Verifies `token` and returns the caller's identity.
-    pub async fn authenticate(&self, token: &str) -> Result<Identity, String> {
+    pub async fn authenticate(&self, token: &str) -> Result<Identity, TokenError> {
         let header =
-            jsonwebtoken::decode_header(token).map_err(|e| format!("malformed JWT: {e}"))?;
+            jsonwebtoken::decode_header(token).map_err(|e| TokenError::Malformed(e.to_string()))?;
         let set = self.keys.keys(header.kid.as_deref()).await?;
         let candidates: Vec<_> = match &header.kid {
             Some(kid) => set.find(kid).into_iter().collect(),
             None => set.keys.iter().collect(),
         };
         if candidates.is_empty() {
-            return Err(format!(
-                "no key in {} matches the token's key id {:?}",
-                self.rule.jwks_uri, header.kid
-            ));
+            return Err(TokenError::NoKey {
+                uri: self.rule.jwks_uri.clone(),
+                kid: header.kid,
+            });
         }
         let mut validation = Validation::new(header.alg);
         validation.set_issuer(&[&self.rule.issuer]);
@@ -142,26 +201,21 @@ impl JwtAuthenticator {
             header.alg,
             Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512
         ) {
-            return Err("HMAC-signed tokens are not accepted".into());
+            return Err(TokenError::Hmac);
         }
-        let mut last = String::new();
+        let mut last = TokenError::Signature;
         for jwk in candidates {
             let key = match DecodingKey::from_jwk(jwk) {
                 Ok(k) => k,
                 Err(e) => {
-                    last = format!("unusable key in JWKS: {e}");
+                    last = TokenError::UnusableKey(e.to_string());
                     continue;
                 }
             };
             match jsonwebtoken::decode::<Claims>(token, &key, &validation) {
                 Ok(data) => {
                     return Identity::from_k8s_subject(&self.trust_domain, &data.claims.sub)
-                        .ok_or_else(|| {
-                            format!(
-                                "token subject {:?} is not system:serviceaccount:<namespace>:<name>",
-                                data.claims.sub
-                            )
-                        });
+                        .ok_or(TokenError::Subject(data.claims.sub));
                 }
                 Err(e) => last = describe_jwt_error(&e, &self.rule.issuer, &self.audiences),
             }
@@ -174,16 +228,16 @@ fn describe_jwt_error(
     e: &jsonwebtoken::errors::Error,
     issuer: &str,
     audiences: &[String],
-) -> String {
+) -> TokenError {
     use jsonwebtoken::errors::ErrorKind;
     match e.kind() {
-        ErrorKind::ExpiredSignature => "token has expired".into(),
-        ErrorKind::InvalidIssuer => format!("token issuer is not {issuer:?}"),
-        ErrorKind::InvalidAudience => format!("token audience is not one of {audiences:?}"),
-        ErrorKind::InvalidSignature => "token signature is invalid".into(),
-        ErrorKind::ImmatureSignature => "token is not valid yet".into(),
-        ErrorKind::MissingRequiredClaim(c) => format!("token lacks the {c:?} claim"),
-        _ => format!("invalid token: {e}"),
+        ErrorKind::ExpiredSignature => TokenError::Expired,
+        ErrorKind::InvalidIssuer => TokenError::Issuer(issuer.to_string()),
+        ErrorKind::InvalidAudience => TokenError::Audience(audiences.to_vec()),
+        ErrorKind::InvalidSignature => TokenError::Signature,
+        ErrorKind::ImmatureSignature => TokenError::NotYetValid,
+        ErrorKind::MissingRequiredClaim(c) => TokenError::MissingClaim(c.clone()),
+        _ => TokenError::Invalid(e.to_string()),
     }
 }
 
@@ -224,7 +278,7 @@ impl Authenticators {
         let token = match bearer_token(metadata) {
             Ok(token) => token,
             Err(e) => {
-                reasons.push(e);
+                reasons.push(e.to_string());
                 return Err(AuthnError(reasons.join("; ")));
             }
         };
@@ -260,34 +314,55 @@ impl Authenticators {
     }
 }
 
-fn cert_identities(leaf: &CertificateDer<'_>) -> Result<Vec<Identity>, String> {
-    let info = pki::cert_info(leaf).map_err(|e| e.to_string())?;
+/// Why a request's credentials could not even be read.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum CredentialError {
+    /// The client certificate does not parse.
+    #[error("{0}")]
+    Certificate(String),
+    /// The client certificate names no SPIFFE identity.
+    #[error("certificate has no SPIFFE URI SAN")]
+    NoSpiffeId,
+    /// No `authorization` header.
+    #[error("no HTTP authorization header exists")]
+    NoAuthorization,
+    /// The header's value is not ASCII.
+    #[error("authorization header is not ASCII")]
+    NotAscii,
+    /// The header is not `Bearer <token>`.
+    #[error("authorization header is not a Bearer token")]
+    NotBearer,
+    /// `Bearer` with nothing after it.
+    #[error("empty bearer token")]
+    EmptyToken,
+}
+
+fn cert_identities(leaf: &CertificateDer<'_>) -> Result<Vec<Identity>, CredentialError> {
+    let info = pki::cert_info(leaf).map_err(|e| CredentialError::Certificate(e.to_string()))?;
     let ids: Vec<Identity> = info
         .uri_sans
         .iter()
         .filter_map(|u| u.parse().ok())
         .collect();
     if ids.is_empty() {
-        Err("certificate has no SPIFFE URI SAN".into())
+        Err(CredentialError::NoSpiffeId)
     } else {
         Ok(ids)
     }
 }
 
-fn bearer_token(metadata: &MetadataMap) -> Result<&str, String> {
+fn bearer_token(metadata: &MetadataMap) -> Result<&str, CredentialError> {
     let value = metadata
         .get("authorization")
-        .ok_or_else(|| "no HTTP authorization header exists".to_string())?;
-    let value = value
-        .to_str()
-        .map_err(|_| "authorization header is not ASCII".to_string())?;
+        .ok_or(CredentialError::NoAuthorization)?;
+    let value = value.to_str().map_err(|_| CredentialError::NotAscii)?;
     let token = value
         .strip_prefix("Bearer ")
         .or_else(|| value.strip_prefix("bearer "))
-        .ok_or_else(|| "authorization header is not a Bearer token".to_string())?
+        .ok_or(CredentialError::NotBearer)?
         .trim();
     if token.is_empty() {
-        return Err("empty bearer token".into());
+        return Err(CredentialError::EmptyToken);
     }
     Ok(token)
 }
@@ -361,14 +436,20 @@ mod tests {
         ];
         for (o, want, iss) in cases {
             let token = iss.mint(&o).unwrap();
-            let err = authn.authenticate(&token).await.unwrap_err();
+            let err = authn.authenticate(&token).await.unwrap_err().to_string();
             assert!(err.contains(want), "{want}: {err}");
         }
         // Signed by a key the JWKS does not hold (same kid shape, other key).
         let token = other.mint(&opts()).unwrap();
         let err = authn.authenticate(&token).await.unwrap_err();
-        assert!(err.contains("key id") || err.contains("signature"), "{err}");
-        assert!(authn.authenticate("not.a.jwt").await.is_err());
+        assert!(
+            matches!(err, TokenError::NoKey { .. } | TokenError::Signature),
+            "{err}"
+        );
+        assert!(matches!(
+            authn.authenticate("not.a.jwt").await,
+            Err(TokenError::Malformed(_))
+        ));
     }
 
     #[tokio::test]
@@ -392,11 +473,19 @@ mod tests {
         let r =
             JwtRule::parse(r#"{"issuer":"i","jwks_uri":"file:///x","audiences":["a"]}"#).unwrap();
         assert_eq!(r.audiences, vec!["a"]);
-        assert!(JwtRule::parse("{").unwrap_err().contains("JWT_RULE"));
+        let e = JwtRule::parse("{").unwrap_err();
+        assert!(matches!(e, JwtRuleError::Json(_)), "{e}");
         assert!(
-            JwtRule::parse(r#"{"issuer":"i","jwks_uri":"ftp://x"}"#)
-                .unwrap_err()
-                .contains("jwks_uri")
+            e.to_string().starts_with("JWT_RULE is not valid JSON"),
+            "{e}"
+        );
+        assert_eq!(
+            JwtRule::parse(r#"{"issuer":"i","jwks_uri":"ftp://x"}"#),
+            Err(JwtRuleError::JwksUri("ftp://x".into()))
+        );
+        assert_eq!(
+            JwtRule::parse(r#"{"issuer":"","jwks_uri":"file:///x"}"#),
+            Err(JwtRuleError::NoIssuer)
         );
     }
 }

@@ -93,7 +93,7 @@ impl KubeJwtAuthenticator {
     }
 
     /// Reviews `token`; the caller's identity, or why it is refused.
-    pub async fn authenticate(&self, token: &str) -> Result<Identity, String> {
+    pub async fn authenticate(&self, token: &str) -> Result<Identity, ReviewError> {
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: Some(token.to_string()),
@@ -105,13 +105,8 @@ impl KubeJwtAuthenticator {
         let reviewed =
             tokio::time::timeout(self.timeout, api.create(&PostParams::default(), &review))
                 .await
-                .map_err(|_| {
-                    format!(
-                        "the Kubernetes API did not answer the TokenReview within {:?}",
-                        self.timeout
-                    )
-                })?
-                .map_err(|e| format!("TokenReview failed: {e}"))?;
+                .map_err(|_| ReviewError::Timeout(self.timeout))?
+                .map_err(|e| ReviewError::Api(e.to_string()))?;
         review_identity(
             reviewed.status.as_ref(),
             self.audiences.as_deref(),
@@ -130,42 +125,74 @@ pub fn review_identity(
     status: Option<&TokenReviewStatus>,
     audiences: Option<&[String]>,
     trust_domain: &str,
-) -> Result<Identity, String> {
-    let status = status.ok_or("the TokenReview has no status")?;
+) -> Result<Identity, ReviewError> {
+    let status = status.ok_or(ReviewError::NoStatus)?;
     if let Some(e) = status.error.as_deref().filter(|e| !e.is_empty()) {
-        return Err(format!(
-            "the service account authentication returns an error: {e}"
-        ));
+        return Err(ReviewError::Refused(e.to_string()));
     }
     if status.authenticated != Some(true) {
-        return Err("the token is not authenticated".into());
+        return Err(ReviewError::NotAuthenticated);
     }
     if let Some(wanted) = audiences.filter(|a| !a.is_empty()) {
         let granted = status.audiences.as_deref().unwrap_or_default();
         if !granted.iter().any(|a| wanted.contains(a)) {
-            return Err(format!(
-                "the token is not for audience {wanted:?} (the review granted {granted:?})"
-            ));
+            return Err(ReviewError::Audience {
+                wanted: wanted.to_vec(),
+                granted: granted.to_vec(),
+            });
         }
     }
-    let user = status
-        .user
-        .as_ref()
-        .ok_or("the TokenReview names no user")?;
+    let user = status.user.as_ref().ok_or(ReviewError::NoUser)?;
     let in_group = user
         .groups
         .iter()
         .flatten()
         .any(|g| g == SERVICE_ACCOUNTS_GROUP);
     if !in_group {
-        return Err("the token is not a service account".into());
+        return Err(ReviewError::NotServiceAccount);
     }
     let username = user.username.as_deref().unwrap_or_default();
-    Identity::from_k8s_subject(trust_domain, username).ok_or_else(|| {
-        format!(
-            "invalid username {username:?} in the token review result (want system:serviceaccount:<namespace>:<name>)"
-        )
-    })
+    Identity::from_k8s_subject(trust_domain, username)
+        .ok_or_else(|| ReviewError::Username(username.to_string()))
+}
+
+/// Why a TokenReview did not give a caller's identity.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReviewError {
+    /// The API server did not answer in time.
+    #[error("the Kubernetes API did not answer the TokenReview within {0:?}")]
+    Timeout(Duration),
+    /// The API call failed.
+    #[error("TokenReview failed: {0}")]
+    Api(String),
+    /// The answer has no status.
+    #[error("the TokenReview has no status")]
+    NoStatus,
+    /// The API server reports an error for the token.
+    #[error("the service account authentication returns an error: {0}")]
+    Refused(String),
+    /// The token is not authenticated.
+    #[error("the token is not authenticated")]
+    NotAuthenticated,
+    /// None of the asked audiences was granted.
+    #[error("the token is not for audience {wanted:?} (the review granted {granted:?})")]
+    Audience {
+        /// What istiod asked for.
+        wanted: Vec<String>,
+        /// What the review granted.
+        granted: Vec<String>,
+    },
+    /// The answer names no user.
+    #[error("the TokenReview names no user")]
+    NoUser,
+    /// The user is not in `system:serviceaccounts`.
+    #[error("the token is not a service account")]
+    NotServiceAccount,
+    /// The user name is not `system:serviceaccount:<namespace>:<name>`.
+    #[error(
+        "invalid username {0:?} in the token review result (want system:serviceaccount:<namespace>:<name>)"
+    )]
+    Username(String),
 }
 
 #[cfg(test)]
@@ -225,18 +252,23 @@ mod tests {
             ),
         ];
         for (s, want) in cases {
-            let err = review_identity(Some(&s), Some(&ca()), "cluster.local").unwrap_err();
+            let err = review_identity(Some(&s), Some(&ca()), "cluster.local")
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(want), "{want}: {err}");
         }
         let mut user = status(true, &["istio-ca"], "system:serviceaccount:demo:sleep");
         user.user.as_mut().unwrap().groups = Some(vec!["system:authenticated".into()]);
         let err = review_identity(Some(&user), Some(&ca()), "cluster.local").unwrap_err();
-        assert!(err.contains("not a service account"), "{err}");
+        assert_eq!(err, ReviewError::NotServiceAccount);
         let mut failed = status(true, &["istio-ca"], "system:serviceaccount:demo:sleep");
         failed.error = Some("token expired".into());
         let err = review_identity(Some(&failed), Some(&ca()), "cluster.local").unwrap_err();
-        assert!(err.contains("token expired"), "{err}");
-        assert!(review_identity(None, Some(&ca()), "cluster.local").is_err());
+        assert_eq!(err, ReviewError::Refused("token expired".into()));
+        assert_eq!(
+            review_identity(None, Some(&ca()), "cluster.local"),
+            Err(ReviewError::NoStatus)
+        );
     }
 
     /// A stand-in API server answering every TokenReview with `answer`.
@@ -305,7 +337,7 @@ mod tests {
             Duration::ZERO,
         )
         .await;
-        assert!(err(addr).await.contains("TokenReview failed"));
+        assert!(matches!(err(addr).await, ReviewError::Api(_)));
         // Slower than the timeout: refused, not waited for.
         let addr = api_server(
             axum::http::StatusCode::CREATED,
@@ -313,11 +345,11 @@ mod tests {
             Duration::from_secs(5),
         )
         .await;
-        assert!(err(addr).await.contains("did not answer"));
+        assert!(matches!(err(addr).await, ReviewError::Timeout(_)));
         // Nothing listening.
         let unused = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = unused.local_addr().unwrap();
         drop(unused);
-        assert!(err(addr).await.contains("TokenReview failed"));
+        assert!(matches!(err(addr).await, ReviewError::Api(_)));
     }
 }

@@ -14,6 +14,22 @@ use tokio::time::Instant;
 
 use super::fetch;
 
+/// Why no signing keys could be had (and none were cached).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeySetError {
+    /// The key set could not be fetched.
+    #[error("fetching JWKS {0}")]
+    Fetch(#[from] super::FetchError),
+    /// What was fetched is not a JSON Web Key Set.
+    #[error("JWKS {uri} is not a JSON Web Key Set: {reason}")]
+    NotJwks {
+        /// The `jwks_uri`.
+        uri: String,
+        /// The parser's message.
+        reason: String,
+    },
+}
+
 #[derive(Debug, Default)]
 struct State {
     keys: Option<JwkSet>,
@@ -97,7 +113,7 @@ impl KeySetCache {
     /// The key set, fetched first when stale or when `kid` is not in it.
     /// A failed fetch keeps the previous keys (with a warning); it is an
     /// error only when there are none.
-    pub async fn keys(&self, kid: Option<&str>) -> Result<JwkSet, String> {
+    pub async fn keys(&self, kid: Option<&str>) -> Result<JwkSet, KeySetError> {
         loop {
             let cached = match self.next(kid) {
                 Next::Use(keys) => return Ok(keys),
@@ -131,12 +147,12 @@ impl KeySetCache {
         }
     }
 
-    async fn fetch(&self) -> Result<JwkSet, String> {
-        let body = fetch(&self.uri, self.timeout, true)
-            .await
-            .map_err(|e| format!("fetching JWKS {e}"))?;
-        serde_json::from_str(&body)
-            .map_err(|e| format!("JWKS {} is not a JSON Web Key Set: {e}", self.uri))
+    async fn fetch(&self) -> Result<JwkSet, KeySetError> {
+        let body = fetch(&self.uri, self.timeout, true).await?;
+        serde_json::from_str(&body).map_err(|e| KeySetError::NotJwks {
+            uri: self.uri.clone(),
+            reason: e.to_string(),
+        })
     }
 }
 
@@ -298,6 +314,7 @@ mod tests {
             Duration::from_secs(1),
         );
         let e = empty.keys(None).await.unwrap_err();
-        assert!(e.contains("not a JSON Web Key Set"), "{e}");
+        assert!(matches!(e, KeySetError::NotJwks { .. }), "{e}");
+        assert!(e.to_string().contains("not a JSON Web Key Set"), "{e}");
     }
 }

@@ -96,24 +96,56 @@ fn gateway_topology(
         .unwrap_or_default()
 }
 
+/// Why an xDS node is refused (`InvalidArgument` on the wire).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeError {
+    /// The request has no node id.
+    #[error("missing node information")]
+    Missing,
+    /// The id is not `<type>~<ip>~<pod>.<namespace>~<domain>`.
+    #[error(
+        "node id {0:?} does not have 4 parts separated by ~ (<type>~<ip>~<pod>.<namespace>~<domain>)"
+    )]
+    Shape(String),
+    /// The id's first part is not a proxy type.
+    #[error("invalid node type {kind:?} in node id {id:?}")]
+    Type {
+        /// The first part.
+        kind: String,
+        /// The node id.
+        id: String,
+    },
+}
+
+/// Why a proxy may not connect as itself (`PermissionDenied` on the wire).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "authorization failed: no identity of {identities:?} matches namespace {namespace:?} and service account {service_account:?}"
+)]
+pub struct AuthorizeError {
+    /// The caller's authenticated identities.
+    pub identities: Vec<String>,
+    /// The proxy's namespace.
+    pub namespace: String,
+    /// The proxy's service account (empty when it sent none).
+    pub service_account: String,
+}
+
 impl Proxy {
     /// Parses an xDS node. Errors say what is wrong, for `InvalidArgument`.
-    pub fn from_node(node: &Node) -> Result<Self, String> {
+    pub fn from_node(node: &Node) -> Result<Self, NodeError> {
         if node.id.is_empty() {
-            return Err("missing node information".into());
+            return Err(NodeError::Missing);
         }
         let parts: Vec<&str> = node.id.split('~').collect();
         let [proxy_type, ip, id, domain] = parts.as_slice() else {
-            return Err(format!(
-                "node id {:?} does not have 4 parts separated by ~ (<type>~<ip>~<pod>.<namespace>~<domain>)",
-                node.id
-            ));
+            return Err(NodeError::Shape(node.id.clone()));
         };
         let Ok(proxy_type) = proxy_type.parse::<ProxyType>() else {
-            return Err(format!(
-                "invalid node type {proxy_type:?} in node id {:?}",
-                node.id
-            ));
+            return Err(NodeError::Type {
+                kind: proxy_type.to_string(),
+                id: node.id.clone(),
+            });
         };
         // Read leniently: a value that does not fit its field is left out
         // (the field's default below), not a reason to refuse the node.
@@ -196,7 +228,10 @@ impl Proxy {
     /// Istio's identity check on :15012: some authenticated identity must be
     /// of the proxy's namespace and (when set) service account.
     /// Returns the identity that matched.
-    pub fn authorize(&self, identities: &[common::Identity]) -> Result<common::Identity, String> {
+    pub fn authorize(
+        &self,
+        identities: &[common::Identity],
+    ) -> Result<common::Identity, AuthorizeError> {
         let found = identities.iter().find(|id| {
             id.namespace == self.namespace
                 && self
@@ -207,15 +242,11 @@ impl Proxy {
         if let Some(id) = found {
             Ok(id.clone())
         } else {
-            Err(format!(
-                "authorization failed: no identity of {:?} matches namespace {:?} and service account {:?}",
-                identities
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>(),
-                self.namespace,
-                self.service_account.as_deref().unwrap_or("")
-            ))
+            Err(AuthorizeError {
+                identities: identities.iter().map(ToString::to_string).collect(),
+                namespace: self.namespace.clone(),
+                service_account: self.service_account.clone().unwrap_or_default(),
+            })
         }
     }
 }
@@ -258,11 +289,13 @@ mod tests {
         assert_eq!(p.id, "reviews-v1-abc.default");
         assert_eq!(p.namespace, "default");
         assert_eq!(p.ips, ["10.1.2.3", "fd00::1"]);
-        assert!(Proxy::from_node(&node("bad", &[])).is_err());
-        assert!(
-            Proxy::from_node(&node("", &[]))
-                .unwrap_err()
-                .contains("missing node information")
+        assert_eq!(
+            Proxy::from_node(&node("bad", &[])).unwrap_err(),
+            NodeError::Shape("bad".into())
+        );
+        assert_eq!(
+            Proxy::from_node(&node("", &[])).unwrap_err(),
+            NodeError::Missing
         );
     }
 
@@ -312,10 +345,14 @@ mod tests {
         .unwrap();
         assert_eq!(p.labels["app"], "gw");
         assert!(p.dns_capture);
+        let e = Proxy::from_node(&node("gateway~1.1.1.1~a.ns~ns.svc", &[])).unwrap_err();
         assert!(
-            Proxy::from_node(&node("gateway~1.1.1.1~a.ns~ns.svc", &[]))
-                .unwrap_err()
-                .contains("invalid node type")
+            matches!(&e, NodeError::Type { kind, .. } if kind == "gateway"),
+            "{e}"
+        );
+        assert!(
+            e.to_string().starts_with("invalid node type \"gateway\""),
+            "{e}"
         );
     }
 
@@ -332,8 +369,10 @@ mod tests {
             p.authorize(&[id("x", "y"), id("ns", "sa")]).is_ok(),
             "second match"
         );
-        assert!(
-            p.authorize(&[id("other", "sa")]).is_err(),
+        let e = p.authorize(&[id("other", "sa")]).unwrap_err();
+        assert_eq!(
+            (e.namespace.as_str(), e.service_account.as_str()),
+            ("ns", "sa"),
             "no match namespace"
         );
         assert!(

@@ -489,9 +489,11 @@ pub(super) fn init_proxy(
     identities: &Identities,
 ) -> Result<Proxy, Status> {
     let node = node.ok_or_else(|| Status::invalid_argument("missing node information"))?;
-    let mut proxy = Proxy::from_node(node).map_err(Status::invalid_argument)?;
+    let mut proxy = Proxy::from_node(node).map_err(|e| Status::invalid_argument(e.to_string()))?;
     if let Some(ids) = identities {
-        let id = proxy.authorize(ids).map_err(Status::permission_denied)?;
+        let id = proxy
+            .authorize(ids)
+            .map_err(|e| Status::permission_denied(e.to_string()))?;
         proxy.verified = true;
         proxy.verified_identity = Some(id);
     }
