@@ -1,6 +1,21 @@
 //! istiod: the control plane that configures every sidecar and signs its
 //! workload certificate. `app` wires the parts; each module is named for the
 //! Istio capability it implements.
+//!
+//! The walk of a change, one room at a time, each passed once:
+//! 1. `source` (files, the Kubernetes API) parses and validates an object
+//!    (`model::validate`) and writes it to its slice of `model::store`.
+//! 2. The store publishes a snapshot and a batch of change events.
+//! 3. `push` debounces batches (`PILOT_DEBOUNCE_AFTER`/`_MAX`) into one.
+//! 4. `push::builder` builds the immutable push context (`xds::context`)
+//!    from the snapshot, the mesh config and the JWKS.
+//! 5. `push::updates` resolves what the batch reaches (proxies, types) and
+//!    clears those entries of the XDS cache (`xds::cache`).
+//! 6. The push request (`xds::push_request`) goes to every stream
+//!    (`xds::server`, `xds::connection`, `xds::sotw`, `xds::delta`).
+//! 7. Each stream asks the generators (`xds::generator`: cds, eds, lds, rds,
+//!    sds, nds) for its proxy, reading the context and the cache.
+//! 8. `xds::wire` frames the shared resources; `xds::outbox` sends them.
 
 pub mod app;
 pub mod autoregistration;
