@@ -198,20 +198,63 @@ pub struct ProbeEvent {
     pub message: String,
 }
 
+/// Why a probe failed; its text is the message istiod writes into the
+/// WorkloadEntry's `Healthy` condition.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProbeError {
+    /// No answer within the probe's timeout.
+    #[error("probe timed out after {}s", .0.as_secs_f64())]
+    Timeout(Duration),
+    /// The application's port refused or could not be reached.
+    #[error("dial tcp {addr}: {reason}")]
+    Dial {
+        /// `host:port`.
+        addr: String,
+        /// The socket's error.
+        reason: String,
+    },
+    /// The HTTP exchange failed before a status.
+    #[error("{0}")]
+    Http(String),
+    /// The application answered with a status other than 2xx or 3xx.
+    #[error("HTTP probe failed with status code {0}")]
+    Status(u16),
+    /// The command could not be started.
+    #[error("exec {command}: {reason}")]
+    Spawn {
+        /// The program.
+        command: String,
+        /// The error.
+        reason: String,
+    },
+    /// The command exited unsuccessfully.
+    #[error("command {command:?} failed: {status}")]
+    Exit {
+        /// The command line.
+        command: String,
+        /// Its exit status.
+        status: String,
+    },
+}
+
 /// Runs one probe within the timeout.
-pub async fn probe(method: &Method, timeout: Duration) -> Result<(), String> {
+pub async fn probe(method: &Method, timeout: Duration) -> Result<(), ProbeError> {
     match tokio::time::timeout(timeout, probe_once(method)).await {
         Ok(r) => r,
-        Err(_) => Err(format!("probe timed out after {}s", timeout.as_secs_f64())),
+        Err(_) => Err(ProbeError::Timeout(timeout)),
     }
 }
 
-async fn probe_once(method: &Method) -> Result<(), String> {
+async fn probe_once(method: &Method) -> Result<(), ProbeError> {
+    let dial_error = |host: &str, port: u16, e: std::io::Error| ProbeError::Dial {
+        addr: host_port(host, port),
+        reason: e.to_string(),
+    };
     match method {
         Method::Tcp { host, port } => dial(host, *port, true)
             .await
             .map(drop)
-            .map_err(|e| format!("dial tcp {}: {e}", host_port(host, *port))),
+            .map_err(|e| dial_error(host, *port, e)),
         Method::Http {
             host,
             port,
@@ -220,7 +263,7 @@ async fn probe_once(method: &Method) -> Result<(), String> {
         } => {
             let stream = dial(host, *port, true)
                 .await
-                .map_err(|e| format!("dial tcp {}: {e}", host_port(host, *port)))?;
+                .map_err(|e| dial_error(host, *port, e))?;
             let mut map = HeaderMap::new();
             for (k, v) in headers {
                 if let (Ok(k), Ok(v)) = (HeaderName::try_from(k.as_str()), HeaderValue::from_str(v))
@@ -237,16 +280,15 @@ async fn probe_once(method: &Method) -> Result<(), String> {
                 false,
                 http_body_util::Empty::<hyper::body::Bytes>::new(),
             )
-            .map_err(|e| e.to_string())?;
-            let resp = send_h1(stream, req).await.map_err(|e| e.to_string())?;
+            .map_err(|e| ProbeError::Http(e.to_string()))?;
+            let resp = send_h1(stream, req)
+                .await
+                .map_err(|e| ProbeError::Http(e.to_string()))?;
             let status = resp.status();
             if status.is_success() || status.is_redirection() {
                 Ok(())
             } else {
-                Err(format!(
-                    "HTTP probe failed with status code {}",
-                    status.as_u16()
-                ))
+                Err(ProbeError::Status(status.as_u16()))
             }
         }
         Method::Exec { command } => {
@@ -255,15 +297,17 @@ async fn probe_once(method: &Method) -> Result<(), String> {
                 .kill_on_drop(true)
                 .output()
                 .await
-                .map_err(|e| format!("exec {}: {e}", command[0]))?;
+                .map_err(|e| ProbeError::Spawn {
+                    command: command[0].clone(),
+                    reason: e.to_string(),
+                })?;
             if out.status.success() {
                 Ok(())
             } else {
-                Err(format!(
-                    "command {:?} failed: {}",
-                    command.join(" "),
-                    out.status
-                ))
+                Err(ProbeError::Exit {
+                    command: command.join(" "),
+                    status: out.status.to_string(),
+                })
             }
         }
     }
@@ -282,7 +326,7 @@ impl Thresholds {
     pub fn observe(
         &mut self,
         cfg: &HealthCheckConfig,
-        result: Result<(), String>,
+        result: Result<(), ProbeError>,
     ) -> Option<ProbeEvent> {
         match result {
             Ok(()) => {
@@ -297,7 +341,7 @@ impl Thresholds {
                     });
                 }
             }
-            Err(message) => {
+            Err(error) => {
                 self.failures += 1;
                 self.successes = 0;
                 if self.failures >= cfg.failure_threshold && self.last != Some(false) {
@@ -305,7 +349,7 @@ impl Thresholds {
                     self.last = Some(false);
                     return Some(ProbeEvent {
                         healthy: false,
-                        message,
+                        message: error.to_string(),
                     });
                 }
             }
@@ -404,7 +448,7 @@ mod tests {
         };
         let mut t = Thresholds::default();
         let ok = || Ok(());
-        let bad = || Err("down".to_string());
+        let bad = || Err(ProbeError::Status(503));
         assert_eq!(t.observe(&cfg, ok()), None);
         assert_eq!(t.observe(&cfg, ok()).map(|e| e.healthy), Some(true));
         assert_eq!(t.observe(&cfg, ok()), None);
@@ -412,7 +456,7 @@ mod tests {
         assert_eq!(t.observe(&cfg, bad()), None);
         let e = t.observe(&cfg, bad()).unwrap();
         assert!(!e.healthy);
-        assert_eq!(e.message, "down");
+        assert_eq!(e.message, "HTTP probe failed with status code 503");
         assert_eq!(t.observe(&cfg, bad()), None);
     }
 
@@ -439,14 +483,13 @@ mod tests {
         };
         let t = Duration::from_secs(2);
         assert_eq!(probe(&http, t).await, Ok(()));
-        let e = probe(&http, t).await.unwrap_err();
-        assert!(e.contains("503"), "{e}");
+        assert_eq!(probe(&http, t).await, Err(ProbeError::Status(503)));
         // Nothing listens any more: TCP and HTTP fail.
         let tcp = Method::Tcp {
             host: "127.0.0.1".into(),
             port,
         };
-        assert!(probe(&tcp, t).await.is_err());
+        assert!(matches!(probe(&tcp, t).await, Err(ProbeError::Dial { .. })));
         assert_eq!(
             probe(
                 &Method::Exec {
@@ -465,7 +508,7 @@ mod tests {
                 t
             )
             .await
-            .is_err()
+            .is_err_and(|e| matches!(e, ProbeError::Exit { .. }))
         );
     }
 }
