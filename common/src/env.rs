@@ -149,15 +149,21 @@ impl<'a> Reader<'a> {
         self.errors.push(msg.into());
     }
 
-    /// All errors, joined one per line, or `Ok` when there were none.
-    pub fn finish(self) -> Result<(), String> {
+    /// Every error, or `Ok` when there were none.
+    pub fn finish(self) -> Result<(), ConfigErrors> {
         if self.errors.is_empty() {
             Ok(())
         } else {
-            Err(self.errors.join("\n"))
+            Err(ConfigErrors(self.errors))
         }
     }
 }
+
+/// Every bad flag or variable of one reading, in the order found; shown
+/// one per line, each naming its flag or variable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", .0.join("\n"))]
+pub struct ConfigErrors(pub Vec<String>);
 
 #[cfg(test)]
 mod tests {
@@ -170,8 +176,9 @@ mod tests {
         r.bool("A", false);
         r.duration("B", Duration::ZERO);
         let _: u32 = r.parse("C", 1);
-        let err = r.finish().unwrap_err();
-        assert_eq!(err.lines().count(), 3, "{err}");
+        let ConfigErrors(errors) = r.finish().unwrap_err();
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        let err = errors.join("\n");
         assert!(err.contains("A=\"maybe\""));
         assert!(err.contains("B: invalid duration"));
     }

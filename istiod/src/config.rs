@@ -314,7 +314,10 @@ fn check_mesh_networks(path: &std::path::Path, r: &mut Reader<'_>) {
 
 impl Config {
     /// Builds the configuration, reporting every invalid value at once.
-    pub fn from_args(args: &DiscoveryArgs, env: &dyn Env) -> Result<Self, String> {
+    pub fn from_args(
+        args: &DiscoveryArgs,
+        env: &dyn Env,
+    ) -> Result<Self, common::env::ConfigErrors> {
         let mut r = Reader::new(env);
         let addr = |flag: &str, v: &str, r: &mut Reader<'_>| match parse_listen_addr(flag, v) {
             Ok(a) => a,
@@ -582,6 +585,10 @@ mod tests {
     }
 
     fn with_mesh(yaml: &str) -> Result<Config, String> {
+        with_mesh_typed(yaml).map_err(|e| e.to_string())
+    }
+
+    fn with_mesh_typed(yaml: &str) -> Result<Config, common::env::ConfigErrors> {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("mesh");
         std::fs::write(&path, yaml).unwrap();
@@ -645,7 +652,7 @@ mod tests {
         );
         assert_eq!(c.jwt_policy, JwtPolicy::FirstParty);
         let env = MapEnv::from_pairs([("JWT_POLICY", "none")]);
-        let err = Config::from_args(&t.a, &env).unwrap_err();
+        let err = Config::from_args(&t.a, &env).unwrap_err().to_string();
         assert!(err.contains("JWT_POLICY=\"none\""), "{err}");
     }
 
@@ -671,7 +678,9 @@ mod tests {
             "--registries",
             "Kubernetes,Mock",
         ]);
-        let err = Config::from_args(&t.a, &MapEnv::default()).unwrap_err();
+        let err = Config::from_args(&t.a, &MapEnv::default())
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("--registries \"Mock\" is not supported"),
             "{err}"
@@ -698,7 +707,8 @@ mod tests {
         let err = parse(
             "networks:\n  network1:\n    endpoints: [{fromRegistry: Kubernetes}]\n    gateways: [{address: 198.18.0.9, port: 15443}]\n",
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             err.contains("--networksConfig") && err.contains("networks is not supported"),
             "{err}"
@@ -732,9 +742,12 @@ mod tests {
             "/nonexistent",
         ]);
         let env = MapEnv::from_pairs([("JWT_RULE", "{bad"), ("MAX_WORKLOAD_CERT_TTL", "90x")]);
-        let err = Config::from_args(&t.a, &env).unwrap_err();
-        assert!(err.contains("secureGRPCAddr"), "{err}");
-        assert!(err.contains("JWT_RULE"), "{err}");
-        assert!(err.contains("MAX_WORKLOAD_CERT_TTL"), "{err}");
+        let common::env::ConfigErrors(errors) = Config::from_args(&t.a, &env).unwrap_err();
+        // One line each, every one in one run.
+        let named = |what: &str| errors.iter().filter(|e| e.contains(what)).count();
+        assert_eq!(errors.len(), 3, "{errors:#?}");
+        for what in ["secureGRPCAddr", "JWT_RULE", "MAX_WORKLOAD_CERT_TTL"] {
+            assert_eq!(named(what), 1, "{what}: {errors:#?}");
+        }
     }
 }

@@ -65,7 +65,9 @@ pub fn refresh_interval(env: &dyn common::env::Env) -> Result<Duration, Settings
             "{ENV_REFRESH_INTERVAL}: must be a positive duration such as 20m"
         ));
     }
-    r.finish().map(|()| d).map_err(SettingsError)
+    r.finish()
+        .map(|()| d)
+        .map_err(|e| SettingsError(e.to_string()))
 }
 
 /// A cache key: Istio's `jwtKey`.
