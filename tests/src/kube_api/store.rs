@@ -253,20 +253,6 @@ fn rv_of(obj: &Value) -> u64 {
         .unwrap_or(0)
 }
 
-/// RFC 3339 at second precision, as `creationTimestamp` is written.
-fn now_rfc3339() -> String {
-    let t = time::OffsetDateTime::now_utc();
-    format!(
-        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
-        t.year(),
-        u8::from(t.month()),
-        t.day(),
-        t.hour(),
-        t.minute(),
-        t.second()
-    )
-}
-
 /// The 5-character suffix `generateName` gets, from the API's alphabet.
 fn name_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
@@ -553,7 +539,10 @@ impl Store {
             "uid".into(),
             json!(uuid::Uuid::new_v4().hyphenated().to_string()),
         );
-        meta.insert("creationTimestamp".into(), json!(now_rfc3339()));
+        meta.insert(
+            "creationTimestamp".into(),
+            json!(common::clock::now_rfc3339()),
+        );
         if res.generation {
             meta.insert("generation".into(), json!(1));
         }
