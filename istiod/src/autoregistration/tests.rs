@@ -309,9 +309,13 @@ async fn registers_reports_health_and_removes_after_the_grace_period_in_memory()
         .await
         .unwrap()
         .unwrap();
+    let key = (reg.namespace.clone(), reg.name.clone());
     c.on_disconnect(reg, SystemTime::now());
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(entry(&store).is_some(), "kept while a connection remains");
+    // The controller still counts the second connection, so nothing was
+    // started that could mark or remove the entry.
+    assert_eq!(c.lock().get(&key), Some(&1), "one connection left");
+    let (annotations, _) = entry(&store).expect("kept while a connection remains");
+    assert!(!annotations.contains_key(ANNOTATION_DISCONNECTED_AT));
 
     // The last one's end: marked disconnected, then removed.
     c.on_disconnect(reg2, SystemTime::now() + Duration::from_millis(2));
