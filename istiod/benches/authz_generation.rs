@@ -11,8 +11,9 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use istiod::model::{ConfigStore, RegistryOptions, Update, parse_file};
-use istiod::xds::context::IstioContext;
-use istiod::xds::{LISTENER_TYPE, Proxy, PushContext};
+use istiod::pushctx::context::IstioContext;
+use istiod::pushctx::{Proxy, PushContext};
+use istiod::xds::LISTENER_TYPE;
 
 /// httpbin's Service, Pod and endpoints, as the sample mesh has them.
 const MESH: &str = r#"

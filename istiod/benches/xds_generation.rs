@@ -22,11 +22,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use istiod::model::{ConfigStore, Decoded, RegistryOptions, Update, decode};
-use istiod::xds::cache::XdsCache;
-use istiod::xds::context::IstioContext;
-use istiod::xds::{
-    CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, Proxy, PushContext, ROUTE_TYPE, Resource,
-};
+use istiod::pushctx::cache::XdsCache;
+use istiod::pushctx::context::IstioContext;
+use istiod::pushctx::{Proxy, PushContext, Resource};
+use istiod::xds::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE};
 use pilot_load::mesh::{Shape, documents, pod_ip};
 use prost::Message;
 use proto::pb::envoy::config::cluster::v3::Cluster;

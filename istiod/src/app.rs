@@ -289,12 +289,12 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     .with_instance(&config.namespace, &config.pod_name)
     .with_stream_limit(config.max_requests_per_second);
     let cache_metrics = if config.xds_cache.stats {
-        Some(crate::xds::cache::CacheMetrics::new(&registry)?)
+        Some(crate::pushctx::cache::CacheMetrics::new(&registry)?)
     } else {
         None
     };
     crate::xds::envoyfilter::register_metrics(&registry)?;
-    let cache = Arc::new(crate::xds::cache::XdsCache::new(
+    let cache = Arc::new(crate::pushctx::cache::XdsCache::new(
         config.xds_cache.clone(),
         cache_metrics,
     ));

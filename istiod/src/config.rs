@@ -230,7 +230,7 @@ pub struct Config {
     pub config_dir: Option<PathBuf>,
     /// The XDS cache (`PILOT_ENABLE_XDS_CACHE`, `PILOT_ENABLE_CDS_CACHE`,
     /// `PILOT_ENABLE_RDS_CACHE`, `PILOT_XDS_CACHE_SIZE`, `PILOT_XDS_CACHE_STATS`).
-    pub xds_cache: crate::xds::cache::CacheSettings,
+    pub xds_cache: crate::pushctx::cache::CacheSettings,
     /// `PILOT_XDS_SEND_TIMEOUT`: how long one push may take to be written to
     /// a proxy before its stream is closed (0: no limit, Istio's default).
     pub xds_send_timeout: Duration,
@@ -447,13 +447,13 @@ impl Config {
             ) as usize,
             n => n,
         };
-        let xds_cache = crate::xds::cache::CacheSettings {
+        let xds_cache = crate::pushctx::cache::CacheSettings {
             enabled: r.bool("PILOT_ENABLE_XDS_CACHE", true),
             cds: r.bool("PILOT_ENABLE_CDS_CACHE", true),
             rds: r.bool("PILOT_ENABLE_RDS_CACHE", true),
             size: r.parse(
                 "PILOT_XDS_CACHE_SIZE",
-                crate::xds::cache::DEFAULT_CACHE_SIZE,
+                crate::pushctx::cache::DEFAULT_CACHE_SIZE,
             ),
             stats: r.bool("PILOT_XDS_CACHE_STATS", false),
         };

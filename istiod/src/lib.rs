@@ -7,11 +7,11 @@
 //!    (`model::validate`) and writes it to its slice of `model::store`.
 //! 2. The store publishes a snapshot and a batch of change events.
 //! 3. `push` debounces batches (`PILOT_DEBOUNCE_AFTER`/`_MAX`) into one.
-//! 4. `push::builder` builds the immutable push context (`xds::context`)
+//! 4. `push::builder` builds the immutable push context (`pushctx::context`)
 //!    from the snapshot, the mesh config and the JWKS.
 //! 5. `push::updates` resolves what the batch reaches (proxies, types) and
-//!    clears those entries of the XDS cache (`xds::cache`).
-//! 6. The push request (`xds::push_request`) goes to every stream
+//!    clears those entries of the XDS cache (`pushctx::cache`).
+//! 6. The push request (`pushctx::push_request`) goes to every stream
 //!    (`xds::server`, `xds::connection`, `xds::sotw`, `xds::delta`).
 //! 7. Each stream asks the generators (`xds::generator`: cds, eds, lds, rds,
 //!    sds, nds) for its proxy, reading the context and the cache.
@@ -31,6 +31,7 @@ pub mod mesh;
 pub mod metrics;
 pub mod model;
 pub mod push;
+pub mod pushctx;
 pub mod scavenger;
 pub mod source;
 pub mod token;

@@ -18,7 +18,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 
 use crate::model::{ConfigBatch, Kind};
-use crate::xds::{PushContext, PushRequest, Updates};
+use crate::pushctx::{PushContext, PushRequest, Updates};
 
 pub use builder::Builder;
 pub use updates::Pending;
@@ -306,8 +306,8 @@ mod tests {
     use super::*;
     use crate::mesh::Mesh;
     use crate::model::{ConfigStore, RegistryOptions, Update, parse_file};
-    use crate::xds::cache::XdsCache;
-    use crate::xds::push_request::{Audience, Types};
+    use crate::pushctx::cache::XdsCache;
+    use crate::pushctx::push_request::{Audience, Types};
 
     struct Pipeline {
         store: ConfigStore,
@@ -520,7 +520,7 @@ mod tests {
         };
         assert_eq!(audiences, [(&secret, Types::SDS)]);
         let plan =
-            crate::xds::push_request::plan_without_scopes(std::slice::from_ref(&push.updates));
+            crate::pushctx::push_request::plan_without_scopes(std::slice::from_ref(&push.updates));
         assert_eq!(plan.types, Types::SDS);
         assert_eq!(
             plan.secrets,

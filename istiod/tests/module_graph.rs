@@ -1,8 +1,11 @@
 //! istiod's top-level modules depend on each other one way: data flows from
 //! the sources to the store, the push context, the generators and the
 //! streams, and `config` (the flags and environment) and `app` (the wiring)
-//! sit on top of every part. A module that reaches back up closes a cycle
-//! and fails here, naming the line that does it.
+//! sit on top of every part. The push context (`pushctx`) is a floor of its
+//! own between the model and xDS: the generators and the ADS transport read
+//! it, and it reads neither them nor the debouncer (`push`) that builds it.
+//! A module that reaches back up closes a cycle or breaks a floor and fails
+//! here, naming the line that does it.
 
 use common::module_graph::ModuleGraph;
 
@@ -15,6 +18,7 @@ fn graph() -> ModuleGraph {
             "model",
             "source",
             "push",
+            "pushctx",
             "xds",
             "ca",
             "autoregistration",
@@ -43,6 +47,19 @@ fn nothing_below_config_and_app_depends_on_them() {
         }
     }
     if let Err(e) = graph.check_not_referenced_by("app", &["config"]) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn the_push_context_is_below_xds_and_push() {
+    let graph = graph();
+    for top in ["xds", "push"] {
+        if let Err(e) = graph.check_not_referenced_by(top, &["pushctx", "model", "source"]) {
+            panic!("{e}");
+        }
+    }
+    if let Err(e) = graph.check_not_referenced_by("pushctx", &["model", "source"]) {
         panic!("{e}");
     }
 }

@@ -14,12 +14,10 @@ use std::sync::Arc;
 use istiod::mesh::Mesh;
 use istiod::model::{ConfigStore, Kind, ObjectKey, RegistryOptions, Update, parse_file};
 use istiod::push::{Builder, Pending};
-use istiod::xds::cache::{CacheSettings, XdsCache};
-use istiod::xds::context::IstioContext;
-use istiod::xds::{
-    CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, Proxy, PushContext, PushPlan,
-    ROUTE_TYPE, Types, Updates,
-};
+use istiod::pushctx::cache::{CacheSettings, XdsCache};
+use istiod::pushctx::context::IstioContext;
+use istiod::pushctx::{Proxy, PushContext, PushPlan, Types, Updates};
+use istiod::xds::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, ROUTE_TYPE};
 use proto::pb::envoy::config::core::v3::Node;
 use proto::pb::google::protobuf::{Struct, Value, value::Kind as PbKind};
 

@@ -27,9 +27,10 @@ use std::path::{Path, PathBuf};
 
 use istiod::mesh::MeshConfig;
 use istiod::model::{ConfigStore, RegistryOptions};
+use istiod::pushctx::context::IstioContext;
+use istiod::pushctx::{Proxy, PushContext};
 use istiod::source::FileSource;
-use istiod::xds::context::IstioContext;
-use istiod::xds::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, Proxy, PushContext, ROUTE_TYPE};
+use istiod::xds::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE};
 use prost::Message;
 use prost_reflect::{DescriptorPool, DynamicMessage, SerializeOptions};
 use proto::pb::envoy::config::cluster::v3::{Cluster, cluster};
@@ -271,7 +272,7 @@ fn sort_keys(v: Value) -> Value {
 }
 
 /// The RDS names the listeners' HTTP connection managers ask for.
-fn rds_names(listeners: &[std::sync::Arc<istiod::xds::Resource>]) -> BTreeSet<String> {
+fn rds_names(listeners: &[std::sync::Arc<istiod::pushctx::Resource>]) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     for r in listeners {
         let l = Listener::decode(r.resource.value.as_slice()).unwrap();
@@ -304,7 +305,7 @@ fn hcm(f: &Filter) -> Option<HttpConnectionManager> {
 
 /// The clusters that take their endpoints from EDS (their service name,
 /// else their own name).
-fn eds_names(clusters: &[std::sync::Arc<istiod::xds::Resource>]) -> BTreeSet<String> {
+fn eds_names(clusters: &[std::sync::Arc<istiod::pushctx::Resource>]) -> BTreeSet<String> {
     clusters
         .iter()
         .map(|r| Cluster::decode(r.resource.value.as_slice()).unwrap())
@@ -338,7 +339,7 @@ fn render(ctx: &IstioContext, proxy: &Proxy) -> BTreeMap<&'static str, String> {
     let listeners = generate(LISTENER_TYPE, &none);
     let routes = generate(ROUTE_TYPE, &rds_names(&listeners));
     let endpoints = generate(ENDPOINT_TYPE, &eds_names(&clusters));
-    let json = |rs: &[std::sync::Arc<istiod::xds::Resource>]| {
+    let json = |rs: &[std::sync::Arc<istiod::pushctx::Resource>]| {
         let items: Vec<Value> = rs
             .iter()
             .map(|r| {

@@ -8,10 +8,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use istiod::pushctx::{Proxy, PushContext, PushRequest, Resource, Updates};
 use istiod::xds::server::{DiscoveryServer, XdsMetrics};
-use istiod::xds::{
-    CLUSTER_TYPE, ENDPOINT_TYPE, Proxy, PushContext, PushRequest, Resource, Updates,
-};
+use istiod::xds::{CLUSTER_TYPE, ENDPOINT_TYPE};
 use proto::pb::envoy::config::core::v3::Node;
 use proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use proto::pb::envoy::service::discovery::v3::{
@@ -36,7 +35,7 @@ impl PushContext for Fake {
         _: &Proxy,
         type_url: &str,
         names: &BTreeSet<String>,
-    ) -> Result<Vec<Arc<Resource>>, istiod::xds::generator::GenerateError> {
+    ) -> Result<Vec<Arc<Resource>>, istiod::pushctx::push_context::GenerateError> {
         Ok(self
             .resources
             .get(type_url)

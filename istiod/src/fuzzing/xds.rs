@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 use common::grpc_stream::{DriveError, chunks, drive, frames};
 
 use crate::model::{ConfigStore, RegistryOptions, Update, parse_file};
-use crate::xds::context::IstioContext;
+use crate::pushctx::context::IstioContext;
+use crate::pushctx::{Proxy, PushContext, PushRequest, Updates};
+use crate::xds::LISTENER_TYPE;
 use crate::xds::server::{DiscoveryServer, XdsMetrics};
-use crate::xds::{LISTENER_TYPE, Proxy, PushContext, PushRequest, Updates};
 
 const SOTW_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
@@ -68,7 +69,7 @@ fn fixture() -> &'static Fixture {
         }
         let snapshot = store.snapshot();
         let ctx = IstioContext::new("fuzz".into(), &snapshot, &RegistryOptions::default())
-            .with_cache(Arc::new(crate::xds::cache::XdsCache::disabled()), 0);
+            .with_cache(Arc::new(crate::pushctx::cache::XdsCache::disabled()), 0);
         let ctx: Arc<dyn PushContext> = Arc::new(ctx);
         let (ready, ready_rx) = tokio::sync::watch::channel(true);
         let (pushes, push_rx) = tokio::sync::watch::channel(Some(PushRequest::new(
@@ -188,7 +189,7 @@ fn sleep_proxy() -> &'static Proxy {
 pub(super) fn listeners_under(mesh: crate::mesh::MeshConfig) {
     let (f, proxy) = (fixture(), sleep_proxy());
     let ctx = IstioContext::new("fuzz".into(), &f.snapshot, &RegistryOptions::default())
-        .with_cache(Arc::new(crate::xds::cache::XdsCache::disabled()), 0)
+        .with_cache(Arc::new(crate::pushctx::cache::XdsCache::disabled()), 0)
         .with_mesh(mesh);
     let _ = ctx.generate(proxy, LISTENER_TYPE, &BTreeSet::new());
 }

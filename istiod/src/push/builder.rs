@@ -13,9 +13,9 @@ use crate::jwks::JwksResolver;
 use crate::mesh::Mesh;
 use crate::model::service::RegistryOptions;
 use crate::model::{ConfigStore, Snapshot};
-use crate::xds::Updates;
-use crate::xds::cache::XdsCache;
-use crate::xds::context::IstioContext;
+use crate::pushctx::Updates;
+use crate::pushctx::cache::XdsCache;
+use crate::pushctx::context::IstioContext;
 
 /// The push context builder.
 pub struct Builder {

@@ -28,9 +28,10 @@ use crate::model::istio::{DestinationRule, VirtualService};
 use crate::model::kube::Pod;
 use crate::model::service::{Service, ServiceResolution};
 use crate::model::{Kind, ObjectKey, Snapshot};
-use crate::xds::cache::Dependency;
-use crate::xds::context::{IstioContext, Named, resolve_host};
-use crate::xds::push_request::{Audience, Change, ServiceRef, Types, Updates};
+use crate::pushctx::cache::Dependency;
+use crate::pushctx::context::{IstioContext, resolve_host};
+use crate::pushctx::named::Named;
+use crate::pushctx::push_request::{Audience, Change, ServiceRef, Types, Updates};
 
 /// The triggers merged by debouncing, for one push.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -27,13 +27,14 @@ use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3:
 };
 use proto::pb::google::protobuf::Empty;
 
-use super::Proxy;
-use super::context::{IstioContext, Named};
 use super::policy_attachment::{PolicyScope, attaches};
 use super::util::any;
 use crate::jwks::JwksResolver;
 use crate::jwks::resolver::DEFAULT_TIMEOUT;
 use crate::model::security::{JwtRule, RequestAuthentication};
+use crate::pushctx::Proxy;
+use crate::pushctx::context::IstioContext;
+use crate::pushctx::named::Named;
 
 /// The filter's name, which is also its dynamic metadata namespace.
 pub const JWT_FILTER: &str = "envoy.filters.http.jwt_authn";

@@ -29,10 +29,11 @@ use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3:
 use proto::pb::envoy::extensions::filters::network::rbac::v3 as net_rbac;
 use proto::pb::google::protobuf::Any;
 
-use super::Proxy;
-use super::context::{IstioContext, Named};
 use super::policy_attachment::{PolicyScope, attaches};
 use crate::model::security::{AuthorizationAction, AuthorizationPolicy};
+use crate::pushctx::Proxy;
+use crate::pushctx::context::IstioContext;
+use crate::pushctx::named::Named;
 
 mod ext_authz;
 mod matcher;

@@ -34,24 +34,24 @@ use proto::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher};
 
 use std::sync::Arc;
 
-use super::cache::{Dependency, KeyBuilder};
-use super::context::IstioContext;
-use super::scope::SidecarScope;
 use super::util::{
     ads_source, any, delimited, duration, sds, socket, struct_of, transport_socket, u32v,
 };
-use super::{Proxy, Resource};
 use crate::model::istio::{
     ConnectionPoolSettings, H2UpgradePolicy, MtlsMode, TlsMode, TrafficPolicy,
 };
 use crate::model::service::{EndpointTlsMode, Protocol, Service, ServicePort, ServiceResolution};
 use crate::model::{Kind, ObjectKey};
+use crate::pushctx::cache::{Dependency, KeyBuilder};
+use crate::pushctx::context::IstioContext;
+use crate::pushctx::scope::SidecarScope;
+use crate::pushctx::{Proxy, Resource};
 
 /// Istio's mesh default `connectTimeout`.
 /// Istio's "unlimited" circuit-breaker threshold.
 const UNLIMITED: u32 = u32::MAX;
 
-pub use super::{inbound_name, outbound_name};
+use crate::pushctx::names::{inbound_name, outbound_name};
 
 fn resource(c: Cluster) -> Arc<Resource> {
     Arc::new(Resource::new(
@@ -174,7 +174,7 @@ fn service_clusters(
 /// service, and the DestinationRule chosen for it.
 pub(super) fn dependencies(
     svc: &Service,
-    dr: Option<&super::context::Named<crate::model::istio::DestinationRule>>,
+    dr: Option<&crate::pushctx::named::Named<crate::model::istio::DestinationRule>>,
 ) -> Vec<Dependency> {
     let mut d = vec![Dependency::Service(svc.hostname.clone())];
     if let Some(dr) = dr {
@@ -226,7 +226,7 @@ fn outbound(
         )),
         circuit_breakers: Some(unlimited_breakers()),
         metadata: Some(super::istio_stats::cluster_metadata(
-            &[super::istio_stats::ServiceRef::of(svc)],
+            &[crate::pushctx::names::ServiceRef::of(svc)],
             Some(port.port),
         )),
         ..Default::default()
@@ -298,7 +298,7 @@ fn outbound(
     // Locality priorities and weights go into EDS, per proxy; a DNS
     // cluster's endpoints (in the cluster, shared by every proxy of the
     // scope) have no locality to weigh.
-    if let Some(setting) = super::locality::effective(
+    if let Some(setting) = crate::pushctx::locality::effective(
         ctx.mesh.locality_lb_setting.as_ref(),
         lb.and_then(|l| l.locality_lb_setting.as_ref()),
     ) && c.eds_cluster_config.is_some()

@@ -13,8 +13,8 @@ use proto::pb::envoy::config::core::v3::Node;
 
 use super::outbox::{Closed, Outbox};
 use super::server::{DiscoveryServer, Ended, Identities, init_proxy};
-use super::{Proxy, PushPlan, PushRequest};
 use crate::autoregistration::{HealthEvent, Registration};
+use crate::pushctx::{Proxy, PushPlan, PushRequest};
 
 /// What every stream has, whatever its protocol.
 pub(super) struct Stream {

@@ -10,14 +10,15 @@ use proto::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
 };
 
-use super::cache::KeyBuilder;
-use super::context::IstioContext;
-use super::locality::{self, LocalityPlan, ProxyLocality};
-use super::scope::SidecarScope;
+use super::locality::apply_to_load_assignment;
 use super::util::{socket, struct_of, u32v};
-use super::{Proxy, Resource};
 use crate::model::istio::Labels;
 use crate::model::service::{EndpointTlsMode, Service, ServiceResolution};
+use crate::pushctx::cache::KeyBuilder;
+use crate::pushctx::context::IstioContext;
+use crate::pushctx::locality::{self, LocalityPlan, ProxyLocality};
+use crate::pushctx::scope::SidecarScope;
+use crate::pushctx::{Proxy, Resource};
 
 /// Splits `outbound|<port>|<subset>|<host>`.
 pub fn parse_cluster(name: &str) -> Option<(u16, &str, &str)> {
@@ -144,7 +145,7 @@ fn for_locality(
                     &ctx.cluster_id,
                     !plan.setting.failover_priority.is_empty(),
                 );
-                locality::apply_to_load_assignment(
+                apply_to_load_assignment(
                     &mut cla,
                     &endpoint_labels,
                     proxy,

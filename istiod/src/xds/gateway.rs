@@ -6,11 +6,12 @@
 
 use std::collections::BTreeMap;
 
-use super::Proxy;
-use super::context::{IstioContext, Named};
 use crate::model::gateway::{Gateway, Server, ServerTlsMode, split_host};
 use crate::model::istio::VirtualService;
 use crate::model::service::Protocol;
+use crate::pushctx::Proxy;
+use crate::pushctx::context::IstioContext;
+use crate::pushctx::named::Named;
 
 /// One server of one Gateway.
 #[derive(Debug, Clone, Copy)]
@@ -340,7 +341,7 @@ spec:
 "#;
 
     fn context() -> IstioContext {
-        crate::xds::context::context_of_yaml(CONFIG)
+        crate::pushctx::context::context_of_yaml(CONFIG)
     }
 
     fn proxy(proxy_type: common::ProxyType, labels: &[(&str, &str)]) -> Proxy {
@@ -439,7 +440,7 @@ spec:
   - port: {number: 9090, name: other, protocol: HTTP}
     hosts: ["*"]
 "#;
-        let ctx = crate::xds::context::context_of_yaml(&format!("{CONFIG}---\n{extra}"));
+        let ctx = crate::pushctx::context::context_of_yaml(&format!("{CONFIG}---\n{extra}"));
         let router = proxy(common::ProxyType::Router, &[("istio", "ingressgateway")]);
         // Port 80 merges into 8080 with the server already there; 9090 is
         // no Service port and is bound as written.
@@ -570,7 +571,7 @@ spec:
 
     #[test]
     fn match_gateways_pick_the_routes_of_a_gateway_as_in_istios_egress_task() {
-        let ctx = crate::xds::context::context_of_yaml(EGRESS_TASK);
+        let ctx = crate::pushctx::context::context_of_yaml(EGRESS_TASK);
         let router = proxy(common::ProxyType::Router, &[("istio", "egressgateway")]);
         let names = BTreeSet::from(["http.80".to_string()]);
         let r = crate::xds::rds::build(&ctx, &router, &names).remove(0);

@@ -5,20 +5,13 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use super::context::IstioContext;
 use super::{
-    CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, Proxy, PushContext, PushPlan,
-    ROUTE_TYPE, Resource, SECRET_TYPE, Updates, cds, eds, envoyfilter, lds, nds,
-    proxy_dependencies, rds, sds,
+    CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, ROUTE_TYPE, SECRET_TYPE, cds, eds,
+    envoyfilter, lds, nds, rds, sds,
 };
-
-/// Why a proxy's request could not be generated.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum GenerateError {
-    /// A type URL no generator serves (Istio answers these with nothing).
-    #[error("no generator for {0}")]
-    UnknownType(String),
-}
+use crate::pushctx::context::IstioContext;
+use crate::pushctx::push_context::{GenerateError, PushContext};
+use crate::pushctx::{Proxy, PushPlan, Resource, Updates, proxy_dependencies};
 
 impl PushContext for IstioContext {
     fn version(&self) -> &str {

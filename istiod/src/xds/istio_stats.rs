@@ -31,7 +31,8 @@ use proto::pb::google::protobuf::{ListValue, Struct, Value, value::Kind};
 
 use super::util::{any, duration, string_value};
 use crate::model::istio::Labels;
-use crate::model::service::{Endpoint, Service, ServiceSource};
+use crate::model::service::Endpoint;
+use crate::pushctx::names::ServiceRef;
 
 /// The HTTP access logger Envoy registers for gRPC access logs.
 pub const HTTP_GRPC_LOGGER: &str = "envoy.access_loggers.http_grpc";
@@ -189,32 +190,6 @@ fn add_to_filter(f: &mut Filter, reporter: Reporter) {
 
 // ---------------------------------------------------------------------------
 // Metadata
-
-/// A service as the `istio.services` cluster metadata lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ServiceRef {
-    /// The host name.
-    pub host: String,
-    /// The service's name (the Kubernetes Service's; a ServiceEntry's host).
-    pub name: String,
-    /// Its namespace.
-    pub namespace: String,
-}
-
-impl ServiceRef {
-    /// The reference to `svc`.
-    pub fn of(svc: &Service) -> Self {
-        let name = match svc.source {
-            ServiceSource::Kubernetes => svc.source_object.name.clone(),
-            _ => svc.hostname.clone(),
-        };
-        Self {
-            host: svc.hostname.clone(),
-            name,
-            namespace: svc.namespace.clone(),
-        }
-    }
-}
 
 /// Istio's cluster metadata: `istio: {services: [{host, name, namespace}]}`
 /// (with `default_original_port` on outbound clusters).

@@ -41,10 +41,10 @@ use proto::pb::envoy::r#type::v3::Int32Range;
 
 use std::sync::Arc;
 
-use super::context::IstioContext;
 use super::istio_stats;
 use super::util::{ads_source, any, u32v};
-use super::{Proxy, Resource};
+use crate::pushctx::context::IstioContext;
+use crate::pushctx::{Proxy, Resource};
 use common::istio_stats::Reporter;
 
 /// The route configuration names a proxy's listeners use.
@@ -354,7 +354,7 @@ mod path_normalization_tests {
                 "UnescapeAndForward",
             ),
         ] {
-            let ctx = crate::xds::context::context_of_yaml(sample)
+            let ctx = crate::pushctx::context::context_of_yaml(sample)
                 .with_mesh(Mesh::parse(mesh).unwrap().config);
             // Outbound (sleep's) and inbound (httpbin's) managers alike.
             for (app, ip) in [("sleep", "198.18.0.2"), ("httpbin", "198.18.0.3")] {

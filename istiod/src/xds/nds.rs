@@ -16,11 +16,12 @@ use proto::nds::NameTable;
 use proto::nds::name_table::NameInfo;
 use proto::pb::google::protobuf::Any;
 
-use super::context::IstioContext;
+use super::NAME_TABLE_TYPE;
 use super::lds::uses_auto_addresses;
 use super::util::IpMode;
-use super::{NAME_TABLE_TYPE, Proxy, Resource};
 use crate::model::service::{Service, ServiceSource};
+use crate::pushctx::context::IstioContext;
+use crate::pushctx::{Proxy, Resource};
 
 /// The registry name Istio writes for Kubernetes services.
 const KUBERNETES: &str = "Kubernetes";

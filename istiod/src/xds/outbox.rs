@@ -167,7 +167,7 @@ impl Body for ResponseBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::xds::Resource;
+    use crate::pushctx::Resource;
     use http_body_util::BodyExt;
     use proto::pb::google::protobuf::Any;
 

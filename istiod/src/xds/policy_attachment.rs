@@ -21,13 +21,13 @@
 
 use common::ProxyType;
 
-use super::Proxy;
-use super::context::IstioContext;
 use crate::model::ROOT_NAMESPACE;
 use crate::model::gateway_api::GATEWAY_NAME_LABEL;
 use crate::model::istio::PolicySelector;
 use crate::model::security::PolicyTargetReference;
 use crate::model::service::ServiceSource;
+use crate::pushctx::Proxy;
+use crate::pushctx::context::IstioContext;
 
 /// A policy's scope: where it lives and how it picks workloads.
 pub struct PolicyScope<'a> {
@@ -147,7 +147,7 @@ mod tests {
 
     #[test]
     fn selectors_pick_gateway_pods_like_any_workload() {
-        let ctx = crate::xds::context::context_of_yaml("");
+        let ctx = crate::pushctx::context::context_of_yaml("");
         let gw = proxy("istio-system", &[("istio", "ingressgateway")], true);
         let sel = selector(&[("istio", "ingressgateway")]);
         let other = selector(&[("istio", "egressgateway")]);
@@ -171,7 +171,7 @@ mod tests {
 
     #[test]
     fn gateway_references_reach_only_that_gateways_instances() {
-        let ctx = crate::xds::context::context_of_yaml("");
+        let ctx = crate::pushctx::context::context_of_yaml("");
         let refs = [gateway_ref("edge")];
         let edge = proxy("web", &[(GATEWAY_NAME_LABEL, "edge")], true);
         let other = proxy("web", &[(GATEWAY_NAME_LABEL, "internal")], true);

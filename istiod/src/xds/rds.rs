@@ -33,16 +33,17 @@ pub use ops::CORS_FILTER;
 pub(crate) use translate::Clusters;
 
 use self::translate::{default_retries, route_match, source_matches, timed, vs_route};
-use super::cache::{Dependency, KeyBuilder};
-use super::cds::outbound_name;
-use super::context::{IstioContext, Named, OutboundPolicy, resolve_host};
-use super::scope::SidecarScope;
 use super::util::u32v;
-use super::{Proxy, Resource};
 use crate::model::istio::{HttpMatchRequest, VirtualService};
 use crate::model::route::MAX_DIRECT_RESPONSE_BODY_BYTES;
 use crate::model::service::{Service, ServiceResolution, ServiceSource};
 use crate::model::{Kind, ObjectKey};
+use crate::pushctx::cache::{Dependency, KeyBuilder};
+use crate::pushctx::context::{IstioContext, OutboundPolicy, resolve_host};
+use crate::pushctx::named::Named;
+use crate::pushctx::names::outbound_name;
+use crate::pushctx::scope::SidecarScope;
+use crate::pushctx::{Proxy, Resource};
 
 /// Istio's virtual host domains for a service, seen from a sidecar in
 /// `client_ns` (`generateVirtualHostDomains` with sidecars' port-less hosts):
@@ -293,7 +294,7 @@ fn route_config(ctx: &IstioContext, proxy: &Proxy, name: &str) -> Option<Arc<Res
     // Istio's `GetEgressListenerForRDS`: the Sidecar's listener for this
     // port, else its catch-all (always the catch-all for detected ports).
     let scopes = ctx.egress_scopes(proxy);
-    let port_of = |s: &&super::context::EgressScope<'_>| {
+    let port_of = |s: &&crate::pushctx::context::EgressScope<'_>| {
         s.listener
             .and_then(|l| l.port.as_ref())
             .map(|p| p.number)

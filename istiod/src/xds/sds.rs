@@ -21,9 +21,9 @@ use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
     CertificateValidationContext, SdsSecretConfig, Secret as EnvoySecret, TlsCertificate, secret,
 };
 
-use super::context::IstioContext;
-use super::{Proxy, Resource};
 use crate::model::secret::{CA_SUFFIX, CredentialError, Secret};
+use crate::pushctx::context::IstioContext;
+use crate::pushctx::{Proxy, Resource};
 
 /// Istio's resource name prefix for Kubernetes Secrets (`KubernetesSecretTypeURI`).
 pub const KUBERNETES_PREFIX: &str = "kubernetes://";

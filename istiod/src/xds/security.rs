@@ -7,8 +7,9 @@
 use proto::pb::envoy::config::listener::v3::Filter;
 use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpFilter;
 
-use super::context::IstioContext;
-use super::{Proxy, authn, authz};
+use super::{authn, authz};
+use crate::pushctx::Proxy;
+use crate::pushctx::context::IstioContext;
 
 /// The filters every inbound chain of one proxy carries.
 #[derive(Debug, Clone, Default)]

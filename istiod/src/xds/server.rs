@@ -20,8 +20,9 @@ use tonic::{Request, Status};
 
 use super::outbox::Closed;
 use super::rate_limit::StreamLimiter;
-use super::{Proxy, PushPlan, PushRequest, short_name};
+use super::short_name;
 use crate::ca::authn::Authenticators;
+use crate::pushctx::{Proxy, PushPlan, PushRequest};
 
 /// The xDS metrics, with Istio's names.
 #[derive(Clone)]

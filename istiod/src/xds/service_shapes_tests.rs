@@ -9,8 +9,9 @@ use prost::Message;
 use proto::pb::envoy::config::cluster::v3::{Cluster, cluster};
 use proto::pb::envoy::config::listener::v3::Listener;
 
-use super::context::{IstioContext, context_of_yaml};
-use super::{Proxy, cds, eds, lds, nds};
+use super::{cds, eds, lds, nds};
+use crate::pushctx::Proxy;
+use crate::pushctx::context::{IstioContext, context_of_yaml};
 
 /// A three-Pod StatefulSet `web` behind a headless Service (HTTP 8080, TCP
 /// 9000) under STRICT mTLS, a ServiceEntry NONE without endpoints and two

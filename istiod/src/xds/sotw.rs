@@ -15,9 +15,10 @@ use super::outbox::{Closed, Outbox};
 use super::server::{DiscoveryServer, Identities, NamesDigest, names_digest, nonce};
 use super::wire::Encoded;
 use super::{
-    CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, PushPlan, PushRequest, SECRET_TYPE, cluster_host,
-    is_wildcard, sds, short_name, statusgen,
+    CLUSTER_TYPE, ENDPOINT_TYPE, PUSH_ORDER, SECRET_TYPE, is_wildcard, sds, short_name, statusgen,
 };
+use crate::pushctx::names::cluster_host;
+use crate::pushctx::{PushPlan, PushRequest};
 
 #[derive(Default)]
 struct Watch {

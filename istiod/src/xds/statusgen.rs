@@ -19,9 +19,10 @@ use proto::pb::google::protobuf::Any;
 
 use super::server::{ConnectionStatus, DiscoveryServer, TypeStatus};
 use super::{
-    CLUSTER_TYPE, ENDPOINT_TYPE, EXTENSION_CONFIGURATION_TYPE, LISTENER_TYPE, Proxy, PushRequest,
-    ROUTE_TYPE, Resource, SECRET_TYPE, short_name,
+    CLUSTER_TYPE, ENDPOINT_TYPE, EXTENSION_CONFIGURATION_TYPE, LISTENER_TYPE, ROUTE_TYPE,
+    SECRET_TYPE, short_name,
 };
+use crate::pushctx::{Proxy, PushRequest, Resource};
 use common::xds::{DEBUG_CONFIG_DUMP_TYPE, DEBUG_SYNCZ_TYPE};
 
 /// The types syncz reports, in Istio's order.

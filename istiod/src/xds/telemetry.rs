@@ -19,9 +19,9 @@ use proto::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy;
 
 use crate::model::telemetry::{self as model, Applicable, WorkloadMode};
 
-use super::Proxy;
-use super::context::IstioContext;
 use super::util::any;
+use crate::pushctx::Proxy;
+use crate::pushctx::context::IstioContext;
 
 /// Why a provider a Telemetry names is left out (logged, as Istio does).
 #[derive(Debug, thiserror::Error)]
@@ -185,7 +185,7 @@ mod tests {
     const ZIPKIN: &str = "---\napiVersion: v1\nkind: Service\nmetadata: {name: zipkin, namespace: istio-system}\nspec:\n  clusterIP: 198.19.0.50\n  ports: [{name: http, port: 9411}]\n";
 
     fn ctx(extra: &str, mesh: &str) -> IstioContext {
-        crate::xds::context::context_of_yaml(&format!("{SAMPLE}{ZIPKIN}{extra}"))
+        crate::pushctx::context::context_of_yaml(&format!("{SAMPLE}{ZIPKIN}{extra}"))
             .with_mesh(Mesh::parse(mesh).unwrap().config)
     }
 

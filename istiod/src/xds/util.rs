@@ -12,10 +12,6 @@ use proto::pb::envoy::config::core::v3::{
 use proto::pb::envoy::extensions::transport_sockets::tls::v3::SdsSecretConfig;
 use proto::pb::google::protobuf::{self as pb, Any, Struct, Value, value::Kind};
 
-/// The cluster for traffic to destinations outside the registry (`ALLOW_ANY`).
-pub const PASSTHROUGH_CLUSTER: &str = "PassthroughCluster";
-/// The cluster that drops traffic (`REGISTRY_ONLY`, loops, unknown hosts).
-pub const BLACKHOLE_CLUSTER: &str = "BlackHoleCluster";
 /// The cluster for inbound traffic to Pod ports no Service names.
 pub const INBOUND_PASSTHROUGH_CLUSTER: &str = "InboundPassthroughCluster";
 /// The outbound listener iptables redirects to (`ProxyListenPort`).

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::{BufMut, Bytes, BytesMut};
 use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
 
-use super::Resource;
+use crate::pushctx::Resource;
 
 /// The size chunks are cut at (a resource larger than this is one chunk).
 pub const CHUNK: usize = 64 * 1024;

@@ -7,8 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use istiod::mesh::MeshConfig;
 use istiod::model::{ConfigStore, RegistryOptions, Update, parse_file};
-use istiod::xds::context::IstioContext;
-use istiod::xds::{CLUSTER_TYPE, LISTENER_TYPE, Proxy, PushContext, ROUTE_TYPE};
+use istiod::pushctx::context::IstioContext;
+use istiod::pushctx::{Proxy, PushContext};
+use istiod::xds::{CLUSTER_TYPE, LISTENER_TYPE, ROUTE_TYPE};
 use prost::Message;
 use proto::pb::envoy::config::cluster::v3::Cluster;
 use proto::pb::envoy::config::core::v3::{address, socket_address};

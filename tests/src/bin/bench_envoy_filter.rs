@@ -32,8 +32,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use istiod::model::{ConfigStore, RegistryOptions, Update, parse_file};
-use istiod::xds::context::IstioContext;
-use istiod::xds::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, Proxy, PushContext, ROUTE_TYPE};
+use istiod::pushctx::context::IstioContext;
+use istiod::pushctx::{Proxy, PushContext};
+use istiod::xds::{CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, ROUTE_TYPE};
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)

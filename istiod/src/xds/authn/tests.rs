@@ -49,7 +49,7 @@ fn policy(
 }
 
 fn issuers(policies: &[Named<RequestAuthentication>], p: &Proxy) -> Vec<String> {
-    jwt_rules(&crate::xds::context::context_of_yaml(""), policies, p)
+    jwt_rules(&crate::pushctx::context::context_of_yaml(""), policies, p)
         .iter()
         .map(|r| r.issuer.clone())
         .collect()

@@ -25,8 +25,8 @@ use proto::pb::envoy::r#type::v3::HttpStatus;
 use super::matcher as m;
 use super::{Applied, NamedPolicy, RBAC_HTTP, RBAC_NETWORK};
 use crate::mesh::{BodyInCheck, ExtAuthzGrpc, ExtAuthzHttp, ExtensionProviderKind};
-use crate::xds::cds::outbound_name;
-use crate::xds::context::IstioContext;
+use crate::pushctx::context::IstioContext;
+use crate::pushctx::names::outbound_name;
 use crate::xds::util::duration;
 
 /// Istio's stat prefix of the CUSTOM shadow rules.

@@ -16,16 +16,17 @@ use proto::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
 };
 
-use super::super::Proxy;
-use super::super::context::{InboundPort, IstioContext};
 use super::super::util::{
-    BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_BIND_V6, INBOUND_PASSTHROUGH_CLUSTER, IpMode,
-    PASSTHROUGH_CLUSTER, any, delimited, duration, socket,
+    INBOUND_PASSTHROUGH_BIND_V6, INBOUND_PASSTHROUGH_CLUSTER, IpMode, any, delimited, duration,
+    socket,
 };
 use super::{
     HTTP_PROTOCOL_OPTIONS, http_options, inbound_name, kind, passthrough_protocol_options,
     unlimited_breakers,
 };
+use crate::pushctx::Proxy;
+use crate::pushctx::context::{InboundPort, IstioContext};
+use crate::pushctx::names::{BLACKHOLE_CLUSTER, PASSTHROUGH_CLUSTER};
 
 /// Istio's cleanup interval for inbound ORIGINAL_DST clusters: the longest a
 /// Go duration holds (about 292 years), so hosts are never cleaned up.

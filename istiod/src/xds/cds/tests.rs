@@ -17,7 +17,7 @@ spec:
 "#;
 
 fn cluster(extra: &str, name: &str) -> Cluster {
-    let ctx = crate::xds::context::context_of_yaml(&format!("{MESH}\n---\n{extra}"));
+    let ctx = crate::pushctx::context::context_of_yaml(&format!("{MESH}\n---\n{extra}"));
     let proxy = Proxy {
         proxy_type: common::ProxyType::Sidecar,
         ip: "198.18.0.2".into(),
@@ -238,7 +238,7 @@ fn upstream_tls(c: &Cluster) -> UpstreamTlsContext {
 
 #[test]
 fn a_selector_rule_applies_to_the_workloads_it_selects_and_the_others_share_the_namespace_rule() {
-    let ctx = crate::xds::context::context_of_yaml(&selector_rules(
+    let ctx = crate::pushctx::context::context_of_yaml(&selector_rules(
         "{mode: MUTUAL, credentialName: client-cred, sni: tls.example}",
     ));
     // The selected sidecar: its client certificate and the server's CA
@@ -292,7 +292,7 @@ fn selector_rules_stay_in_their_namespace_and_shadow_as_in_istio() {
     // not the exported one of the root namespace.
     let only_selector = selector_rules("{mode: SIMPLE, sni: sel.example}")
         .replace("namespace: demo}\nspec:\n  host: tls.example\n  trafficPolicy: {tls: {mode: SIMPLE, caCertificates: /ca.pem}}", "namespace: istio-system}\nspec:\n  host: tls.example\n  trafficPolicy: {tls: {mode: SIMPLE, caCertificates: /ca.pem}}");
-    let ctx = crate::xds::context::context_of_yaml(&only_selector);
+    let ctx = crate::pushctx::context::context_of_yaml(&only_selector);
     assert!(
         cluster_for(&ctx, &sidecar("httpbin"), EXT)
             .transport_socket
@@ -320,7 +320,7 @@ fn selector_rules_stay_in_their_namespace_and_shadow_as_in_istio() {
 fn the_mesh_connect_timeout_and_dns_refresh_rate_reach_every_cluster() {
     let entry = "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: ext, namespace: demo}\nspec:\n  hosts: [dns.example]\n  location: MESH_EXTERNAL\n  resolution: DNS\n  ports: [{number: 80, name: http, protocol: HTTP}]\n";
     let ctx = |mesh: &str| {
-        crate::xds::context::context_of_yaml(&format!("{MESH}\n---\n{entry}"))
+        crate::pushctx::context::context_of_yaml(&format!("{MESH}\n---\n{entry}"))
             .with_mesh(crate::mesh::Mesh::parse(mesh).unwrap().config)
     };
     let seconds = |c: &Cluster| c.connect_timeout.as_ref().unwrap().seconds;
@@ -349,7 +349,7 @@ fn the_mesh_connect_timeout_and_dns_refresh_rate_reach_every_cluster() {
     }
     let dns = cluster_for(&tuned, &sidecar("sleep"), "outbound|80||dns.example");
     assert_eq!(refresh(&dns), (20, true));
-    let with_rule = crate::xds::context::context_of_yaml(&format!(
+    let with_rule = crate::pushctx::context::context_of_yaml(&format!(
         "{MESH}\n---\napiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: h, namespace: demo}}\nspec:\n  host: httpbin\n  trafficPolicy: {{connectionPool: {{tcp: {{connectTimeout: 1s}}}}}}\n"
     ))
     .with_mesh(crate::mesh::Mesh::parse("connectTimeout: 3s\n").unwrap().config);

@@ -86,7 +86,7 @@ fn web_localities(traffic_policy: &str, ip: &str) -> Vec<(String, u32, u32)> {
     let dr = format!(
         "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: web, namespace: demo}}\nspec:\n  host: web\n  trafficPolicy: {traffic_policy}\n"
     );
-    let ctx = crate::xds::context::context_of_yaml(&format!("{MESH}---\n{dr}"));
+    let ctx = crate::pushctx::context::context_of_yaml(&format!("{MESH}---\n{dr}"));
     let r = build(&ctx, &proxy(ip), &BTreeSet::from([WEB.to_string()])).remove(0);
     let cla = ClusterLoadAssignment::decode(r.resource.value.as_slice()).unwrap();
     cla.endpoints

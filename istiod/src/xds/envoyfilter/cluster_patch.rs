@@ -11,7 +11,7 @@ use proto::pb::envoy::config::cluster::v3::Cluster;
 use super::metrics::PatchType;
 use super::{PatchError, PatchWrapper, Patches, decode, merge, merge_any, report};
 use crate::model::envoy_filter::{ApplyTo, Operation, PatchContext};
-use crate::xds::Resource;
+use crate::pushctx::Resource;
 
 /// Applies CLUSTER patches to a proxy's clusters.
 pub(super) fn apply(

@@ -19,7 +19,7 @@ use super::metrics::PatchType;
 use super::route_patch;
 use super::{PatchError, PatchWrapper, Patches, decode, insert_position, merge, merge_any, report};
 use crate::model::envoy_filter::{ApplyTo, Operation, PatchContext};
-use crate::xds::Resource;
+use crate::pushctx::Resource;
 
 const HCM: &str = "envoy.filters.network.http_connection_manager";
 const VIRTUAL_INBOUND: &str = "virtualInbound";

@@ -12,7 +12,7 @@ use proto::pb::envoy::config::route::v3::{Route, RouteConfiguration, VirtualHost
 use super::metrics::PatchType;
 use super::{PatchError, PatchWrapper, Patches, decode, insert_position, merge, report};
 use crate::model::envoy_filter::{ApplyTo, Operation, PatchContext, RouteAction};
-use crate::xds::Resource;
+use crate::pushctx::Resource;
 
 /// Applies route patches to RDS resources.
 pub(super) fn apply_resources(

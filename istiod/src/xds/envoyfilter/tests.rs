@@ -11,8 +11,9 @@ use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3:
 };
 
 use super::metrics::{self, PatchType};
-use crate::xds::context::{IstioContext, context_of_yaml};
-use crate::xds::{CLUSTER_TYPE, LISTENER_TYPE, Proxy, PushContext, ROUTE_TYPE};
+use crate::pushctx::context::{IstioContext, context_of_yaml};
+use crate::pushctx::{Proxy, PushContext};
+use crate::xds::{CLUSTER_TYPE, LISTENER_TYPE, ROUTE_TYPE};
 
 const HTTPBIN: &str = "httpbin.demo.svc.cluster.local";
 const HCM: &str = "envoy.filters.network.http_connection_manager";
@@ -654,9 +655,10 @@ spec:
     assert!(clusters(&ctx, &proxy).iter().all(|c| c.name != "for-edge"));
     // A proxy no Service names yet keeps its own labels.
     proxy.ips = vec!["198.18.9.9".into()];
-    proxy
-        .labels
-        .insert(super::GATEWAY_NAME_LABEL.into(), "edge".into());
+    proxy.labels.insert(
+        crate::pushctx::envoyfilter::GATEWAY_NAME_LABEL.into(),
+        "edge".into(),
+    );
     assert!(clusters(&ctx, &proxy).iter().any(|c| c.name == "for-edge"));
 }
 

@@ -31,12 +31,13 @@ use proto::pb::google::protobuf::BoolValue;
 
 use common::gateway_topology::GatewayTopology;
 
-use super::super::context::IstioContext;
 use super::super::gateway::{BoundServer, listener_name, route_name, servers_by_port, sni_hosts};
+use super::super::rds;
 use super::super::security::InboundSecurity;
 use super::super::util::{IpMode, ads_source, socket, transport_socket};
-use super::super::{Proxy, rds};
 use super::{gateway_tls, http_filter, network_filter, tls_inspector};
+use crate::pushctx::Proxy;
+use crate::pushctx::context::IstioContext;
 
 /// What every chain of one router shares: the policies that attach to it
 /// and its topology.

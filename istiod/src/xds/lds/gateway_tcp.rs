@@ -18,8 +18,6 @@ use std::collections::BTreeSet;
 use proto::pb::envoy::config::listener::v3::{Filter, FilterChain, FilterChainMatch};
 use proto::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
 
-use super::super::Proxy;
-use super::super::context::{IstioContext, Named, resolve_host};
 use super::super::gateway::{BoundServer, binds, intersect, names_gateway, server_host_for};
 use super::super::rds::Clusters;
 use super::super::util::duration;
@@ -27,6 +25,9 @@ use super::{network_filter, tcp_hash_policy};
 use crate::model::gateway::{Server, ServerTlsMode};
 use crate::model::istio::{RouteDestination, VirtualService};
 use crate::model::service::{Protocol, is_exported_to};
+use crate::pushctx::Proxy;
+use crate::pushctx::context::{IstioContext, resolve_host};
+use crate::pushctx::named::Named;
 
 fn passthrough(s: &Server) -> bool {
     s.tls

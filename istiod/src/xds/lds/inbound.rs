@@ -29,13 +29,11 @@ use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
 use proto::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher};
 use proto::pb::google::protobuf::BoolValue;
 
-use super::super::Proxy;
-use super::super::cds::{inbound_name, mesh_tls_params};
-use super::super::context::{InboundPort, IstioContext};
+use super::super::cds::mesh_tls_params;
 use super::super::security::InboundSecurity;
 use super::super::util::{
-    BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER, IpMode, VIRTUAL_INBOUND, VIRTUAL_INBOUND_PORT,
-    delimited, duration, sds, socket, transport_socket, u32v,
+    INBOUND_PASSTHROUGH_CLUSTER, IpMode, VIRTUAL_INBOUND, VIRTUAL_INBOUND_PORT, delimited,
+    duration, sds, socket, transport_socket, u32v,
 };
 use super::gateway_tls::downstream_tls_context;
 use super::{
@@ -45,6 +43,10 @@ use super::{
 use crate::model::gateway::ServerTlsSettings;
 use crate::model::istio::MtlsMode;
 use crate::model::service::Protocol;
+use crate::pushctx::Proxy;
+use crate::pushctx::context::{InboundPort, IstioContext};
+use crate::pushctx::names::BLACKHOLE_CLUSTER;
+use crate::pushctx::names::inbound_name;
 
 /// ALPN of mesh clients that detected HTTP (Istio's `istio.alpn` sets them).
 const MTLS_HTTP_ALPNS: &[&str] = &["istio-http/1.0", "istio-http/1.1", "istio-h2"];

@@ -13,12 +13,9 @@ use proto::pb::envoy::config::core::v3::TrafficDirection;
 use proto::pb::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener};
 use proto::pb::google::protobuf::BoolValue;
 
-use super::super::Proxy;
-use super::super::cds::outbound_name;
-use super::super::context::{EgressScope, IstioContext};
 use super::super::util::{
-    BLACKHOLE_CLUSTER, IpMode, PASSTHROUGH_FILTER_CHAIN, VIRTUAL_OUTBOUND, VIRTUAL_OUTBOUND_PORT,
-    delimited, duration, socket, u32v,
+    IpMode, PASSTHROUGH_FILTER_CHAIN, VIRTUAL_OUTBOUND, VIRTUAL_OUTBOUND_PORT, delimited, duration,
+    socket, u32v,
 };
 use super::{
     PLAINTEXT_HTTP_ALPNS, http_inspector, no_interception, outbound_hcm, tcp_proxy_to,
@@ -26,6 +23,10 @@ use super::{
 };
 use crate::model::istio::CaptureMode;
 use crate::model::service::{Protocol, Service, ServiceSource};
+use crate::pushctx::Proxy;
+use crate::pushctx::context::{EgressScope, IstioContext};
+use crate::pushctx::names::BLACKHOLE_CLUSTER;
+use crate::pushctx::names::outbound_name;
 
 const VIRTUAL_OUTBOUND_BLACKHOLE: &str = "virtualOutbound-blackhole";
 const VIRTUAL_OUTBOUND_CATCHALL_TCP: &str = "virtualOutbound-catchall-tcp";
@@ -284,7 +285,7 @@ pub fn uses_auto_addresses(proxy: &Proxy) -> bool {
 /// labels when a `tcp`/`tls` route matches on `sourceLabels`.
 pub fn listener_key(
     ctx: &IstioContext,
-    scope: &super::super::scope::SidecarScope,
+    scope: &crate::pushctx::scope::SidecarScope,
     proxy: &Proxy,
 ) -> String {
     let labels = *scope

@@ -21,13 +21,14 @@ use std::collections::BTreeSet;
 use proto::pb::envoy::config::core::v3::CidrRange;
 use proto::pb::envoy::config::listener::v3::{FilterChain, FilterChainMatch};
 
-use super::super::Proxy;
-use super::super::context::{IstioContext, Named};
 use super::super::util::u32v;
 use super::gateway_tcp::route_filters;
 use super::{tcp_hash_policy, tcp_proxy_hashed};
 use crate::model::istio::{Labels, VirtualService};
 use crate::model::security::attributes::parse_cidr;
+use crate::pushctx::Proxy;
+use crate::pushctx::context::IstioContext;
+use crate::pushctx::named::Named;
 
 /// The TCP chains of one service port of a sidecar's outbound listener.
 pub(super) struct Port<'a> {

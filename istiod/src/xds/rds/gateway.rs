@@ -12,8 +12,6 @@ use proto::pb::envoy::config::route::v3::{
 };
 use proto::pb::google::protobuf::BoolValue;
 
-use super::super::Proxy;
-use super::super::context::{IstioContext, Named, resolve_host};
 use super::super::gateway::{
     BoundServer, binds, intersect, names_gateway, server_host_for, servers_for_route,
 };
@@ -23,6 +21,9 @@ use crate::model::gateway::{Server, split_host};
 use crate::model::istio::{HttpMatchRequest, VirtualService};
 use crate::model::route::MAX_DIRECT_RESPONSE_BODY_BYTES;
 use crate::model::service::is_exported_to;
+use crate::pushctx::Proxy;
+use crate::pushctx::context::{IstioContext, resolve_host};
+use crate::pushctx::named::Named;
 
 /// The route configuration `http.<port>` or `https.<port>.<portName>.<gateway>.<namespace>`
 /// of a router; `None` when no server of its Gateways has that name.

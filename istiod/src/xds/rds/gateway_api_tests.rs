@@ -14,8 +14,8 @@ fn the_router_gets_segment_prefixes_weights_and_500_for_missing_backends() {
     use proto::pb::envoy::config::route::v3::{
         RouteConfiguration, route, route_action, route_match,
     };
-    let ctx = crate::xds::context::context_of_yaml(&format!("{BASE}---\n{SPLIT}"));
-    let router = crate::xds::Proxy {
+    let ctx = crate::pushctx::context::context_of_yaml(&format!("{BASE}---\n{SPLIT}"));
+    let router = crate::pushctx::Proxy {
         proxy_type: common::ProxyType::Router,
         ip: "198.18.0.20".into(),
         ips: vec!["198.18.0.20".into()],

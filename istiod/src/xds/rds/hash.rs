@@ -220,8 +220,8 @@ spec:
     fn route_action(port: &str, vhost: &str) -> proto::pb::envoy::config::route::v3::RouteAction {
         use prost::Message;
         use proto::pb::envoy::config::route::v3::{RouteConfiguration, route};
-        let ctx = crate::xds::context::context_of_yaml(MESH);
-        let proxy = crate::xds::Proxy {
+        let ctx = crate::pushctx::context::context_of_yaml(MESH);
+        let proxy = crate::pushctx::Proxy {
             proxy_type: common::ProxyType::Sidecar,
             ip: "198.18.0.2".into(),
             ips: vec!["198.18.0.2".into()],

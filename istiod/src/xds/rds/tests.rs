@@ -57,7 +57,7 @@ fn routes_for(http: &str, proxy: &Proxy) -> Vec<Route> {
     let vs = format!(
         "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: vs, namespace: demo}}\nspec:\n  hosts: [httpbin]\n  http: {http}\n"
     );
-    let ctx = crate::xds::context::context_of_yaml(&format!("{MESH}\n---\n{vs}"));
+    let ctx = crate::pushctx::context::context_of_yaml(&format!("{MESH}\n---\n{vs}"));
     let names = BTreeSet::from(["8000".to_string()]);
     let r = build(&ctx, proxy, &names).remove(0);
     let rc = RouteConfiguration::decode(r.resource.value.as_slice()).unwrap();
@@ -487,7 +487,7 @@ fn delegate_routes_are_served_under_their_root() {
         ),
     ]
     .concat();
-    let ctx = crate::xds::context::context_of_yaml(&yaml);
+    let ctx = crate::pushctx::context::context_of_yaml(&yaml);
     assert!(
         ctx.virtual_services
             .iter()

@@ -31,8 +31,8 @@ use crate::model::istio::{
 };
 use crate::model::route::grpc_code;
 use crate::model::service::Service;
-use crate::xds::cds::outbound_name;
-use crate::xds::context::{IstioContext, resolve_host};
+use crate::pushctx::context::{IstioContext, resolve_host};
+use crate::pushctx::names::outbound_name;
 use crate::xds::util::{any, duration, u32v};
 
 /// Istio's default retry policy: 2 retries, each on another host, on
@@ -162,7 +162,7 @@ pub(super) fn route_match(m: Option<&HttpMatchRequest>) -> RouteMatch {
 /// its `gateways` must name `mesh` when given; else its `sourceLabels`
 /// must be among the proxy's labels and its `sourceNamespace`, if any, the
 /// proxy's namespace.
-pub(super) fn source_matches(m: &HttpMatchRequest, proxy: &crate::xds::Proxy) -> bool {
+pub(super) fn source_matches(m: &HttpMatchRequest, proxy: &crate::pushctx::Proxy) -> bool {
     if !m.gateways.is_empty() {
         return m.gateways.iter().any(|g| g == "mesh");
     }
@@ -180,7 +180,7 @@ pub(crate) struct Clusters<'a> {
     pub ctx: &'a IstioContext,
     pub vs_ns: &'a str,
     /// The proxy (which DestinationRule applies).
-    pub client: &'a crate::xds::Proxy,
+    pub client: &'a crate::pushctx::Proxy,
     pub port: u16,
     /// A Gateway API route's VirtualService: an unknown host keeps its
     /// `outbound|<port>||<host>` name (no such cluster: a 500, see

@@ -45,7 +45,7 @@ fn context() -> (IstioContext, String, String) {
         secret("other", "theirs", &[("tls.crt", &cert), ("tls.key", &key)]),
     ]
     .join("---\n");
-    let ctx = crate::xds::context::context_of_yaml(&yaml);
+    let ctx = crate::pushctx::context::context_of_yaml(&yaml);
     (ctx, cert, ca)
 }
 

@@ -14,10 +14,10 @@ use proto::pb::envoy::r#type::v3::Percent;
 use crate::mesh::{ExtensionProviderKind, MeshConfig};
 use crate::model::telemetry::{self, TracingSpec};
 
-use super::super::Proxy;
-use super::super::context::IstioContext;
 use super::super::util::{any, u32v};
 use super::ProviderError;
+use crate::pushctx::Proxy;
+use crate::pushctx::context::IstioContext;
 
 /// Istio's sampling percentage when neither Telemetry nor the proxy's
 /// ProxyConfig (`tracing.sampling`, from the Pod or the mesh's
@@ -120,7 +120,7 @@ fn provider(
     if !visible {
         return Err(ProviderError::NotVisible(host));
     }
-    let cluster = crate::xds::cds::outbound_name(port as u16, "", &host);
+    let cluster = crate::pushctx::names::outbound_name(port as u16, "", &host);
     Ok(match &p.kind {
         ExtensionProviderKind::Zipkin(z) => Provider {
             config: TypedExtensionConfig {

@@ -4,8 +4,8 @@ use prost::Message;
 use proto::pb::envoy::config::listener::v3::{Filter, Listener, filter};
 use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
 
-use crate::xds::Proxy;
-use crate::xds::context::IstioContext;
+use crate::pushctx::Proxy;
+use crate::pushctx::context::IstioContext;
 
 const CONFIG: &str = r#"
 apiVersion: networking.istio.io/v1
@@ -109,7 +109,7 @@ fn http_filter_names(ctx: &IstioContext, proxy: &Proxy) -> Vec<String> {
 
 #[test]
 fn a_policy_selecting_the_gateway_is_on_every_chain() {
-    let ctx = crate::xds::context::context_of_yaml(&format!("{CONFIG}{DENY_BY_SELECTOR}"));
+    let ctx = crate::pushctx::context::context_of_yaml(&format!("{CONFIG}{DENY_BY_SELECTOR}"));
     let gw = ingress();
     assert_eq!(
         http_filter_names(&ctx, &gw),
@@ -141,11 +141,11 @@ fn a_policy_selecting_the_gateway_is_on_every_chain() {
     }
     // Another gateway's Pods are not selected.
     let egress = router(&[("istio", "egressgateway")]);
-    let plain = crate::xds::context::context_of_yaml(
+    let plain = crate::pushctx::context::context_of_yaml(
         &CONFIG.replace("istio: ingressgateway", "istio: egressgateway"),
     );
     let with_policy =
-        crate::xds::context::context_of_yaml(&format!("{CONFIG}{DENY_BY_SELECTOR}").replacen(
+        crate::pushctx::context::context_of_yaml(&format!("{CONFIG}{DENY_BY_SELECTOR}").replacen(
             "istio: ingressgateway",
             "istio: egressgateway",
             1,
@@ -167,7 +167,7 @@ spec:
   selector: {matchLabels: {istio: ingressgateway}}
   jwtRules: [{issuer: "https://edge.example", jwks: '{"keys":[]}'}]
 "#;
-    let ctx = crate::xds::context::context_of_yaml(&format!("{CONFIG}{DENY_BY_SELECTOR}{ra}"));
+    let ctx = crate::pushctx::context::context_of_yaml(&format!("{CONFIG}{DENY_BY_SELECTOR}{ra}"));
     assert_eq!(
         http_filter_names(&ctx, &ingress())[..2],
         ["envoy.filters.http.jwt_authn", "envoy.filters.http.rbac"]
@@ -186,7 +186,7 @@ spec:
   action: DENY
   rules: [{}]
 "#;
-    let ctx = crate::xds::context::context_of_yaml(&format!(
+    let ctx = crate::pushctx::context::context_of_yaml(&format!(
         "{}{policy}",
         CONFIG.replace(
             "selector: {istio: ingressgateway}",
@@ -200,7 +200,7 @@ spec:
     );
     // The classic gateway Pod with the same Gateway servers is not an
     // instance of `edge-api`.
-    let ctx = crate::xds::context::context_of_yaml(&format!(
+    let ctx = crate::pushctx::context::context_of_yaml(&format!(
         "{}{policy}",
         CONFIG.replace("selector: {istio: ingressgateway}", "selector: {app: edge}")
     ));
@@ -214,7 +214,7 @@ spec:
 #[test]
 fn gateway_topology_comes_from_the_proxy_else_the_mesh() {
     use common::gateway_topology::{ForwardClientCertDetails, GatewayTopology};
-    let mut ctx = crate::xds::context::context_of_yaml(CONFIG);
+    let mut ctx = crate::pushctx::context::context_of_yaml(CONFIG);
     let mut gw = ingress();
     // Istio's defaults: no trusted hop, SANITIZE_SET with the current
     // certificate's details.
@@ -291,7 +291,7 @@ spec:
   action: DENY
   rules: [{}]
 "#;
-    let ctx = crate::xds::context::context_of_yaml(&format!("{CONFIG}{service}"));
+    let ctx = crate::pushctx::context::context_of_yaml(&format!("{CONFIG}{service}"));
     assert_eq!(
         http_filter_names(&ctx, &ingress())[0],
         "envoy.filters.http.rbac"

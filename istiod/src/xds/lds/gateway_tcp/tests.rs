@@ -4,8 +4,8 @@ use prost::Message;
 use proto::pb::envoy::config::listener::v3::{Filter, Listener, filter};
 use proto::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
 
-use crate::xds::Proxy;
-use crate::xds::context::IstioContext;
+use crate::pushctx::Proxy;
+use crate::pushctx::context::IstioContext;
 
 const CONFIG: &str = r#"
 apiVersion: networking.istio.io/v1
@@ -76,7 +76,7 @@ spec:
 "#;
 
 fn context(extra: &str) -> IstioContext {
-    crate::xds::context::context_of_yaml(&format!("{CONFIG}{extra}"))
+    crate::pushctx::context::context_of_yaml(&format!("{CONFIG}{extra}"))
 }
 
 fn router() -> Proxy {

@@ -12,8 +12,8 @@ use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3:
 };
 
 use super::*;
-use crate::xds::Proxy;
-use crate::xds::context::IstioContext;
+use crate::pushctx::Proxy;
+use crate::pushctx::context::IstioContext;
 
 const CONFIG: &str = r#"
 apiVersion: networking.istio.io/v1
@@ -74,7 +74,7 @@ spec:
 "#;
 
 fn context() -> IstioContext {
-    crate::xds::context::context_of_yaml(CONFIG)
+    crate::pushctx::context::context_of_yaml(CONFIG)
 }
 
 fn router() -> Proxy {

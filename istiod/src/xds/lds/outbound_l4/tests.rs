@@ -4,8 +4,8 @@ use prost::Message;
 use proto::pb::envoy::config::listener::v3::{FilterChain, Listener, filter};
 use proto::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
 
-use crate::xds::Proxy;
-use crate::xds::context::context_of_yaml;
+use crate::pushctx::Proxy;
+use crate::pushctx::context::context_of_yaml;
 
 /// An entry `name.example` on `port` with `protocol` at `address`.
 fn entry(name: &str, port: u16, protocol: &str, address: &str) -> String {
@@ -34,7 +34,7 @@ fn sleep(labels: &[(&str, &str)]) -> Proxy {
     }
 }
 
-fn listener(ctx: &crate::xds::context::IstioContext, proxy: &Proxy, name: &str) -> Listener {
+fn listener(ctx: &crate::pushctx::context::IstioContext, proxy: &Proxy, name: &str) -> Listener {
     crate::xds::lds::build(ctx, proxy)
         .iter()
         .map(|r| Listener::decode(r.resource.value.as_slice()).unwrap())

@@ -13,7 +13,7 @@ use crate::model::service::{
 };
 
 use super::Resource;
-use super::context::Named;
+use super::named::Named;
 
 /// The services one egress scope of a Sidecar admits (or, without a
 /// Sidecar or without egress listeners, the implicit catch-all).
@@ -52,12 +52,12 @@ pub struct SidecarScope {
     egress_hosts: Vec<(String, Vec<String>)>,
     /// The outbound clusters of every proxy with this scope, built (or
     /// taken from the XDS cache) by the first proxy that asks.
-    pub(super) outbound_clusters: OnceLock<Arc<[Arc<Resource>]>>,
+    pub(crate) outbound_clusters: OnceLock<Arc<[Arc<Resource>]>>,
     /// The load assignments of those clusters, by name, likewise.
-    pub(super) load_assignments: OnceLock<HashMap<String, Arc<Resource>>>,
+    pub(crate) load_assignments: OnceLock<HashMap<String, Arc<Resource>>>,
     /// The EDS clusters whose load assignment depends on each proxy's
     /// locality, with the locality setting that applies.
-    pub(super) locality_plans: OnceLock<HashMap<String, super::locality::LocalityPlan>>,
+    pub(crate) locality_plans: OnceLock<HashMap<String, super::locality::LocalityPlan>>,
     /// The outbound listeners, by what else they depend on (the proxy's IP
     /// families and interception mode).
     outbound_listeners: Mutex<HashMap<String, Arc<[Arc<Resource>]>>>,
@@ -65,10 +65,10 @@ pub struct SidecarScope {
     /// matches on `sourceLabels` (they are then the same for every proxy).
     routes: Mutex<HashMap<String, Arc<Resource>>>,
     /// Whether a VirtualService exported here matches on `sourceLabels`.
-    pub(super) routes_need_labels: OnceLock<bool>,
+    pub(crate) routes_need_labels: OnceLock<bool>,
     /// Whether a VirtualService exported here matches `tcp`/`tls` routes
     /// on `sourceLabels` (outbound listeners then differ by labels).
-    pub(super) listeners_need_labels: OnceLock<bool>,
+    pub(crate) listeners_need_labels: OnceLock<bool>,
 }
 
 fn admitted(listener: &IstioEgressListener, sidecar_ns: &str, svc: &Service) -> bool {
@@ -199,7 +199,7 @@ impl SidecarScope {
     }
 
     /// The outbound listeners for `key`, built by the first proxy that asks.
-    pub(super) fn outbound_listeners(
+    pub(crate) fn outbound_listeners(
         &self,
         key: &str,
         build: impl FnOnce() -> Vec<Arc<Resource>>,
@@ -214,7 +214,7 @@ impl SidecarScope {
     }
 
     /// The route configuration `name` if an earlier proxy of the scope built it.
-    pub(super) fn route(&self, name: &str) -> Option<Arc<Resource>> {
+    pub(crate) fn route(&self, name: &str) -> Option<Arc<Resource>> {
         self.routes
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -223,7 +223,7 @@ impl SidecarScope {
     }
 
     /// Keeps a route configuration for the scope's other proxies.
-    pub(super) fn keep_route(&self, r: Arc<Resource>) {
+    pub(crate) fn keep_route(&self, r: Arc<Resource>) {
         self.routes
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

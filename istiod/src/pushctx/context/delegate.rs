@@ -19,7 +19,7 @@ pub type VsKey = (String, String);
 /// The served VirtualServices (roots merged, delegates left out) and, by
 /// root, the delegates it names (found or not, so that creating one pushes
 /// its roots).
-pub(super) fn merge(
+pub(crate) fn merge(
     all: Vec<Named<VirtualService>>,
     domain: &str,
 ) -> (Vec<Named<VirtualService>>, BTreeMap<VsKey, Vec<VsKey>>) {

@@ -9,10 +9,11 @@ use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{
-    CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, PushContext, ROUTE_TYPE,
-    SECRET_TYPE,
+use common::xds::{
+    CLUSTER_TYPE, ENDPOINT_TYPE, LISTENER_TYPE, NAME_TABLE_TYPE, ROUTE_TYPE, SECRET_TYPE,
 };
+
+use super::PushContext;
 use crate::model::service::ExportTo;
 
 /// A set of the xDS types a push can send.

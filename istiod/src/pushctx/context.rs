@@ -18,24 +18,14 @@ use crate::model::store::Snapshot;
 
 use super::Proxy;
 use super::cache::XdsCache;
+use super::named::Named;
 use super::scope::SidecarScope;
 
 mod delegate;
 
-/// A named, namespaced config object.
-#[derive(Debug, Clone)]
-pub struct Named<T> {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-    /// The spec.
-    pub spec: T,
-}
-
 /// The push context.
 pub struct IstioContext {
-    pub(super) version: String,
+    pub(crate) version: String,
     /// Services and endpoints.
     pub registry: ServiceRegistry,
     /// DNS domain (`cluster.local`).
@@ -251,7 +241,7 @@ pub struct InboundPort {
     pub default_endpoint: String,
     /// The services that send traffic to the port (the inbound cluster's
     /// `istio.services` metadata).
-    pub services: Vec<super::istio_stats::ServiceRef>,
+    pub services: Vec<super::names::ServiceRef>,
     /// The Sidecar's connection pool for the port (Istio's
     /// `InboundConnectionPoolForPort`): its ingress listener's, else its
     /// `inboundConnectionPool`.
@@ -467,7 +457,7 @@ impl IstioContext {
     pub fn outbound_policy(&self, proxy: &Proxy) -> OutboundPolicy {
         let blackhole = || OutboundPolicy {
             allow_any: false,
-            cluster: super::util::BLACKHOLE_CLUSTER.into(),
+            cluster: super::names::BLACKHOLE_CLUSTER.into(),
         };
         let passthrough = |cluster: String| OutboundPolicy {
             allow_any: true,
@@ -480,13 +470,13 @@ impl IstioContext {
                 (Some(dest), Some(sc)) => {
                     let host = resolve_host(&dest.host, &sc.namespace, &self.domain);
                     let port = dest.port.as_ref().map(|p| p.number as u16).unwrap_or(0);
-                    super::outbound_name(port, &dest.subset, &host)
+                    super::names::outbound_name(port, &dest.subset, &host)
                 }
-                _ => super::util::PASSTHROUGH_CLUSTER.into(),
+                _ => super::names::PASSTHROUGH_CLUSTER.into(),
             }),
             None => match self.mesh.outbound_traffic_policy {
                 OutboundMode::RegistryOnly => blackhole(),
-                OutboundMode::AllowAny => passthrough(super::util::PASSTHROUGH_CLUSTER.into()),
+                OutboundMode::AllowAny => passthrough(super::names::PASSTHROUGH_CLUSTER.into()),
             },
         }
     }
@@ -625,7 +615,7 @@ impl IstioContext {
                         bind: String::new(),
                         bind_to_port: false,
                         default_endpoint: String::new(),
-                        services: vec![super::istio_stats::ServiceRef::of(svc)],
+                        services: vec![super::names::ServiceRef::of(svc)],
                         connection_pool: sidecar_pool.clone(),
                         tls: None,
                     });
