@@ -24,6 +24,16 @@ pub fn cluster_host(cluster: &str) -> &str {
     cluster.rsplit('|').next().unwrap_or(cluster)
 }
 
+/// Splits `outbound|<port>|<subset>|<host>`.
+pub fn parse_cluster(name: &str) -> Option<(u16, &str, &str)> {
+    let mut parts = name.splitn(4, '|');
+    if parts.next()? != "outbound" {
+        return None;
+    }
+    let port = parts.next()?.parse().ok()?;
+    Some((port, parts.next()?, parts.next()?))
+}
+
 /// A service as the `istio.services` cluster metadata lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ServiceRef {

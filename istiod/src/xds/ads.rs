@@ -31,9 +31,10 @@ pub struct AdsService {
     server: DiscoveryServer,
 }
 
-impl AdsService {
-    pub(super) fn new(server: DiscoveryServer) -> Self {
-        Self { server }
+impl DiscoveryServer {
+    /// The gRPC service, for a tonic router.
+    pub fn into_service(self) -> AdsService {
+        AdsService { server: self }
     }
 }
 

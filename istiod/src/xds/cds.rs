@@ -79,7 +79,7 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy) -> Vec<Arc<Resource>> {
             .collect();
         if !passthrough.is_empty() {
             out.retain(|c| {
-                super::eds::parse_cluster(&c.name)
+                crate::pushctx::names::parse_cluster(&c.name)
                     .is_none_or(|(_, _, host)| !passthrough.iter().any(|s| s.hostname == host))
             });
             for svc in passthrough {

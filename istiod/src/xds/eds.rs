@@ -17,18 +17,9 @@ use crate::model::service::{EndpointTlsMode, Service, ServiceResolution};
 use crate::pushctx::cache::KeyBuilder;
 use crate::pushctx::context::IstioContext;
 use crate::pushctx::locality::{self, LocalityPlan, ProxyLocality};
+use crate::pushctx::names::parse_cluster;
 use crate::pushctx::scope::SidecarScope;
 use crate::pushctx::{Proxy, Resource};
-
-/// Splits `outbound|<port>|<subset>|<host>`.
-pub fn parse_cluster(name: &str) -> Option<(u16, &str, &str)> {
-    let mut parts = name.splitn(4, '|');
-    if parts.next()? != "outbound" {
-        return None;
-    }
-    let port = parts.next()?.parse().ok()?;
-    Some((port, parts.next()?, parts.next()?))
-}
 
 /// Load assignments for `names` (every EDS cluster of the proxy when empty),
 /// from its scope's, built once per push context for every proxy with the

@@ -163,7 +163,7 @@ fn tcp_hash_policy(
     client: &Proxy,
     cluster: &str,
 ) -> Vec<proto::pb::envoy::r#type::v3::HashPolicy> {
-    let Some((_, subset, host)) = super::eds::parse_cluster(cluster) else {
+    let Some((_, subset, host)) = crate::pushctx::names::parse_cluster(cluster) else {
         return Vec::new();
     };
     ctx.registry
@@ -213,7 +213,7 @@ fn outbound_hcm(
             // `corsPolicy` (per-route configs), in Istio's order.
             http_filters: vec![
                 http_filter("envoy.filters.http.fault", &HttpFault::default()),
-                http_filter(super::rds::CORS_FILTER, &Cors::default()),
+                http_filter(super::rds::ops::CORS_FILTER, &Cors::default()),
                 http_filter("envoy.filters.http.router", &Router::default()),
             ],
             ..normalized(normalization)

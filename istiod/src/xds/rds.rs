@@ -15,10 +15,10 @@ mod gateway;
 #[cfg(test)]
 mod gateway_api_tests;
 pub(crate) mod hash;
-mod ops;
+pub(crate) mod ops;
 #[cfg(test)]
 mod tests;
-mod translate;
+pub(crate) mod translate;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -29,8 +29,7 @@ use proto::pb::envoy::config::route::v3::{
 };
 use proto::pb::google::protobuf::BoolValue;
 
-pub use ops::CORS_FILTER;
-pub(crate) use translate::Clusters;
+use translate::Clusters;
 
 use self::translate::{default_retries, route_match, source_matches, timed, vs_route};
 use super::util::u32v;

@@ -3,8 +3,7 @@
 //! their per-type status (`/debug/syncz`), the push throttle
 //! (`PILOT_PUSH_THROTTLE`) and send timeout (`PILOT_XDS_SEND_TIMEOUT`), and
 //! each push's plan for one proxy (Istio's `ProxyNeedsPush`). The
-//! protocols are in [`super::sotw`] and [`super::delta`], the gRPC service in
-//! [`super::ads`].
+//! protocols (`sotw`, `delta`) and the gRPC service (`ads`) are above it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -292,11 +291,6 @@ impl DiscoveryServer {
     /// The `control_plane.identifier` of debug answers.
     pub(super) fn control_plane(&self) -> &str {
         &self.inner.control_plane
-    }
-
-    /// The gRPC service, for a tonic router.
-    pub fn into_service(self) -> super::ads::AdsService {
-        super::ads::AdsService::new(self)
     }
 
     /// Every connected proxy's status.

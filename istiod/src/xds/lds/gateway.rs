@@ -185,7 +185,7 @@ fn gateway_hcm(
     let mut http_filters = chain_ctx.security.http.clone();
     http_filters.extend([
         http_filter("envoy.filters.http.fault", &HttpFault::default()),
-        http_filter(rds::CORS_FILTER, &Cors::default()),
+        http_filter(rds::ops::CORS_FILTER, &Cors::default()),
         http_filter("envoy.filters.http.router", &Router::default()),
     ]);
     network_filter(

@@ -19,7 +19,7 @@ use proto::pb::envoy::config::listener::v3::{Filter, FilterChain, FilterChainMat
 use proto::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
 
 use super::super::gateway::{BoundServer, binds, intersect, names_gateway, server_host_for};
-use super::super::rds::Clusters;
+use super::super::rds::translate::Clusters;
 use super::super::util::duration;
 use super::{network_filter, tcp_hash_policy};
 use crate::model::gateway::{Server, ServerTlsMode};

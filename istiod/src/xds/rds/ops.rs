@@ -10,12 +10,12 @@ use proto::pb::envoy::config::core::v3::{
 };
 use proto::pb::envoy::config::route::v3::{DirectResponseAction, RedirectAction, redirect_action};
 use proto::pb::envoy::extensions::filters::http::cors::v3::CorsPolicy as EnvoyCors;
+use proto::pb::envoy::r#type::matcher::v3::{RegexMatcher, StringMatcher, string_matcher};
 use proto::pb::envoy::r#type::v3::{FractionalPercent, fractional_percent};
 use proto::pb::google::protobuf::BoolValue;
 
-use super::translate::string_matcher;
 use crate::model::istio::{
-    CorsPolicy, HeaderOperations, Headers, HttpDirectResponse, HttpRedirect, Percent,
+    CorsPolicy, HeaderOperations, Headers, HttpDirectResponse, HttpRedirect, Percent, StringMatch,
 };
 
 /// The name of Envoy's CORS filter, the key of its per-route config.
@@ -202,5 +202,25 @@ pub fn mirror_fraction(p: Option<&Percent>) -> Option<RuntimeFractionalPercent> 
     Some(RuntimeFractionalPercent {
         default_value: Some(default_value),
         ..Default::default()
+    })
+}
+
+/// An Istio `StringMatch` as Envoy's matcher (`None` when empty).
+pub(super) fn string_matcher(m: &StringMatch, ignore_case: bool) -> Option<StringMatcher> {
+    let pattern = if let Some(e) = &m.exact {
+        string_matcher::MatchPattern::Exact(e.clone())
+    } else if let Some(p) = &m.prefix {
+        string_matcher::MatchPattern::Prefix(p.clone())
+    } else if let Some(r) = &m.regex {
+        string_matcher::MatchPattern::SafeRegex(RegexMatcher {
+            regex: r.clone(),
+            ..Default::default()
+        })
+    } else {
+        return None;
+    };
+    Some(StringMatcher {
+        match_pattern: Some(pattern),
+        ignore_case,
     })
 }

@@ -14,6 +14,7 @@ use proto::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
 use proto::pb::envoy::r#type::v3::fractional_percent::DenominatorType;
 
 use super::*;
+use crate::xds::rds::ops::CORS_FILTER;
 
 const HTTPBIN: &str = "httpbin.demo.svc.cluster.local";
 

@@ -15,9 +15,7 @@ use proto::pb::envoy::extensions::filters::common::fault::v3::{FaultDelay, fault
 use proto::pb::envoy::extensions::filters::http::fault::v3::{FaultAbort, HttpFault, fault_abort};
 use proto::pb::envoy::extensions::retry::host::previous_hosts::v3::PreviousHostsPredicate;
 use proto::pb::envoy::extensions::retry::priority::previous_priorities::v3::PreviousPrioritiesConfig;
-use proto::pb::envoy::r#type::matcher::v3::{
-    RegexMatchAndSubstitute, RegexMatcher, StringMatcher, string_matcher,
-};
+use proto::pb::envoy::r#type::matcher::v3::{RegexMatchAndSubstitute, RegexMatcher};
 use proto::pb::google::protobuf::BoolValue;
 
 use std::sync::Arc;
@@ -25,7 +23,7 @@ use std::sync::Arc;
 use proto::pb::envoy::config::route::v3::route_action::HashPolicy;
 
 use super::hash;
-use super::ops::{self, HeaderLists, percent};
+use super::ops::{self, HeaderLists, percent, string_matcher};
 use crate::model::istio::{
     Destination, HttpFaultInjection, HttpMatchRequest, HttpRoute, StringMatch,
 };
@@ -64,26 +62,6 @@ pub(super) fn timed(timeout: Duration) -> RouteAction {
         max_grpc_timeout: Some(duration(timeout)),
         ..Default::default()
     }
-}
-
-/// An Istio `StringMatch` as Envoy's matcher (`None` when empty).
-pub(super) fn string_matcher(m: &StringMatch, ignore_case: bool) -> Option<StringMatcher> {
-    let pattern = if let Some(e) = &m.exact {
-        string_matcher::MatchPattern::Exact(e.clone())
-    } else if let Some(p) = &m.prefix {
-        string_matcher::MatchPattern::Prefix(p.clone())
-    } else if let Some(r) = &m.regex {
-        string_matcher::MatchPattern::SafeRegex(RegexMatcher {
-            regex: r.clone(),
-            ..Default::default()
-        })
-    } else {
-        return None;
-    };
-    Some(StringMatcher {
-        match_pattern: Some(pattern),
-        ignore_case,
-    })
 }
 
 /// A header condition; an empty match means "present" (inverted:
