@@ -1,6 +1,7 @@
-//! The graph of a crate's top-level modules, read from its `src/`, so a test
-//! can keep data flowing one way: no cycle among the top-level modules, and
-//! no module below a layer referring to it.
+//! The graph of a crate's top-level modules, and the graph of its files,
+//! read from its `src/`, so a test can keep data flowing one way: no cycle
+//! among the top-level modules, no module below a layer referring to it,
+//! and no two files of a folder reaching each other ([`FileGraph`]).
 //!
 //! A top-level module `a` references `b` where a file of `a` names
 //! `crate::b` (a path, or one item of a `use crate::{b, c::X}` group), or
@@ -16,10 +17,15 @@
 //! glob re-exports at the crate root and paths made by macros are not
 //! followed.
 
+mod files;
+mod masked;
+
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
-use std::ops::Range;
 use std::path::Path;
+
+pub use files::{Circle, FileGraph};
+use masked::SourceFile;
 
 /// Where a reference is written: a file (relative to `src/`) and line.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -39,9 +45,9 @@ impl fmt::Display for Site {
 /// One reference of a cycle or a forbidden reference: `from` names `to` at `site`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hop {
-    /// The referring module.
+    /// The referring module (or file).
     pub from: String,
-    /// The referenced module.
+    /// The referenced module (or file).
     pub to: String,
     /// The first place `from` names `to`.
     pub site: Site,
@@ -95,12 +101,26 @@ pub enum GraphError {
         /// The modules there are, comma-separated.
         known: String,
     },
+    /// A check skips a path no file of the crate is at.
+    #[error(
+        "no file of the crate is at src/{prefix} (a file or a folder); fix or drop the skip in the check"
+    )]
+    UnknownSkip {
+        /// The path skipped, relative to `src/`.
+        prefix: String,
+    },
     /// Top-level modules reference each other in cycles.
     #[error(
         "top-level modules reference each other in a cycle; move what closes it (the reference that points up) below both ends:\n{}",
         show_cycles(.0)
     )]
     Cycles(Vec<Cycle>),
+    /// Files reference each other in circles.
+    #[error(
+        "files reference each other in a circle; move the part both need into a file below them, or the part that reaches back up above them:\n{}",
+        show_circles(.0)
+    )]
+    FileCircles(Vec<Circle>),
     /// Modules that must not reference a module do.
     #[error(
         "modules below {target} must not reference it, but:\n{}",
@@ -122,121 +142,47 @@ fn show_cycles(cycles: &[Cycle]) -> String {
     cycles.iter().map(ToString::to_string).collect()
 }
 
-/// The top-level modules of a crate and which of them each references.
+fn show_circles(circles: &[Circle]) -> String {
+    circles.iter().map(ToString::to_string).collect()
+}
+
+/// Named nodes and, for each, the nodes it references with every place.
 #[derive(Debug, Clone, Default)]
-pub struct ModuleGraph {
-    modules: BTreeSet<String>,
-    /// module -> referenced module -> every place it is named.
+struct Digraph {
+    nodes: BTreeSet<String>,
+    /// node -> referenced node -> every place it is named.
     edges: BTreeMap<String, BTreeMap<String, Vec<Site>>>,
 }
 
-impl ModuleGraph {
-    /// Reads every `.rs` file under `src` (a crate's `src/` directory).
-    pub fn read(src: &Path) -> Result<Self, GraphError> {
-        let mut files = Vec::new();
-        collect_files(src, "", &mut files)?;
-        Ok(Self::from_files(files))
-    }
-
-    /// Reads the crate at `manifest_dir` (its `CARGO_MANIFEST_DIR`) and
-    /// checks that it has each of the `expected` top-level modules, so a
-    /// check on a renamed module fails instead of passing on nothing.
-    pub fn read_crate(manifest_dir: &str, expected: &[&str]) -> Result<Self, GraphError> {
-        let graph = Self::read(&Path::new(manifest_dir).join("src"))?;
-        for name in expected {
-            graph.require(name)?;
-        }
-        Ok(graph)
-    }
-
-    /// Fails with [`GraphError::UnknownModule`] unless the crate has the
-    /// top-level module `name`.
-    fn require(&self, name: &str) -> Result<(), GraphError> {
-        if self.modules.contains(name) {
-            Ok(())
-        } else {
-            Err(GraphError::UnknownModule {
-                name: name.to_string(),
-                known: self.modules.iter().cloned().collect::<Vec<_>>().join(", "),
-            })
-        }
-    }
-
-    /// Builds the graph from `(path relative to src/, text)` pairs, with `/`
-    /// separators (`lib.rs`, `xds.rs`, `xds/cache.rs`).
-    pub fn from_files<I, P, T>(files: I) -> Self
-    where
-        I: IntoIterator<Item = (P, T)>,
-        P: AsRef<str>,
-        T: AsRef<str>,
-    {
-        let files: BTreeMap<String, Masked> = files
-            .into_iter()
-            .filter(|(p, _)| p.as_ref().ends_with(".rs") && !p.as_ref().starts_with("bin/"))
-            .map(|(p, t)| (p.as_ref().to_string(), Masked::new(t.as_ref())))
-            .collect();
-        // Files of `#[cfg(test)] mod name;`: `<dir>/name.rs` and all under `<dir>/name/`.
-        let excluded: Vec<String> = files
-            .iter()
-            .flat_map(|(path, m)| {
-                let dir = child_dir(path);
-                m.test_mods
-                    .iter()
-                    .map(move |name| format!("{dir}{name}"))
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        let is_excluded = |path: &str| {
-            excluded
-                .iter()
-                .any(|e| path == format!("{e}.rs") || path.starts_with(&format!("{e}/")))
-        };
-        let files: Vec<(&str, &str, &Masked)> = files
-            .iter()
-            .filter(|(path, m)| !is_excluded(path) && !m.whole_file_is_test)
-            .filter_map(|(path, m)| Some((path.as_str(), top_module(path)?, m)))
-            .collect();
-        let mut graph = Self {
-            modules: files.iter().map(|(_, top, _)| top.to_string()).collect(),
-            edges: BTreeMap::new(),
-        };
-        for (path, top, masked) in files {
-            for (target, offset) in masked.references(file_depth(path)) {
-                if target == top || !graph.modules.contains(&target) {
-                    continue;
-                }
-                let site = Site {
-                    file: path.to_string(),
-                    line: masked.line_of(offset),
-                };
-                graph
-                    .edges
-                    .entry(top.to_string())
-                    .or_default()
-                    .entry(target)
-                    .or_default()
-                    .push(site);
-            }
-        }
-        graph
-    }
-
-    /// The top-level modules, by name.
-    pub fn modules(&self) -> impl Iterator<Item = &str> {
-        self.modules.iter().map(String::as_str)
-    }
-
-    /// The modules `module` references.
-    pub fn references(&self, module: &str) -> Vec<&str> {
+impl Digraph {
+    fn add(&mut self, from: &str, to: &str, site: Site) {
         self.edges
-            .get(module)
+            .entry(from.to_string())
+            .or_default()
+            .entry(to.to_string())
+            .or_default()
+            .push(site);
+    }
+
+    fn references(&self, node: &str) -> Vec<&str> {
+        self.edges
+            .get(node)
             .map(|t| t.keys().map(String::as_str).collect())
             .unwrap_or_default()
     }
 
-    /// Each group of modules that reach each other (each strongly
-    /// connected component of more than one module).
-    pub fn cycles(&self) -> Vec<Cycle> {
+    fn hop(&self, from: &str, to: &str) -> Option<Hop> {
+        let site = self.edges.get(from)?.get(to)?.first()?.clone();
+        Some(Hop {
+            from: from.to_string(),
+            to: to.to_string(),
+            site,
+        })
+    }
+
+    /// Each group of nodes that reach each other (each strongly connected
+    /// component of more than one node).
+    fn cycles(&self) -> Vec<Cycle> {
         self.components()
             .into_iter()
             .filter(|c| c.len() > 1)
@@ -254,52 +200,10 @@ impl ModuleGraph {
             .collect()
     }
 
-    /// Fails listing every cycle among the top-level modules.
-    pub fn check_acyclic(&self) -> Result<(), GraphError> {
-        let cycles = self.cycles();
-        if cycles.is_empty() {
-            Ok(())
-        } else {
-            Err(GraphError::Cycles(cycles))
-        }
-    }
-
-    /// Fails if any of `modules` references `target` directly, listing
-    /// where. Listing every module below `target` makes this "nothing below
-    /// `target` depends on it": a path through a module not listed would go
-    /// through one above it.
-    pub fn check_not_referenced_by(
-        &self,
-        target: &str,
-        modules: &[&str],
-    ) -> Result<(), GraphError> {
-        for name in std::iter::once(&target).chain(modules) {
-            self.require(name)?;
-        }
-        let hops: Vec<Hop> = modules.iter().filter_map(|m| self.hop(m, target)).collect();
-        if hops.is_empty() {
-            Ok(())
-        } else {
-            Err(GraphError::Referenced {
-                target: target.to_string(),
-                hops,
-            })
-        }
-    }
-
-    fn hop(&self, from: &str, to: &str) -> Option<Hop> {
-        let site = self.edges.get(from)?.get(to)?.first()?.clone();
-        Some(Hop {
-            from: from.to_string(),
-            to: to.to_string(),
-            site,
-        })
-    }
-
     /// Tarjan's strongly connected components.
     fn components(&self) -> Vec<Vec<String>> {
         struct State<'g> {
-            graph: &'g ModuleGraph,
+            graph: &'g Digraph,
             next: usize,
             index: BTreeMap<&'g str, usize>,
             low: BTreeMap<&'g str, usize>,
@@ -348,7 +252,7 @@ impl ModuleGraph {
             on_stack: BTreeSet::new(),
             out: Vec::new(),
         };
-        for m in &self.modules {
+        for m in &self.nodes {
             if !s.index.contains_key(m.as_str()) {
                 visit(&mut s, m);
             }
@@ -391,6 +295,130 @@ impl ModuleGraph {
     }
 }
 
+/// The top-level modules of a crate and which of them each references.
+#[derive(Debug, Clone, Default)]
+pub struct ModuleGraph {
+    graph: Digraph,
+}
+
+impl ModuleGraph {
+    /// Reads every `.rs` file under `src` (a crate's `src/` directory).
+    pub fn read(src: &Path) -> Result<Self, GraphError> {
+        Ok(Self::from_files(read_sources(src)?))
+    }
+
+    /// Reads the crate at `manifest_dir` (its `CARGO_MANIFEST_DIR`) and
+    /// checks that it has each of the `expected` top-level modules, so a
+    /// check on a renamed module fails instead of passing on nothing.
+    pub fn read_crate(manifest_dir: &str, expected: &[&str]) -> Result<Self, GraphError> {
+        let graph = Self::read(&Path::new(manifest_dir).join("src"))?;
+        for name in expected {
+            graph.require(name)?;
+        }
+        Ok(graph)
+    }
+
+    /// Fails with [`GraphError::UnknownModule`] unless the crate has the
+    /// top-level module `name`.
+    fn require(&self, name: &str) -> Result<(), GraphError> {
+        if self.graph.nodes.contains(name) {
+            Ok(())
+        } else {
+            Err(GraphError::UnknownModule {
+                name: name.to_string(),
+                known: self.modules().collect::<Vec<_>>().join(", "),
+            })
+        }
+    }
+
+    /// Builds the graph from `(path relative to src/, text)` pairs, with `/`
+    /// separators (`lib.rs`, `xds.rs`, `xds/cache.rs`).
+    pub fn from_files<I, P, T>(files: I) -> Self
+    where
+        I: IntoIterator<Item = (P, T)>,
+        P: AsRef<str>,
+        T: AsRef<str>,
+    {
+        let files: Vec<(String, SourceFile)> = SourceFile::select(files)
+            .into_iter()
+            .filter_map(|f| Some((f.module.first()?.clone(), f)))
+            .collect();
+        let mut graph = Digraph {
+            nodes: files.iter().map(|(top, _)| top.clone()).collect(),
+            edges: BTreeMap::new(),
+        };
+        for (top, file) in &files {
+            for (path, offset) in file.named_paths() {
+                let Some(target) = path.first() else { continue };
+                if target == top || !graph.nodes.contains(target) {
+                    continue;
+                }
+                graph.add(top, target, file.site(offset));
+            }
+        }
+        Self { graph }
+    }
+
+    /// The top-level modules, by name.
+    pub fn modules(&self) -> impl Iterator<Item = &str> {
+        self.graph.nodes.iter().map(String::as_str)
+    }
+
+    /// The modules `module` references.
+    pub fn references(&self, module: &str) -> Vec<&str> {
+        self.graph.references(module)
+    }
+
+    /// Each group of modules that reach each other (each strongly
+    /// connected component of more than one module).
+    pub fn cycles(&self) -> Vec<Cycle> {
+        self.graph.cycles()
+    }
+
+    /// Fails listing every cycle among the top-level modules.
+    pub fn check_acyclic(&self) -> Result<(), GraphError> {
+        let cycles = self.cycles();
+        if cycles.is_empty() {
+            Ok(())
+        } else {
+            Err(GraphError::Cycles(cycles))
+        }
+    }
+
+    /// Fails if any of `modules` references `target` directly, listing
+    /// where. Listing every module below `target` makes this "nothing below
+    /// `target` depends on it": a path through a module not listed would go
+    /// through one above it.
+    pub fn check_not_referenced_by(
+        &self,
+        target: &str,
+        modules: &[&str],
+    ) -> Result<(), GraphError> {
+        for name in std::iter::once(&target).chain(modules) {
+            self.require(name)?;
+        }
+        let hops: Vec<Hop> = modules
+            .iter()
+            .filter_map(|m| self.graph.hop(m, target))
+            .collect();
+        if hops.is_empty() {
+            Ok(())
+        } else {
+            Err(GraphError::Referenced {
+                target: target.to_string(),
+                hops,
+            })
+        }
+    }
+}
+
+/// Every `.rs` file under `src` as `(path relative to src/, text)`.
+fn read_sources(src: &Path) -> Result<Vec<(String, String)>, GraphError> {
+    let mut files = Vec::new();
+    collect_files(src, "", &mut files)?;
+    Ok(files)
+}
+
 fn collect_files(dir: &Path, rel: &str, out: &mut Vec<(String, String)>) -> Result<(), GraphError> {
     let read_error = |path: &Path, source| GraphError::Read {
         path: path.display().to_string(),
@@ -413,408 +441,6 @@ fn collect_files(dir: &Path, rel: &str, out: &mut Vec<(String, String)>) -> Resu
         }
     }
     Ok(())
-}
-
-/// The top-level module a file belongs to; `None` for the crate roots.
-fn top_module(path: &str) -> Option<&str> {
-    if matches!(path, "lib.rs" | "main.rs") {
-        return None;
-    }
-    let first = path.split('/').next()?;
-    Some(first.strip_suffix(".rs").unwrap_or(first))
-}
-
-/// How deep the file's module is: `xds.rs` and `xds/mod.rs` are 1,
-/// `xds/cache.rs` 2; the crate roots 0.
-fn file_depth(path: &str) -> usize {
-    let parts = path.split('/').count();
-    match path.rsplit('/').next() {
-        Some("mod.rs") => parts - 1,
-        Some("lib.rs" | "main.rs") if parts == 1 => 0,
-        _ => parts,
-    }
-}
-
-/// The directory (with a trailing `/`, or empty for `src/`) where the file's
-/// `mod name;` children live.
-fn child_dir(path: &str) -> String {
-    match path.rsplit_once('/') {
-        None if matches!(path, "lib.rs" | "main.rs") => String::new(),
-        Some((dir, "mod.rs")) => format!("{dir}/"),
-        _ => format!("{}/", path.strip_suffix(".rs").unwrap_or(path)),
-    }
-}
-
-/// One file in two views with the same byte offsets: `code` with every
-/// comment and literal blanked (to find items and braces), `refs` keeping
-/// doc comments (intra-doc links name paths as code does); both with
-/// `#[cfg(test)]` items blanked.
-struct Masked {
-    code: Vec<u8>,
-    refs: Vec<u8>,
-    /// `#[cfg(test)] mod name;` declarations.
-    test_mods: Vec<String>,
-    /// `#![cfg(test)]`: the whole file is a test module.
-    whole_file_is_test: bool,
-    /// Inline `mod name { .. }` bodies, which make `super` one deeper.
-    inline_mods: Vec<Range<usize>>,
-}
-
-fn is_ident(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_'
-}
-
-fn blank(v: &mut [u8], range: Range<usize>) {
-    for b in &mut v[range] {
-        if *b != b'\n' {
-            *b = b' ';
-        }
-    }
-}
-
-/// The end (exclusive) of the brace/bracket/paren group opening at `open`.
-fn group_end(code: &[u8], open: usize) -> usize {
-    let mut depth = 0usize;
-    for (i, b) in code.iter().enumerate().skip(open) {
-        match b {
-            b'{' | b'[' | b'(' => depth += 1,
-            b'}' | b']' | b')' => {
-                depth = depth.saturating_sub(1);
-                if depth == 0 {
-                    return i + 1;
-                }
-            }
-            _ => {}
-        }
-    }
-    code.len()
-}
-
-fn skip_ws(code: &[u8], mut i: usize) -> usize {
-    while code.get(i).is_some_and(u8::is_ascii_whitespace) {
-        i += 1;
-    }
-    i
-}
-
-fn word_at(code: &[u8], i: usize) -> &[u8] {
-    let end = (i..code.len())
-        .find(|&j| !is_ident(code[j]))
-        .unwrap_or(code.len());
-    &code[i..end]
-}
-
-impl Masked {
-    fn new(text: &str) -> Self {
-        let (code, refs) = mask_literals(text.as_bytes());
-        let mut m = Masked {
-            code,
-            refs,
-            test_mods: Vec::new(),
-            whole_file_is_test: false,
-            inline_mods: Vec::new(),
-        };
-        m.mask_test_items();
-        m.find_inline_mods();
-        m
-    }
-
-    fn line_of(&self, offset: usize) -> usize {
-        1 + self.code[..offset].iter().filter(|b| **b == b'\n').count()
-    }
-
-    /// Blanks every `#[cfg(test)]` item and records `#[cfg(test)] mod x;`.
-    fn mask_test_items(&mut self) {
-        let mut i = 0;
-        while i < self.code.len() {
-            let inner = self.code[i..].starts_with(b"#![");
-            if !(inner || self.code[i..].starts_with(b"#[")) {
-                i += 1;
-                continue;
-            }
-            let open = if inner { i + 2 } else { i + 1 };
-            let close = group_end(&self.code, open);
-            let attr: Vec<u8> = self.code[open + 1..close.saturating_sub(1)]
-                .iter()
-                .copied()
-                .filter(|b| !b.is_ascii_whitespace())
-                .collect();
-            if attr != b"cfg(test)" {
-                i = close;
-                continue;
-            }
-            if inner {
-                self.whole_file_is_test = true;
-                return;
-            }
-            let end = self.item_end(close);
-            if let Some(name) = self.out_of_line_mod(close, end) {
-                self.test_mods.push(name);
-            }
-            blank(&mut self.code, i..end);
-            blank(&mut self.refs, i..end);
-            i = end;
-        }
-    }
-
-    /// Where the item after its attributes (from `from`) ends: after its
-    /// `;` or its `{ .. }` body, or before the `}` closing what holds it.
-    fn item_end(&self, from: usize) -> usize {
-        let mut i = from;
-        while i < self.code.len() {
-            match self.code[i] {
-                b'(' | b'[' => i = group_end(&self.code, i),
-                b';' => return i + 1,
-                b'{' => return group_end(&self.code, i),
-                b'}' => return i,
-                _ => i += 1,
-            }
-        }
-        self.code.len()
-    }
-
-    /// `name` when the item in `from..end` is `[pub(..)] mod name;`.
-    fn out_of_line_mod(&self, from: usize, end: usize) -> Option<String> {
-        if self.code.get(end.checked_sub(1)?) != Some(&b';') {
-            return None;
-        }
-        let mut i = skip_ws(&self.code, from);
-        while self.code[i..].starts_with(b"#[") {
-            i = skip_ws(&self.code, group_end(&self.code, i + 1));
-        }
-        if word_at(&self.code, i) == b"pub" {
-            i = skip_ws(&self.code, i + 3);
-            if self.code.get(i) == Some(&b'(') {
-                i = skip_ws(&self.code, group_end(&self.code, i));
-            }
-        }
-        if word_at(&self.code, i) != b"mod" {
-            return None;
-        }
-        i = skip_ws(&self.code, i + 3);
-        let name = word_at(&self.code, i);
-        (!name.is_empty()).then(|| String::from_utf8_lossy(name).into_owned())
-    }
-
-    fn find_inline_mods(&mut self) {
-        let mut i = 0;
-        while let Some(at) = find(&self.code, b"mod", i) {
-            i = at + 3;
-            if (at > 0 && is_ident(self.code[at - 1]))
-                || self.code.get(i).is_some_and(|b| is_ident(*b))
-            {
-                continue;
-            }
-            let name_at = skip_ws(&self.code, i);
-            let name = word_at(&self.code, name_at);
-            let after = skip_ws(&self.code, name_at + name.len());
-            if !name.is_empty() && self.code.get(after) == Some(&b'{') {
-                self.inline_mods.push(after..group_end(&self.code, after));
-            }
-        }
-    }
-
-    /// Every top-level module name this file's text references, with the
-    /// offset of the reference; `depth` is the file's module depth.
-    fn references(&self, depth: usize) -> Vec<(String, usize)> {
-        let r = &self.refs;
-        let mut out = Vec::new();
-        let mut i = 0;
-        while i < r.len() {
-            if !is_ident(r[i]) || (i > 0 && (is_ident(r[i - 1]) || r[i - 1] == b':')) {
-                i += 1;
-                continue;
-            }
-            let word = word_at(r, i);
-            let start = i;
-            i += word.len().max(1);
-            let after_root = match word {
-                b"crate" if r[i..].starts_with(b"::") => i + 2,
-                b"super" => {
-                    let mut supers = 1;
-                    let mut j = i;
-                    while r[j..].starts_with(b"::super")
-                        && !r.get(j + 7).is_some_and(|b| is_ident(*b))
-                    {
-                        supers += 1;
-                        j += 7;
-                    }
-                    let inline = self
-                        .inline_mods
-                        .iter()
-                        .filter(|m| m.contains(&start))
-                        .count();
-                    if supers != depth + inline || !r[j..].starts_with(b"::") {
-                        i = j;
-                        continue;
-                    }
-                    j + 2
-                }
-                _ => continue,
-            };
-            let at = skip_ws(r, after_root);
-            if r.get(at) == Some(&b'{') {
-                for name in group_heads(r, at) {
-                    out.push((name, start));
-                }
-            } else {
-                let name = word_at(r, at);
-                if !name.is_empty() {
-                    out.push((String::from_utf8_lossy(name).into_owned(), start));
-                }
-            }
-            i = at;
-        }
-        out
-    }
-}
-
-fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
-    hay.get(from..)?
-        .windows(needle.len())
-        .position(|w| w == needle)
-        .map(|p| p + from)
-}
-
-/// The first name of each item of the `{a, b::c, d::{e}}` group at `open`.
-fn group_heads(r: &[u8], open: usize) -> Vec<String> {
-    let end = group_end(r, open);
-    let mut heads = Vec::new();
-    let mut i = open + 1;
-    let mut expect_head = true;
-    while i < end.saturating_sub(1) {
-        match r[i] {
-            b'{' | b'(' | b'[' => {
-                i = group_end(r, i);
-                continue;
-            }
-            b',' => expect_head = true,
-            b if expect_head && is_ident(b) => {
-                let name = word_at(r, i);
-                if name != b"self" {
-                    heads.push(String::from_utf8_lossy(name).into_owned());
-                }
-                expect_head = false;
-                i += name.len();
-                continue;
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    heads
-}
-
-/// Blanks comments, string and char literals in `code`; in `refs` blanks
-/// the same except doc comments (`///`, `//!`, `/** */`, `/*! */`).
-fn mask_literals(b: &[u8]) -> (Vec<u8>, Vec<u8>) {
-    let mut code = b.to_vec();
-    let mut refs = b.to_vec();
-    let at = |i: usize| b.get(i).copied();
-    let mut i = 0;
-    while i < b.len() {
-        let (end, doc) = match b[i] {
-            b'/' if at(i + 1) == Some(b'/') => {
-                let end = find(b, b"\n", i).unwrap_or(b.len());
-                let doc =
-                    (at(i + 2) == Some(b'/') && at(i + 3) != Some(b'/')) || at(i + 2) == Some(b'!');
-                (end, doc)
-            }
-            b'/' if at(i + 1) == Some(b'*') => {
-                let mut depth = 0usize;
-                let mut j = i;
-                while j < b.len() {
-                    if b[j..].starts_with(b"/*") {
-                        depth += 1;
-                        j += 2;
-                    } else if b[j..].starts_with(b"*/") {
-                        depth -= 1;
-                        j += 2;
-                        if depth == 0 {
-                            break;
-                        }
-                    } else {
-                        j += 1;
-                    }
-                }
-                let doc = (at(i + 2) == Some(b'*') && !matches!(at(i + 3), Some(b'*' | b'/')))
-                    || at(i + 2) == Some(b'!');
-                (j, doc)
-            }
-            b'"' => (string_end(b, i + 1), false),
-            b'r' if raw_string_may_start(b, i) => match raw_string_end(b, i + 1) {
-                Some(end) => (end, false),
-                None => {
-                    i += 1;
-                    continue;
-                }
-            },
-            b'\'' => match char_literal_end(b, i) {
-                Some(end) => (end, false),
-                None => {
-                    i += 1;
-                    continue;
-                }
-            },
-            _ => {
-                i += 1;
-                continue;
-            }
-        };
-        blank(&mut code, i..end);
-        if !doc {
-            blank(&mut refs, i..end);
-        }
-        i = end.max(i + 1);
-    }
-    (code, refs)
-}
-
-/// After the opening `"` at `from - 1`: the end of the string.
-fn string_end(b: &[u8], from: usize) -> usize {
-    let mut j = from;
-    while j < b.len() {
-        match b[j] {
-            b'\\' => j += 2,
-            b'"' => return j + 1,
-            _ => j += 1,
-        }
-    }
-    b.len()
-}
-
-/// `r` at `i` starts a raw string only as a word start (`r"`, `br"`).
-fn raw_string_may_start(b: &[u8], i: usize) -> bool {
-    let before = |k: usize| k > 0 && is_ident(b[k - 1]);
-    !before(i) || (b[i - 1] == b'b' && !before(i - 1))
-}
-
-/// From after the `r`: the end of `#*"..."#*`, `None` if no raw string.
-fn raw_string_end(b: &[u8], from: usize) -> Option<usize> {
-    let hashes = b[from..].iter().take_while(|c| **c == b'#').count();
-    if b.get(from + hashes) != Some(&b'"') {
-        return None;
-    }
-    let mut close = vec![b'"'];
-    close.extend(std::iter::repeat_n(b'#', hashes));
-    Some(find(b, &close, from + hashes + 1).map_or(b.len(), |p| p + close.len()))
-}
-
-/// The end of the char literal at `i`, `None` for a lifetime or label.
-fn char_literal_end(b: &[u8], i: usize) -> Option<usize> {
-    if b.get(i + 1) == Some(&b'\\') {
-        // The escaped character, then anything up to the closing quote
-        // (`'\u{1F600}'`).
-        return Some(find(b, b"'", i + 3).map_or(b.len(), |p| p + 1));
-    }
-    let first = *b.get(i + 1)?;
-    let width = match first {
-        0x00..=0x7F => 1,
-        0xC0..=0xDF => 2,
-        0xE0..=0xEF => 3,
-        _ => 4,
-    };
-    (b.get(i + 1 + width) == Some(&b'\'')).then_some(i + 2 + width)
 }
 
 #[cfg(test)]

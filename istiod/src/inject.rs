@@ -24,6 +24,7 @@ mod probes;
 #[cfg(test)]
 mod proxy_config_tests;
 pub mod quantity;
+mod render;
 mod sidecar;
 mod template;
 
@@ -509,7 +510,7 @@ pub fn inject_pod_in_namespace(
         uid_from_user,
     };
     let tproxy = input.interception_mode() == common::InterceptionMode::Tproxy.as_str();
-    let rendered = template::render_all(&templates, &input);
+    let rendered = render::render_all(&templates, &input);
 
     let status = status_annotation(&rendered, &cfg.revision);
     let (rendered_containers, rendered_inits) = (

@@ -7,7 +7,7 @@
 //! A module that reaches back up closes a cycle or breaks a floor and fails
 //! here, naming the line that does it.
 
-use common::module_graph::ModuleGraph;
+use common::module_graph::{FileGraph, ModuleGraph};
 
 fn graph() -> ModuleGraph {
     ModuleGraph::read_crate(
@@ -60,6 +60,16 @@ fn the_push_context_is_below_xds_and_push() {
         }
     }
     if let Err(e) = graph.check_not_referenced_by("pushctx", &["model", "source"]) {
+        panic!("{e}");
+    }
+}
+
+/// Inside every folder, files reference each other one way: when two files
+/// need each other, the part both need is a file below them.
+#[test]
+fn no_file_level_circles() {
+    let files = FileGraph::read_crate(env!("CARGO_MANIFEST_DIR")).unwrap_or_else(|e| panic!("{e}"));
+    if let Err(e) = files.check_no_file_circles(&[]) {
         panic!("{e}");
     }
 }

@@ -47,6 +47,7 @@ pub mod capture;
 pub mod cleanup;
 pub mod config;
 pub mod dep;
+mod error;
 pub mod host;
 pub mod tproxy;
 pub mod validation;
@@ -141,7 +142,7 @@ pub fn run_istio_iptables(cfg: &Config, out: &mut dyn Write) -> Result<(), Iptab
                 .map_err(IptablesError::Output)?;
             out.flush().map_err(IptablesError::Output)?;
         } else {
-            let backends = apply::Backends::detect(cfg)?;
+            let backends = dep::Backends::detect(cfg)?;
             let rb = capture::build(cfg);
             let result = apply::execute(cfg, &rb, &backends);
             apply::log_final_state(&backends, cfg.host.enable_ipv6);
@@ -168,7 +169,7 @@ pub fn run_istio_clean_iptables(cfg: &Config, out: &mut dyn Write) -> Result<(),
             .and_then(|()| out.flush())
             .map_err(IptablesError::Output);
     }
-    let backends = apply::Backends::detect(cfg)?;
+    let backends = dep::Backends::detect(cfg)?;
     cleanup::clean(&rb, &backends);
     if cfg.interception_mode != config::InterceptionMode::Tproxy {
         // TPROXY's marks in built-in chains carry no ISTIO_ name for the
@@ -186,7 +187,7 @@ pub fn run_istio_clean_iptables(cfg: &Config, out: &mut dyn Write) -> Result<(),
 /// the host's addresses and resolv.conf.
 pub fn load_config(args: &IptablesArgs, env: &dyn Env) -> Result<Config, IptablesError> {
     let mut cfg = Config::from_args(args, env)?;
-    cfg.host = HostFacts::detect(&cfg)?;
+    cfg.host = HostFacts::detect(cfg.dual_stack, cfg.redirect_dns && !cfg.capture_all_dns)?;
     Ok(cfg)
 }
 

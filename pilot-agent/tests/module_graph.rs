@@ -6,7 +6,7 @@
 //! used and tested without HTTP. A reference that breaks this fails here,
 //! naming the line.
 
-use common::module_graph::ModuleGraph;
+use common::module_graph::{FileGraph, ModuleGraph};
 
 fn graph() -> ModuleGraph {
     ModuleGraph::read_crate(
@@ -45,4 +45,14 @@ fn the_lifecycle_depends_on_no_other_part() {
     let graph = graph();
     let refs = graph.references("lifecycle");
     assert!(refs.is_empty(), "lifecycle references {refs:?}");
+}
+
+/// Inside every folder, files reference each other one way: when two files
+/// need each other, the part both need is a file below them.
+#[test]
+fn no_file_level_circles() {
+    let files = FileGraph::read_crate(env!("CARGO_MANIFEST_DIR")).unwrap_or_else(|e| panic!("{e}"));
+    if let Err(e) = files.check_no_file_circles(&[]) {
+        panic!("{e}");
+    }
 }

@@ -3,9 +3,10 @@
 //! built-in templates have in common (canonical labels, images, resources, the agent's
 //! environment, `ProxyConfig` as JSON).
 //!
-//! The built-in templates are Rust, one module each ([`super::sidecar`], [`super::gateway`],
-//! [`super::grpc`]); templates in Go's template language (the ConfigMap's custom `templates`)
-//! are not interpreted: asking for one is an [`InjectError::UnknownTemplate`].
+//! The built-in templates are Rust, one module each (`sidecar`, `gateway`, `grpc`, each
+//! above this one, which `render` runs); templates in Go's template language (the
+//! ConfigMap's custom `templates`) are not interpreted: asking for one is an
+//! [`InjectError::UnknownTemplate`].
 
 use std::collections::BTreeMap;
 
@@ -130,15 +131,6 @@ impl Template {
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|t| t.name() == name)
     }
-
-    fn render(self, t: &TemplateInput<'_>) -> Rendered {
-        match self {
-            Template::Sidecar => super::sidecar::render(t),
-            Template::Gateway => super::gateway::render(t),
-            Template::GrpcSimple => super::grpc::render_simple(t),
-            Template::GrpcAgent => super::grpc::render_agent(t),
-        }
-    }
 }
 
 /// Istio's `selectTemplates`: the pod's `inject.istio.io/templates` (comma-separated) or
@@ -164,15 +156,6 @@ pub(crate) fn select(
             })
         })
         .collect()
-}
-
-/// Renders the templates in order, each merged over the previous ones.
-pub(crate) fn render_all(templates: &[Template], t: &TemplateInput<'_>) -> Rendered {
-    let mut out = Rendered::default();
-    for template in templates {
-        out.merge(template.render(t));
-    }
-    out
 }
 
 /// The canonical-service labels every built-in template but `grpc-simple` writes.

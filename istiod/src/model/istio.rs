@@ -743,7 +743,7 @@ pub struct IstioIngressListener {
     /// TLS terminated on the port (Istio applies it with
     /// `ENABLE_TLS_ON_SIDECAR_INGRESS` when the port's mTLS mode is DISABLE).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls: Option<super::gateway::ServerTlsSettings>,
+    pub tls: Option<super::gateway::tls::ServerTlsSettings>,
     /// The connection pool of this port's inbound cluster (over
     /// `inboundConnectionPool`).
     #[serde(skip_serializing_if = "Option::is_none")]

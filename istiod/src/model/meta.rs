@@ -10,13 +10,13 @@ use serde::{Deserialize, Serialize};
 use super::envoy_filter::EnvoyFilter;
 use super::gateway::Gateway;
 use super::gateway_api::{GatewayClass, HttpRoute, KubernetesGateway};
-use super::ingress::{Ingress, IngressClass};
+use super::ingress::spec::{Ingress, IngressClass};
 use super::istio::{
     DestinationRule, PeerAuthentication, ServiceEntry, Sidecar, VirtualService, WorkloadEntry,
     WorkloadGroup,
 };
 use super::kube::{EndpointSlice, Namespace, Node, Pod, Service};
-use super::proxy_config::ProxyConfig;
+use super::proxy_config::spec::ProxyConfig;
 use super::secret::Secret;
 use super::security::{AuthorizationPolicy, RequestAuthentication};
 use super::telemetry::Telemetry;

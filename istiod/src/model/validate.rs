@@ -26,6 +26,7 @@ mod gateway_tcp;
 mod gateway_tls;
 mod ingress;
 mod proxy_config;
+mod route_refs;
 mod telemetry;
 #[cfg(test)]
 mod test_support;
@@ -34,7 +35,8 @@ mod virtual_service_tcp;
 mod workload_group;
 
 use destination_rule::destination_rule;
-use virtual_service::{destination, virtual_service};
+use route_refs::destination;
+use virtual_service::virtual_service;
 
 #[derive(Default)]
 struct Errors(Vec<FieldError>);

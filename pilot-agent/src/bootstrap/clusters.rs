@@ -8,12 +8,9 @@ use prost::Name;
 use proto::pb::envoy::extensions::upstreams::http::v3::HttpProtocolOptions;
 use serde_json::{Value, json};
 
-use super::tls::{RemoteService, upstream_tls};
+use super::tls::{RemoteService, SDS_CLUSTER, upstream_tls};
 use super::{BootstrapOptions, Family};
 use crate::config::SDS_SOCKET_DIR;
-
-/// The static cluster of the agent's SDS socket.
-pub(super) const SDS_CLUSTER: &str = "sds-grpc";
 
 fn load_assignment(cluster: &str, address: Value) -> Value {
     json!({

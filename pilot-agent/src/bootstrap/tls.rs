@@ -9,8 +9,10 @@ use proto::pb::envoy::extensions::transport_sockets::tls::v3::UpstreamTlsContext
 use serde_json::{Map, Value, json};
 
 use super::HostPort;
-use super::clusters::SDS_CLUSTER;
 use common::xds::{SDS_ROOT_SECRET, SDS_WORKLOAD_SECRET};
+
+/// The static cluster of the agent's SDS socket.
+pub(super) const SDS_CLUSTER: &str = "sds-grpc";
 
 /// `ClientTLSSettings.mode` for the connections Envoy opens to telemetry services.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -5,7 +5,6 @@ use std::fmt;
 
 use common::duration::DurationError;
 
-use super::status::{AppProberError, ScrapeConfigError};
 use super::{ENV_KUBE_APP_PROBERS, ENV_PROMETHEUS_ANNOTATIONS};
 
 /// One invalid value of the agent's configuration.
@@ -110,3 +109,91 @@ impl fmt::Display for ConfigErrors {
 }
 
 impl std::error::Error for ConfigErrors {}
+
+/// The form of `ISTIO_KUBE_APP_PROBERS` keys, as Istio's error message shows it.
+const APP_PROBER_PATTERN: &str =
+    r"^/(app-health|app-lifecycle)/[^/]+/(livez|readyz|startupz|prestopz|poststartz)$";
+
+/// One invalid entry of `ISTIO_KUBE_APP_PROBERS`.
+#[derive(Debug, thiserror::Error)]
+pub enum AppProberError {
+    /// Not the JSON map the injector writes.
+    #[error("failed to decode app prober err = {reason}, json string = {json}")]
+    Decode {
+        /// The JSON error.
+        reason: String,
+        /// The value.
+        json: String,
+    },
+    /// A key is not a probe path.
+    #[error("invalid path {path:?}, must be in form of regex pattern {APP_PROBER_PATTERN}")]
+    InvalidPath {
+        /// The key.
+        path: String,
+    },
+    /// A probe has none or several of `httpGet`, `tcpSocket` and `grpc`.
+    #[error("invalid prober type for {path}, must be one of type httpGet, tcpSocket or gRPC")]
+    InvalidType {
+        /// The key.
+        path: String,
+    },
+    /// A probe names its port (`"http"`): the injector resolves names to numbers.
+    #[error("invalid prober config for {path}, the port must be int type, not {port:?}")]
+    PortNotInt {
+        /// The key.
+        path: String,
+        /// The port name given.
+        port: String,
+    },
+    /// A probe's port is not a TCP port.
+    #[error("invalid prober config for {path}, the port {port} is not in 1-65535")]
+    PortOutOfRange {
+        /// The key.
+        path: String,
+        /// The port given.
+        port: i64,
+    },
+}
+
+/// One invalid value of `ISTIO_PROMETHEUS_ANNOTATIONS`.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrapeConfigError {
+    /// Not valid JSON of the expected shape.
+    #[error("failed to unmarshal ISTIO_PROMETHEUS_ANNOTATIONS: {reason}")]
+    Decode {
+        /// The JSON error.
+        reason: String,
+    },
+    /// The legacy `port` is the status port itself, which would scrape itself.
+    #[error(
+        "invalid prometheus scrape configuration: application port is the same as agent port, which may lead to a recursive loop. Ensure pod does not have prometheus.io/port={status_port} label, or that injection is not happening multiple times"
+    )]
+    PortIsStatusPort {
+        /// The status port.
+        status_port: u16,
+    },
+    /// A target port is not a number in 1..65535.
+    #[error("invalid prometheus scrape configuration: invalid target port {port:?}")]
+    InvalidPort {
+        /// The port given.
+        port: String,
+    },
+    /// A target port is the status port.
+    #[error(
+        "invalid prometheus scrape configuration: target port {port} is the same as agent port, which may lead to a recursive loop"
+    )]
+    TargetIsStatusPort {
+        /// The port given.
+        port: String,
+    },
+    /// A target port belongs to the Istio data plane.
+    #[error(
+        "invalid prometheus scrape configuration: target port {port} is reserved for Istio ({reason}) and cannot be scraped"
+    )]
+    ReservedPort {
+        /// The port given.
+        port: String,
+        /// What uses it.
+        reason: &'static str,
+    },
+}

@@ -26,12 +26,12 @@ use common::env::Env;
 
 pub use dns::DnsConfig;
 pub use envoy::{EnvoyConfig, EnvoyPorts};
-pub use error::{ConfigError, ConfigErrors};
+pub use error::{AppProberError, ConfigError, ConfigErrors, ScrapeConfigError};
 pub use identity::{CertSource, IdentityConfig};
 pub use pod::{PodConfig, all_ipv6};
 pub use status::{
-    APP_PROBER_PREFIXES, AppProbe, AppProberError, AppProbes, ScrapeConfigError, ScrapeTarget,
-    StatusConfig, parse_app_probers, parse_scrape_targets,
+    APP_PROBER_PREFIXES, AppProbe, AppProbes, ScrapeTarget, StatusConfig, parse_app_probers,
+    parse_scrape_targets,
 };
 pub use xds_proxy::XdsProxyConfig;
 

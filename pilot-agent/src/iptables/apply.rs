@@ -7,45 +7,7 @@
 use super::builder::{self, RuleBuilder, State};
 use super::cleanup;
 use super::config::Config;
-use super::dep::{self, DepError, Family, IptablesVersion, Tool};
-
-/// The variants chosen for this namespace.
-#[derive(Debug, Clone)]
-pub struct Backends {
-    /// IPv4.
-    pub v4: IptablesVersion,
-    /// IPv6, when a working `ip6tables` exists.
-    pub v6: Option<IptablesVersion>,
-}
-
-impl Backends {
-    /// Istio's detection for both families; a missing `ip6tables` is only an
-    /// error when IPv6 is on.
-    pub fn detect(cfg: &Config) -> Result<Self, DepError> {
-        let v4 = dep::detect(Family::V4, cfg.force_iptables_binary)?;
-        let v6 = match dep::detect(Family::V6, cfg.force_iptables_binary) {
-            Ok(v) => Some(v),
-            Err(e) if !cfg.host.enable_ipv6 => {
-                tracing::warn!(
-                    "Failed to detect a working ip6tables binary; continuing because IPv6 support is disabled (ENABLE_INBOUND_IPV6=false): {e}"
-                );
-                None
-            }
-            Err(e) => return Err(e),
-        };
-        tracing::info!(
-            "Using {} (IPv4) and {} (IPv6)",
-            v4.binary,
-            v6.as_ref().map_or("none", |v| v.binary.as_str())
-        );
-        Ok(Self { v4, v6 })
-    }
-
-    /// The IPv6 variant when IPv6 is on.
-    fn v6_if(&self, enabled: bool) -> Option<&IptablesVersion> {
-        self.v6.as_ref().filter(|_| enabled)
-    }
-}
+use super::dep::{self, Backends, DepError, IptablesVersion, Tool};
 
 /// What [`verify_state`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

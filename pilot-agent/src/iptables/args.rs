@@ -1,15 +1,18 @@
 //! The command lines of `istio-iptables` and `istio-clean-iptables`: Istio's
 //! flag names and short forms (`tools/istio-iptables/pkg/cmd/root.go`, and the
 //! removed `tools/istio-clean-iptables/pkg/cmd/root.go`). Values stay text
-//! here; [`super::config::Config::from_args`] reads them with their
+//! here; `Config::from_args` (in `config.rs`) reads them with their
 //! environment fallbacks and checks them.
 
 use common::env::Env;
 
-use super::config::{ENV_INBOUND_INTERCEPTION_MODE, ENV_INBOUND_TPROXY_MARK};
+/// `INBOUND_INTERCEPTION_MODE`: the mode `istio-clean-iptables` reads (Istio's clean command only).
+pub const ENV_INBOUND_INTERCEPTION_MODE: &str = "INBOUND_INTERCEPTION_MODE";
+/// `INBOUND_TPROXY_MARK`: the mark `istio-clean-iptables` reads (Istio's clean command only).
+pub const ENV_INBOUND_TPROXY_MARK: &str = "INBOUND_TPROXY_MARK";
 
 /// The flags of `pilot-agent istio-iptables`, as Istio's `istio-iptables` has them.
-/// Values are kept as text here and checked by [`super::config::Config::from_args`], so one
+/// Values are kept as text here and checked by `Config::from_args` (in `config.rs`), so one
 /// run reports every bad value, each naming its flag. As with pflag, a flag
 /// given twice takes the last value.
 #[derive(Debug, Clone, Default, clap::Args)]

@@ -13,9 +13,8 @@
 
 use std::io::Write;
 
-use super::apply::Backends;
 use super::builder::{self, RuleBuilder};
-use super::dep::{self, IptablesVersion, Tool};
+use super::dep::{self, Backends, IptablesVersion, Tool};
 
 /// Removes Istio chains and the jumps into them that `ver` still shows.
 pub fn remove_leftovers(ver: &IptablesVersion) {

@@ -15,7 +15,10 @@ use std::time::Duration;
 
 use common::env::Env;
 
-pub use super::args::{CleanArgs, IptablesArgs};
+pub use super::args::{
+    CleanArgs, ENV_INBOUND_INTERCEPTION_MODE, ENV_INBOUND_TPROXY_MARK, IptablesArgs,
+};
+pub use super::error::ConfigError;
 pub use super::host::HostFacts;
 
 /// `ISTIO_OUTBOUND_OWNER_GROUPS`: groups whose outbound traffic is captured (`*`). Env only.
@@ -24,10 +27,6 @@ pub const ENV_OWNER_GROUPS_INCLUDE: &str = "ISTIO_OUTBOUND_OWNER_GROUPS";
 pub const ENV_OWNER_GROUPS_EXCLUDE: &str = "ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE";
 /// `ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR`: the loopback range kept for the app (`127.0.0.1/32`). Env only.
 pub const ENV_HOST_IPV4_LOOPBACK_CIDR: &str = "ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR";
-/// `INBOUND_INTERCEPTION_MODE`: the mode `istio-clean-iptables` reads (Istio's clean command only).
-pub const ENV_INBOUND_INTERCEPTION_MODE: &str = "INBOUND_INTERCEPTION_MODE";
-/// `INBOUND_TPROXY_MARK`: the mark `istio-clean-iptables` reads (Istio's clean command only).
-pub const ENV_INBOUND_TPROXY_MARK: &str = "INBOUND_TPROXY_MARK";
 /// `ENVOY_USER`: the user whose uid is the default `--proxy-uid` (`istio-proxy`).
 pub const ENV_ENVOY_USER: &str = "ENVOY_USER";
 
@@ -334,25 +333,6 @@ pub struct Config {
     pub host_ipv4_loopback_cidr: String,
     /// Facts from the host (interfaces, resolv.conf).
     pub host: HostFacts,
-}
-
-/// Why a configuration cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// One or more flags or variables have values that cannot be used.
-    #[error("invalid istio-iptables configuration:\n  {}", .0.join("\n  "))]
-    Invalid(Vec<String>),
-    /// Istio's `getLocalIP` found no usable address.
-    #[error(
-        "no valid local IP address found (the Pod needs a non-loopback, non-link-local address)"
-    )]
-    NoLocalIp,
-    /// The interfaces could not be listed.
-    #[error("failed to list the network interfaces' addresses: {0}")]
-    Interfaces(#[source] nix::Error),
-    /// `/etc/resolv.conf` could not be read while `--redirect-dns` needs it.
-    #[error("failed to load /etc/resolv.conf: {0}")]
-    ResolvConf(#[source] std::io::Error),
 }
 
 /// Istio's `config.Split`: comma-separated, empty items dropped.

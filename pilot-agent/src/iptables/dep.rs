@@ -14,7 +14,7 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use super::config::Backend;
+use super::config::{Backend, Config};
 
 /// The no-op rule used to probe a variant (protocol 255 matches nothing).
 const TEST_RULE: &[&str] = &["-t", "nat", "-A", "INPUT", "-p", "255", "-j", "RETURN"];
@@ -268,6 +268,44 @@ pub fn detect(family: Family, force: Option<Backend>) -> Result<IptablesVersion,
         Err(e) => tracing::debug!("did not find (or cannot use) iptables binary {nft}: {e}"),
     }
     probe(plain)
+}
+
+/// The variants chosen for this namespace.
+#[derive(Debug, Clone)]
+pub struct Backends {
+    /// IPv4.
+    pub v4: IptablesVersion,
+    /// IPv6, when a working `ip6tables` exists.
+    pub v6: Option<IptablesVersion>,
+}
+
+impl Backends {
+    /// Istio's detection for both families; a missing `ip6tables` is only an
+    /// error when IPv6 is on.
+    pub fn detect(cfg: &Config) -> Result<Self, DepError> {
+        let v4 = detect(Family::V4, cfg.force_iptables_binary)?;
+        let v6 = match detect(Family::V6, cfg.force_iptables_binary) {
+            Ok(v) => Some(v),
+            Err(e) if !cfg.host.enable_ipv6 => {
+                tracing::warn!(
+                    "Failed to detect a working ip6tables binary; continuing because IPv6 support is disabled (ENABLE_INBOUND_IPV6=false): {e}"
+                );
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        tracing::info!(
+            "Using {} (IPv4) and {} (IPv6)",
+            v4.binary,
+            v6.as_ref().map_or("none", |v| v.binary.as_str())
+        );
+        Ok(Self { v4, v6 })
+    }
+
+    /// The IPv6 variant when IPv6 is on.
+    pub(super) fn v6_if(&self, enabled: bool) -> Option<&IptablesVersion> {
+        self.v6.as_ref().filter(|_| enabled)
+    }
 }
 
 #[cfg(test)]

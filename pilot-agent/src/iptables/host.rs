@@ -5,7 +5,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::config::{Config, ConfigError};
+use super::error::ConfigError;
 
 /// What the host says, beside the flags: Istio reads these from the Pod's
 /// interfaces and `/etc/resolv.conf`. [`HostFacts::detect`] reads them in
@@ -25,8 +25,10 @@ pub struct HostFacts {
 impl HostFacts {
     /// Reads what Istio's `FillConfigFromEnvironment` reads: the interfaces'
     /// addresses (is the Pod IPv6?) and, when DNS is captured per server, the
-    /// name servers in `/etc/resolv.conf`.
-    pub fn detect(cfg: &Config) -> Result<Self, ConfigError> {
+    /// name servers in `/etc/resolv.conf`. `dual_stack` is `--dual-stack`;
+    /// `dns_per_server` is DNS captured per name server (`--redirect-dns`
+    /// without `--capture-all-dns`), which needs the name servers.
+    pub fn detect(dual_stack: bool, dns_per_server: bool) -> Result<Self, ConfigError> {
         let addrs: Vec<IpAddr> = nix::ifaddrs::getifaddrs()
             .map_err(ConfigError::Interfaces)?
             .filter_map(|ifa| {
@@ -38,13 +40,13 @@ impl HostFacts {
                 }
             })
             .collect();
-        let (host_ip, enable_ipv6) = local_ip(&addrs, cfg.dual_stack)?;
+        let (host_ip, enable_ipv6) = local_ip(&addrs, dual_stack)?;
         let mut facts = HostFacts {
             host_ip: Some(host_ip),
             enable_ipv6,
             ..HostFacts::default()
         };
-        if cfg.redirect_dns && !cfg.capture_all_dns {
+        if dns_per_server {
             let conf =
                 std::fs::read_to_string("/etc/resolv.conf").map_err(ConfigError::ResolvConf)?;
             (facts.dns_servers_v4, facts.dns_servers_v6) = name_servers(&conf);

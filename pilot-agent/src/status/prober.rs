@@ -22,15 +22,13 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
 
-use super::upstream::{FetchError, Upstream, read_at_most, send_request};
+use super::upstream::{FetchError, MAX_REDIRECTS, Upstream, read_at_most, send_request};
 use super::{Body, StatusOptions, empty, full, text};
 use crate::config::{APP_PROBER_PREFIXES, AppProbe, AppProbes};
 use crate::http_client::{dial, host_port};
 
 /// How much of an application probe's response body is passed back.
 const MAX_PROBE_BODY: usize = 10 * 1024;
-/// Kubelet's redirect limit.
-pub(super) const MAX_REDIRECTS: usize = 10;
 const GRPC_HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
 
 /// Request headers never forwarded to a probed application.

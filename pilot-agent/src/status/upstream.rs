@@ -16,8 +16,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::ClientConfig;
 use rustls::pki_types::ServerName;
 
-use super::prober::MAX_REDIRECTS;
 use crate::http_client::{self, InvalidRequest, build_request, host_port};
+
+/// Kubelet's redirect limit.
+pub(super) const MAX_REDIRECTS: usize = 10;
 
 /// Why an upstream request failed.
 #[derive(Debug, thiserror::Error)]

@@ -5,6 +5,7 @@
 
 use super::super::istio::{Destination, Headers, HttpRoute, StringMatch, VirtualService};
 use super::super::route::{MAX_DIRECT_RESPONSE_BODY_BYTES, grpc_code};
+use super::route_refs::{destination, destinations, gateway};
 use super::{
     Errors, check_export_to, check_host, check_min_duration, check_percent, check_port,
     is_dns1123_label, is_dns1123_subdomain,
@@ -105,22 +106,6 @@ fn delegate(field: &str, d: &super::super::istio::Delegate, in_delegate: bool, e
         e.add(
             format!("{field}.namespace"),
             format!("{:?} is not a namespace name", d.namespace),
-        );
-    }
-}
-
-/// A gateway reference: `mesh` (the sidecars), `<name>` (a Gateway in the
-/// VirtualService's namespace) or `<namespace>/<name>`.
-pub(super) fn gateway(field: &str, gw: &str, e: &mut Errors) {
-    let valid = match gw.split_once('/') {
-        _ if gw == "mesh" => true,
-        Some((ns, name)) => is_dns1123_label(ns) && is_dns1123_subdomain(name),
-        None => is_dns1123_subdomain(gw),
-    };
-    if !valid {
-        e.add(
-            field,
-            format!("{gw:?} is not a gateway reference (use mesh, <name> or <namespace>/<name>)"),
         );
     }
 }
@@ -297,55 +282,6 @@ fn http_route(field: &str, r: &HttpRoute, e: &mut Errors) {
         }
     }
     mirrors_and_cors(field, r, e);
-}
-
-/// Destinations and weights: each weight 0-100, summing to 100 when there
-/// are several destinations.
-pub(super) fn destinations(field: &str, dests: &[(&Destination, Option<i32>)], e: &mut Errors) {
-    let mut total: i64 = 0;
-    for (i, (dest, weight)) in dests.iter().enumerate() {
-        destination(&format!("{field}[{i}].destination"), dest, e);
-        let w = weight.unwrap_or(0);
-        if !(0..=100).contains(&w) {
-            e.add(
-                format!("{field}[{i}].weight"),
-                format!("{w} is out of range (use a weight between 0 and 100)"),
-            );
-        }
-        total += i64::from(w);
-    }
-    if dests.len() > 1 && total != 100 {
-        e.add(
-            format!("{field}[{}].weight", dests.len() - 1),
-            format!(
-                "the weights of the {} destinations add up to {total}, not 100 (adjust them so they add up to 100)",
-                dests.len()
-            ),
-        );
-    }
-}
-
-pub(super) fn destination(field: &str, d: &Destination, e: &mut Errors) {
-    if d.host.is_empty() {
-        e.add(
-            format!("{field}.host"),
-            "is required (name the service to send traffic to, e.g. reviews)",
-        );
-    } else {
-        check_host(&format!("{field}.host"), &d.host, e);
-    }
-    if !d.subset.is_empty() && !is_dns1123_label(&d.subset) {
-        e.add(
-            format!("{field}.subset"),
-            format!(
-                "{:?} is not a valid subset name (use the name of a subset in the host's DestinationRule)",
-                d.subset
-            ),
-        );
-    }
-    if let Some(p) = &d.port {
-        check_port(&format!("{field}.port.number"), p.number, e);
-    }
 }
 
 fn string_match(field: &str, sm: &StringMatch, empty_ok: bool, e: &mut Errors) {

@@ -7,7 +7,7 @@
 //! match that can only apply to gateways, rather than accepted and ignored.
 
 use super::super::istio::{Destination, L4MatchAttributes, TlsMatchAttributes, VirtualService};
-use super::virtual_service::{destinations, gateway};
+use super::route_refs::{destinations, gateway};
 use super::{Errors, check_port, is_dns1123_label};
 use crate::model::security::attributes::parse_cidr;
 use crate::model::service::host_matches;

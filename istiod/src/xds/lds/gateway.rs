@@ -32,7 +32,7 @@ use proto::pb::google::protobuf::BoolValue;
 use common::gateway_topology::GatewayTopology;
 
 use super::super::gateway::{BoundServer, listener_name, route_name, servers_by_port, sni_hosts};
-use super::super::rds;
+use super::super::rds::ops::CORS_FILTER;
 use super::super::security::InboundSecurity;
 use super::super::util::{IpMode, ads_source, socket, transport_socket};
 use super::{gateway_tls, http_filter, network_filter, tls_inspector};
@@ -185,7 +185,7 @@ fn gateway_hcm(
     let mut http_filters = chain_ctx.security.http.clone();
     http_filters.extend([
         http_filter("envoy.filters.http.fault", &HttpFault::default()),
-        http_filter(rds::ops::CORS_FILTER, &Cors::default()),
+        http_filter(CORS_FILTER, &Cors::default()),
         http_filter("envoy.filters.http.router", &Router::default()),
     ]);
     network_filter(
