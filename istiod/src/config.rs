@@ -325,4 +325,88 @@ mod tests {
             assert_eq!(named(what), 1, "{what}: {errors:#?}");
         }
     }
+
+    #[test]
+    fn one_bad_value_in_every_part_is_reported_in_one_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let mesh = dir.path().join("mesh");
+        std::fs::write(&mesh, "protocolDetectionTimeout: 1s\n").unwrap();
+        let t = T::parse_from([
+            "istiod",
+            "--grpcAddr",
+            "15010",
+            "--meshConfig",
+            mesh.to_str().unwrap(),
+            "--registries",
+            "Mock",
+        ]);
+        let env = MapEnv::from_pairs([
+            ("ENABLE_NATIVE_SIDECARS", "maybe"),
+            ("JWT_POLICY", "none"),
+            ("ENABLE_TLS_ON_SIDECAR_INGRESS", "yes"),
+            ("PILOT_DEBOUNCE_AFTER", "soon"),
+            ("PILOT_XDS_CACHE_SIZE", "many"),
+            ("PILOT_WORKLOAD_ENTRY_GRACE_PERIOD", "later"),
+        ]);
+        let ConfigErrors(errors) = Config::from_args(&t.a, &env).unwrap_err();
+        let parts = [
+            "--grpcAddr",
+            "ENABLE_NATIVE_SIDECARS",
+            "--meshConfig",
+            "--registries",
+            "JWT_POLICY",
+            "ENABLE_TLS_ON_SIDECAR_INGRESS",
+            "PILOT_DEBOUNCE_AFTER",
+            "PILOT_XDS_CACHE_SIZE",
+            "PILOT_WORKLOAD_ENTRY_GRACE_PERIOD",
+        ];
+        assert_eq!(errors.len(), parts.len(), "{errors:#?}");
+        for what in parts {
+            let named = errors.iter().filter(|e| e.starts_with(what)).count();
+            assert_eq!(named, 1, "{what}: {errors:#?}");
+        }
+    }
+
+    #[test]
+    fn a_custom_certificate_needs_its_key() {
+        let t = T::parse_from([
+            "istiod",
+            "--meshConfig",
+            "/nonexistent",
+            "--tlsCertFile",
+            "/c/cert.pem",
+        ]);
+        let ConfigErrors(errors) = Config::from_args(&t.a, &MapEnv::default()).unwrap_err();
+        assert_eq!(errors, [ServingError::TlsFilesPair.to_string()]);
+        let t = T::parse_from([
+            "istiod",
+            "--meshConfig",
+            "/nonexistent",
+            "--tlsCertFile",
+            "/c/cert.pem",
+            "--tlsKeyFile",
+            "/c/key.pem",
+        ]);
+        let c = Config::from_args(&t.a, &MapEnv::default()).unwrap();
+        assert_eq!(
+            c.server.custom_tls,
+            Some(CustomTls {
+                cert: PathBuf::from("/c/cert.pem"),
+                key: PathBuf::from("/c/key.pem"),
+                ca_cert: None,
+            })
+        );
+    }
+
+    #[test]
+    fn a_bad_duration_flag_is_refused_by_the_parser_naming_the_value() {
+        let err = T::try_parse_from(["istiod", "--shutdownDuration", "10"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("--shutdownDuration") && err.contains("invalid duration \"10\""),
+            "{err}"
+        );
+    }
 }
