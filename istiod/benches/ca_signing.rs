@@ -377,7 +377,7 @@ async fn run() -> anyhow::Result<()> {
     bound.shutdown().await;
 
     // One part of the gRPC path on its own: the bearer token check each call makes.
-    let rule = config.jwt_rule.clone().context("no JWT_RULE")?;
+    let rule = config.ca.jwt_rule.clone().context("no JWT_RULE")?;
     let jwt = JwtAuthenticator::new(rule, &config.mesh.trust_domain);
     jwt.authenticate(&token).await.map_err(anyhow::Error::msg)?;
     let cpu = cpu_time();
