@@ -261,16 +261,16 @@ async fn run() -> anyhow::Result<()> {
     let bundle = load_or_create_self_signed(
         &ca_dir,
         &SelfSignedOptions {
-            trust_domain: config.trust_domain.clone(),
-            ttl: config.self_signed_ca_ttl,
-            rsa_key_size: config.self_signed_ca_rsa_key_size,
+            trust_domain: config.mesh.trust_domain.clone(),
+            ttl: config.ca.self_signed_ca_ttl,
+            rsa_key_size: config.ca.self_signed_ca_rsa_key_size,
         },
     )?;
     ensure!(
         bundle.root_pem == bound.root_pem,
         "the baseline must use istiod's own CA"
     );
-    let signer = Signer::new(bundle, config.default_cert_ttl, config.max_cert_ttl)?;
+    let signer = Signer::new(bundle, config.ca.default_cert_ttl, config.ca.max_cert_ttl)?;
     let root = bound.root_pem.clone();
 
     common::tls::install_crypto_provider();
@@ -296,7 +296,7 @@ async fn run() -> anyhow::Result<()> {
         issuer_override: None,
         expired: false,
     })?;
-    let id = Identity::new(&config.trust_domain, "default", "sleep");
+    let id = Identity::new(&config.mesh.trust_domain, "default", "sleep");
     let ids = std::slice::from_ref(&id);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
 
@@ -377,8 +377,8 @@ async fn run() -> anyhow::Result<()> {
     bound.shutdown().await;
 
     // One part of the gRPC path on its own: the bearer token check each call makes.
-    let rule = config.jwt_rule.clone().context("no JWT_RULE")?;
-    let jwt = JwtAuthenticator::new(rule, &config.trust_domain);
+    let rule = config.ca.jwt_rule.clone().context("no JWT_RULE")?;
+    let jwt = JwtAuthenticator::new(rule, &config.mesh.trust_domain);
     jwt.authenticate(&token).await.map_err(anyhow::Error::msg)?;
     let cpu = cpu_time();
     let start = Instant::now();
@@ -394,7 +394,7 @@ async fn run() -> anyhow::Result<()> {
     println!();
     println!(
         "CSR signing, CA key RSA-{} (self-signed root), {N} CSRs per pass, median of {PASSES} passes, {cores} CPUs",
-        config.self_signed_ca_rsa_key_size
+        config.ca.self_signed_ca_rsa_key_size
     );
     println!("gRPC = TLS + HTTP/2 + bearer JWT (ES256) to an in-process istiod, one connection");
     println!(

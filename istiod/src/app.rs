@@ -117,11 +117,11 @@ async fn cacerts_secret(
 /// Istio's choice of CA material: the plug-in directory, else (on
 /// Kubernetes) the `cacerts` Secret, else the self-signed root.
 async fn load_ca(config: &Arc<Config>, kube: Option<&kube::Client>) -> anyhow::Result<CaBundle> {
-    if !material::has_plugin_ca(&config.root_ca_dir)
+    if !material::has_plugin_ca(&config.ca.root_ca_dir)
         && let Some(client) = kube
-        && let Some(data) = cacerts_secret(client, &config.namespace).await
+        && let Some(data) = cacerts_secret(client, &config.mesh.namespace).await
     {
-        let name = format!("{}/{CACERTS_SECRET}", config.namespace);
+        let name = format!("{}/{CACERTS_SECRET}", config.mesh.namespace);
         let bundle =
             tokio::task::spawn_blocking(move || material::load_plugin_secret(&name, &data))
                 .await??;
@@ -133,20 +133,20 @@ async fn load_ca(config: &Arc<Config>, kube: Option<&kube::Client>) -> anyhow::R
 }
 
 fn load_ca_files(config: &Config) -> anyhow::Result<CaBundle> {
-    if material::has_plugin_ca(&config.root_ca_dir) {
-        let bundle = material::load_plugin(&config.root_ca_dir)?;
-        tracing::info!(target: "ca", "using the plug-in CA in {}", config.root_ca_dir.display());
+    if material::has_plugin_ca(&config.ca.root_ca_dir) {
+        let bundle = material::load_plugin(&config.ca.root_ca_dir)?;
+        tracing::info!(target: "ca", "using the plug-in CA in {}", config.ca.root_ca_dir.display());
         return Ok(bundle);
     }
     let bundle = material::load_or_create_self_signed(
-        &config.self_signed_ca_dir,
+        &config.ca.self_signed_ca_dir,
         &SelfSignedOptions {
-            trust_domain: config.trust_domain.clone(),
-            ttl: config.self_signed_ca_ttl,
-            rsa_key_size: config.self_signed_ca_rsa_key_size,
+            trust_domain: config.mesh.trust_domain.clone(),
+            ttl: config.ca.self_signed_ca_ttl,
+            rsa_key_size: config.ca.self_signed_ca_rsa_key_size,
         },
     )?;
-    tracing::info!(target: "ca", "using the self-signed root in {}", config.self_signed_ca_dir.display());
+    tracing::info!(target: "ca", "using the self-signed root in {}", config.ca.self_signed_ca_dir.display());
     Ok(bundle)
 }
 
@@ -218,7 +218,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         shutdown_rx.clone(),
     ));
 
-    let kube = match &config.kube {
+    let kube = match &config.registry.kube {
         Some(connection) => Some(crate::kube::client(connection).await?),
         None => None,
     };
@@ -227,13 +227,13 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     let roots = bundle.roots.clone();
     let signer = Arc::new(Signer::new(
         bundle,
-        config.default_cert_ttl,
-        config.max_cert_ttl,
+        config.ca.default_cert_ttl,
+        config.ca.max_cert_ttl,
     )?);
 
     // istiod's own serving certificate for :15012.
-    let (serving_chain, serving_key) = match &config.custom_tls {
-        Some((cert, key, _)) => {
+    let (serving_chain, serving_key) = match &config.server.custom_tls {
+        Some(crate::config::CustomTls { cert, key, .. }) => {
             let chain_pem = std::fs::read_to_string(cert)
                 .with_context(|| format!("--tlsCertFile {}", cert.display()))?;
             let key_pem = std::fs::read_to_string(key)
@@ -246,26 +246,26 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
             (chain, key)
         }
         None => {
-            let (chain_pem, key) =
-                signer.sign_server_cert(&config.istiod_sans, config.self_signed_ca_ttl)?;
+            let (chain_pem, key) = signer
+                .sign_server_cert(&config.server.istiod_sans, config.ca.self_signed_ca_ttl)?;
             let chain = common::pki::pem_certs("istiod serving certificate", &chain_pem)?;
             let key = PrivateKeyDer::Pkcs8(key.serialize_der().into());
             (chain, key)
         }
     };
-    tracing::info!(target: "ca", "istiod serving certificate SANs: {}", config.istiod_sans.join(", "));
+    tracing::info!(target: "ca", "istiod serving certificate SANs: {}", config.server.istiod_sans.join(", "));
 
-    let jwt = config.jwt_rule.clone().map(|rule| {
+    let jwt = config.ca.jwt_rule.clone().map(|rule| {
         tracing::info!(target: "authn", "trusting tokens from issuer {} (keys at {})", rule.issuer, rule.jwks_uri);
-        Arc::new(JwtAuthenticator::new(rule, &config.trust_domain))
+        Arc::new(JwtAuthenticator::new(rule, &config.mesh.trust_domain))
     });
     let kube_jwt = kube.as_ref().map(|client| {
-        tracing::info!(target: "authn", "reviewing bearer tokens with the Kubernetes API ({:?}, audiences {:?})", config.jwt_policy, config.token_audiences);
+        tracing::info!(target: "authn", "reviewing bearer tokens with the Kubernetes API ({:?}, audiences {:?})", config.ca.jwt_policy, config.ca.token_audiences);
         Arc::new(KubeJwtAuthenticator::new(
             client.clone(),
-            config.jwt_policy,
-            config.token_audiences.clone(),
-            &config.trust_domain,
+            config.ca.jwt_policy,
+            config.ca.token_audiences.clone(),
+            &config.mesh.trust_domain,
         ))
     });
     let authenticators = Authenticators {
@@ -283,11 +283,11 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         ready_rx.clone(),
         push_rx,
         xds_metrics,
-        config.push_throttle,
+        config.push.throttle,
     )
-    .with_send_timeout(config.xds_send_timeout)
-    .with_instance(&config.namespace, &config.pod_name)
-    .with_stream_limit(config.max_requests_per_second);
+    .with_send_timeout(config.push.send_timeout)
+    .with_instance(&config.mesh.namespace, &config.server.pod_name)
+    .with_stream_limit(config.push.max_requests_per_second);
     let cache_metrics = if config.xds_cache.stats {
         Some(crate::pushctx::cache::CacheMetrics::new(&registry)?)
     } else {
@@ -320,9 +320,9 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     let builder = crate::push::Builder::new(
         sources.store,
         RegistryOptions {
-            domain: config.domain.clone(),
-            trust_domain: config.trust_domain.clone(),
-            cluster_id: config.cluster_id.clone(),
+            domain: config.mesh.domain.clone(),
+            trust_domain: config.mesh.trust_domain.clone(),
+            cluster_id: config.mesh.cluster_id.clone(),
             features: config.features,
         },
         sources.mesh.clone(),
@@ -350,14 +350,14 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         ready_tx,
         push_tx,
         crate::push::Settings {
-            after: config.debounce_after,
-            max: config.debounce_max,
+            after: config.push.debounce_after,
+            max: config.push.debounce_max,
             metrics: push_metrics,
         },
     ));
 
     let mut secure_grpc_addr = None;
-    if let Some(addr) = config.secure_grpc_addr {
+    if let Some(addr) = config.server.secure_grpc_addr {
         let listener = bind(addr, "the secure gRPC server (--secureGRPCAddr)").await?;
         secure_grpc_addr = Some(listener.local_addr()?);
         let tls =
@@ -366,9 +366,9 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
             crate::grpc::tls_incoming(listener, tokio_rustls::TlsAcceptor::from(Arc::new(tls)));
         let ca = CaServer::new(signer.clone(), authenticators.clone(), ca_metrics.clone());
         let mut builder = tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(config.keepalive_interval))
-            .http2_keepalive_timeout(Some(config.keepalive_timeout));
-        if let Some(age) = config.max_connection_age {
+            .http2_keepalive_interval(Some(config.server.keepalive_interval))
+            .http2_keepalive_timeout(Some(config.server.keepalive_timeout));
+        if let Some(age) = config.server.max_connection_age {
             builder = builder.max_connection_age(age);
         }
         let router = builder
@@ -388,12 +388,12 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     }
 
     let mut grpc_addr = None;
-    if let Some(addr) = config.grpc_addr {
+    if let Some(addr) = config.server.grpc_addr {
         let listener = bind(addr, "the plaintext gRPC server (--grpcAddr)").await?;
         grpc_addr = Some(listener.local_addr()?);
         let router = tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(config.keepalive_interval))
-            .http2_keepalive_timeout(Some(config.keepalive_timeout))
+            .http2_keepalive_interval(Some(config.server.keepalive_interval))
+            .http2_keepalive_timeout(Some(config.server.keepalive_timeout))
             .add_service(xds.clone().into_service());
         let rx = shutdown_rx.clone();
         tasks.spawn(async move {
@@ -418,7 +418,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     });
     xds.set_debug_mux(crate::debug::mux(app.clone()));
     let mut http_addr = None;
-    if let Some(addr) = config.http_addr {
+    if let Some(addr) = config.server.http_addr {
         let listener = bind(addr, "the HTTP server (--httpAddr)").await?;
         http_addr = Some(listener.local_addr()?);
         let rx = shutdown_rx.clone();
@@ -442,7 +442,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         let injector = config.webhooks.inject_enabled.then(|| {
             let state = inject::start(
                 &config.webhooks,
-                &config.namespace,
+                &config.mesh.namespace,
                 kube.clone(),
                 mesh.clone(),
                 shutdown_rx.clone(),
@@ -476,7 +476,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     }
 
     let mut monitoring_addr = None;
-    if let Some(addr) = config.monitoring_addr {
+    if let Some(addr) = config.server.monitoring_addr {
         let listener = bind(addr, "the monitoring server (--monitoringAddr)").await?;
         monitoring_addr = Some(listener.local_addr()?);
         let registry = Arc::new(registry);
@@ -512,6 +512,6 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         root_pem,
         shutdown,
         tasks,
-        shutdown_duration: config.shutdown_duration,
+        shutdown_duration: config.server.shutdown_duration,
     })
 }

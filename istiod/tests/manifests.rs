@@ -515,10 +515,10 @@ fn the_container_args_parse_with_istiods_own_parser() {
     let env = pod_env(&d, doc);
     let config = Config::from_args(&parsed, &env)
         .unwrap_or_else(|e| panic!("istiod rejects the Deployment's configuration: {e}"));
-    assert_eq!(config.namespace, doc.namespace());
-    assert_eq!(config.cluster_id, "Kubernetes");
+    assert_eq!(config.mesh.namespace, doc.namespace());
+    assert_eq!(config.mesh.cluster_id, "Kubernetes");
     assert_eq!(
-        config.kube,
+        config.registry.kube,
         Some(istiod::kube::KubeConnection::InCluster),
         "in a Pod istiod uses its service account"
     );
@@ -528,10 +528,10 @@ fn the_container_args_parse_with_istiods_own_parser() {
         .map(|p| u16::try_from(*p).unwrap())
         .collect();
     for (flag, addr) in [
-        ("grpcAddr", config.grpc_addr),
-        ("secureGRPCAddr", config.secure_grpc_addr),
-        ("httpAddr", config.http_addr),
-        ("monitoringAddr", config.monitoring_addr),
+        ("grpcAddr", config.server.grpc_addr),
+        ("secureGRPCAddr", config.server.secure_grpc_addr),
+        ("httpAddr", config.server.http_addr),
+        ("monitoringAddr", config.server.monitoring_addr),
     ] {
         let addr = addr.unwrap_or_else(|| panic!("--{flag} is disabled"));
         assert!(
@@ -556,7 +556,7 @@ fn the_container_args_parse_with_istiods_own_parser() {
     assert_eq!(
         probe.port,
         k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(i32::from(
-            config.http_addr.unwrap().port()
+            config.server.http_addr.unwrap().port()
         ))
     );
 }
@@ -1125,7 +1125,7 @@ fn the_paths_istiod_uses_are_on_the_right_volumes() {
     let volume = |name: &str| volumes.iter().find(|v| v.name == name).unwrap().clone();
 
     // The plugged-in CA is read from the `cacerts` Secret's mount.
-    let root_ca = absolute(&config.root_ca_dir);
+    let root_ca = absolute(&config.ca.root_ca_dir);
     let m = mount_of(&root_ca).unwrap_or_else(|| panic!("{} is on no volume", root_ca.display()));
     assert_eq!(m.mount_path, root_ca.to_str().unwrap());
     let v = volume(&m.name);
@@ -1137,7 +1137,7 @@ fn the_paths_istiod_uses_are_on_the_right_volumes() {
     // The self-signed root is written, and the root filesystem is read-only.
     let sc = c.security_context.clone().unwrap();
     assert_eq!(sc.read_only_root_filesystem, Some(true));
-    let self_signed = absolute(&config.self_signed_ca_dir);
+    let self_signed = absolute(&config.ca.self_signed_ca_dir);
     let m = mount_of(&self_signed).unwrap_or_else(|| {
         panic!(
             "istiod writes {} on the read-only root",
@@ -1154,13 +1154,14 @@ fn the_paths_istiod_uses_are_on_the_right_volumes() {
     // The workload tokens istiod reviews carry the audience of its token volume.
     assert!(
         config
+            .ca
             .token_audiences
             .iter()
             .any(|a| a == istiod::ca::authn::DEFAULT_AUDIENCE)
     );
     assert_eq!(
-        config.jwt_policy,
+        config.ca.jwt_policy,
         istiod::ca::kube_jwt::JwtPolicy::ThirdParty
     );
-    assert_eq!(config.trust_domain, "cluster.local");
+    assert_eq!(config.mesh.trust_domain, "cluster.local");
 }
