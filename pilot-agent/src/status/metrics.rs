@@ -13,18 +13,19 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::time::Duration;
 
+use common::metrics::{MetricsError, build, counter, counter_vec};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Bytes, Frame, Incoming};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::http::request::Parts;
 use hyper::{Method, Response, StatusCode};
-use prometheus::{Gauge, IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{Gauge, IntCounter, IntCounterVec, Registry};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::upstream::{Upstream, read_capped, send_request};
-use super::{Body, StatusError, StatusOptions};
+use super::{Body, StatusOptions};
 use crate::config::ScrapeTarget;
 
 /// The cap on each target's body when several application targets are merged.
@@ -56,33 +57,26 @@ pub struct AgentMetrics {
 }
 
 impl AgentMetrics {
-    pub(super) fn register(registry: &Registry) -> Result<Self, StatusError> {
-        let metric = |name: &'static str| move |source| StatusError::Metric { name, source };
-        let scrapes_total =
-            IntCounter::new("istio_agent_scrapes_total", "The total number of scrapes.")
-                .map_err(metric("istio_agent_scrapes_total"))?;
-        let scrape_failures_total = IntCounterVec::new(
-            Opts::new(
-                "istio_agent_scrape_failures_total",
-                "The total number of failed scrapes.",
-            ),
+    pub(super) fn register(registry: &Registry) -> Result<Self, MetricsError> {
+        let scrapes_total = counter(
+            registry,
+            "istio_agent_scrapes_total",
+            "The total number of scrapes.",
+        )?;
+        let scrape_failures_total = counter_vec(
+            registry,
+            "istio_agent_scrape_failures_total",
+            "The total number of failed scrapes.",
             &["type"],
-        )
-        .map_err(metric("istio_agent_scrape_failures_total"))?;
-        let startup_duration_seconds = Gauge::new(
+        )?;
+        let startup_duration_seconds = build(
+            registry,
             "istio_agent_startup_duration_seconds",
-            "The time from the process starting to being marked ready.",
-        )
-        .map_err(metric("istio_agent_startup_duration_seconds"))?;
-        registry
-            .register(Box::new(scrapes_total.clone()))
-            .map_err(metric("istio_agent_scrapes_total"))?;
-        registry
-            .register(Box::new(scrape_failures_total.clone()))
-            .map_err(metric("istio_agent_scrape_failures_total"))?;
-        registry
-            .register(Box::new(startup_duration_seconds.clone()))
-            .map_err(metric("istio_agent_startup_duration_seconds"))?;
+            Gauge::new(
+                "istio_agent_startup_duration_seconds",
+                "The time from the process starting to being marked ready.",
+            ),
+        )?;
         Ok(Self {
             scrapes_total,
             scrape_failures_total,
