@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::upstream::{Upstream, read_capped, send_request};
+use super::upstream::{FetchError, Upstream, read_capped, send_request};
 use super::{Body, StatusOptions};
 use crate::config::ScrapeTarget;
 
@@ -87,6 +87,38 @@ impl AgentMetrics {
     fn scrape_failed(&self, kind: &str) {
         self.scrape_failures_total.with_label_values(&[kind]).inc();
     }
+}
+
+/// Why a scrape of Envoy or an application target failed (logged, and
+/// counted in `istio_agent_scrape_failures_total`).
+#[derive(Debug, thiserror::Error)]
+enum ScrapeError {
+    /// The request failed.
+    #[error("error scraping {url}: {source}")]
+    Fetch { url: String, source: FetchError },
+    /// No response before the scrape's deadline.
+    #[error("error scraping {url}: context deadline exceeded")]
+    Deadline { url: String },
+    /// A response other than 200.
+    #[error("error scraping {url}, status code: {code}")]
+    Status { url: String, code: u16 },
+    /// The body could not be read (or was too large).
+    #[error("read failed: {0}")]
+    Read(FetchError),
+    /// The body did not arrive before the deadline.
+    #[error("read failed: context deadline exceeded")]
+    ReadDeadline,
+}
+
+/// Why copying a streamed body stopped midway.
+#[derive(Debug, thiserror::Error)]
+enum CopyError {
+    /// The scrape's deadline passed.
+    #[error("context deadline exceeded")]
+    Deadline,
+    /// The source failed.
+    #[error("{0}")]
+    Body(hyper::Error),
 }
 
 // ---------------------------------------------------------------------------
@@ -218,7 +250,7 @@ impl MetricsMerger {
         incoming: &HeaderMap,
         openmetrics: bool,
         deadline: Option<Instant>,
-    ) -> Result<Response<Incoming>, String> {
+    ) -> Result<Response<Incoming>, ScrapeError> {
         let authority = format!("localhost:{port}");
         let url = format!("http://{authority}{path}");
         let mut headers = HeaderMap::new();
@@ -244,14 +276,14 @@ impl MetricsMerger {
         let fetch = send_request(&upstream, Method::GET, path, &authority, &headers);
         let resp = match until(deadline, fetch).await {
             Some(Ok(resp)) => resp,
-            Some(Err(e)) => return Err(format!("error scraping {url}: {e}")),
-            None => return Err(format!("error scraping {url}: context deadline exceeded")),
+            Some(Err(source)) => return Err(ScrapeError::Fetch { url, source }),
+            None => return Err(ScrapeError::Deadline { url }),
         };
         if resp.status() != StatusCode::OK {
-            return Err(format!(
-                "error scraping {url}, status code: {}",
-                resp.status().as_u16()
-            ));
+            return Err(ScrapeError::Status {
+                url,
+                code: resp.status().as_u16(),
+            });
         }
         Ok(resp)
     }
@@ -276,10 +308,10 @@ impl MetricsMerger {
             .await
             {
                 Some(Ok(body)) => body,
-                Some(Err(e)) => return Err(format!("read failed: {e}")),
-                None => return Err("read failed: context deadline exceeded".to_string()),
+                Some(Err(e)) => return Err(ScrapeError::Read(e)),
+                None => return Err(ScrapeError::ReadDeadline),
             };
-            Ok::<_, String>((format, body))
+            Ok::<_, ScrapeError>((format, body))
         });
         let mut format: Option<&'static str> = None;
         let mut bodies = Vec::new();
@@ -352,12 +384,12 @@ impl Sink {
         &mut self,
         mut body: Incoming,
         deadline: Option<Instant>,
-    ) -> Result<Result<(), String>, Closed> {
+    ) -> Result<Result<(), CopyError>, Closed> {
         loop {
             match until(deadline, body.frame()).await {
-                None => return Ok(Err("context deadline exceeded".to_string())),
+                None => return Ok(Err(CopyError::Deadline)),
                 Some(None) => return Ok(Ok(())),
-                Some(Some(Err(e))) => return Ok(Err(e.to_string())),
+                Some(Some(Err(e))) => return Ok(Err(CopyError::Body(e))),
                 Some(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
                         self.send(data).await?;
