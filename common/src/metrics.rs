@@ -24,8 +24,8 @@ pub enum MetricsError {
         /// What `prometheus` said.
         source: prometheus::Error,
     },
-    /// The registry refused the metric for another reason (a name reused
-    /// with other labels or help).
+    /// The registry refused the metric for another reason (a descriptor
+    /// inconsistent with one already registered).
     #[error("metric {name} refused by the registry: {source}")]
     Refused {
         /// The metric.
@@ -122,11 +122,11 @@ mod tests {
     }
 
     #[test]
-    fn a_name_reused_with_other_labels_is_refused() {
+    fn a_name_reused_with_labels_is_registered_twice() {
         let registry = Registry::new();
         counter(&registry, "pilot_things", "Things.").unwrap();
         let err = counter_vec(&registry, "pilot_things", "Things.", &["type"]).unwrap_err();
-        assert!(matches!(err, MetricsError::Refused { .. }), "{err:?}");
+        assert!(matches!(err, MetricsError::AlreadyRegistered { .. }), "{err:?}");
         assert_eq!(err.name(), "pilot_things");
     }
 

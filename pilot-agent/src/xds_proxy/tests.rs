@@ -50,7 +50,10 @@ async fn harness_to(ads: FakeAds, dns: bool) -> Harness {
         let tables = tables.clone();
         Arc::new(move |any: &Any| {
             tables.lock().unwrap().push(any.clone());
-            <proto::nds::NameTable as prost::Message>::decode(any.value.as_slice())?;
+            if any.value == BAD_TABLE {
+                // The handler's real error: `bad` is not a NameTable.
+                <proto::nds::NameTable as prost::Message>::decode(BAD_TABLE)?;
+            }
             Ok(())
         }) as NdsHandler
     });
