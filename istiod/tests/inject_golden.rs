@@ -803,8 +803,8 @@ fn injection_matches_istio_goldens() {
 fn bad_traffic_annotations_are_rejected() {
     use inject::{AnnotationValueError as Why, InjectError};
     let cfg = base_config();
-    let cidr = |r: &Why| matches!(r, Why::NotCidr(_));
-    let port = |r: &Why| matches!(r, Why::NotPort(_));
+    let cidr: fn(&Why) -> bool = |r| matches!(r, Why::NotCidr(_));
+    let port: fn(&Why) -> bool = |r| matches!(r, Why::NotPort(_));
     for (input, name, why) in [
         (
             "traffic-annotations-bad-includeipranges.yaml",
