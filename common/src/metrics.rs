@@ -126,7 +126,10 @@ mod tests {
         let registry = Registry::new();
         counter(&registry, "pilot_things", "Things.").unwrap();
         let err = counter_vec(&registry, "pilot_things", "Things.", &["type"]).unwrap_err();
-        assert!(matches!(err, MetricsError::AlreadyRegistered { .. }), "{err:?}");
+        assert!(
+            matches!(err, MetricsError::AlreadyRegistered { .. }),
+            "{err:?}"
+        );
         assert_eq!(err.name(), "pilot_things");
     }
 
