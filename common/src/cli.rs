@@ -81,12 +81,18 @@ pub fn strip_unknown_flags(cmd: &Command, args: Vec<String>) -> (Vec<String>, Ve
     (out, warnings)
 }
 
+/// A flag or variable value that is none of Go's `strconv.ParseBool`
+/// spellings.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a boolean (use true or false)")]
+pub struct NotBool(pub String);
+
 /// Parses a Go-style bool flag value (`--profile=false`).
-pub fn parse_go_bool(s: &str) -> Result<bool, String> {
+pub fn parse_go_bool(s: &str) -> Result<bool, NotBool> {
     match s {
         "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
         "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
-        _ => Err(format!("{s:?} is not a boolean (use true or false)")),
+        _ => Err(NotBool(s.to_string())),
     }
 }
 
@@ -151,5 +157,17 @@ mod tests {
         let (args, warn) = strip(&["bin", "proxy", "--newBool", "--domain", "d"]);
         assert_eq!(args, ["bin", "proxy", "--domain", "d"]);
         assert_eq!(warn.len(), 1);
+    }
+
+    #[test]
+    fn go_bools_parse_and_others_are_refused_by_value() {
+        assert_eq!(parse_go_bool("T"), Ok(true));
+        assert_eq!(parse_go_bool("0"), Ok(false));
+        let err = parse_go_bool("yes").unwrap_err();
+        assert_eq!(err, NotBool("yes".into()));
+        assert_eq!(
+            err.to_string(),
+            r#""yes" is not a boolean (use true or false)"#
+        );
     }
 }

@@ -428,8 +428,14 @@ async fn run() -> anyhow::Result<()> {
     let state = InjectorState::from_texts(INJECTOR_CONFIG, VALUES, &Mesh::default(), &settings)
         .context("the injector's state from the chart's values")?;
     let (_state_tx, state_rx) = watch::channel(Some(Arc::new(state)));
-    let injector = Arc::new(Injector::new(state_rx, InjectMetrics::new(&registry)));
-    let validator = Arc::new(Validator::new("default", ValidationMetrics::new(&registry)));
+    let injector = Arc::new(Injector::new(
+        state_rx,
+        InjectMetrics::new(&registry).expect("fresh registry"),
+    ));
+    let validator = Arc::new(Validator::new(
+        "default",
+        ValidationMetrics::new(&registry).expect("fresh registry"),
+    ));
     let (_ready_tx, ready_rx) = watch::channel(true);
     let app =
         server::router(Some(injector.clone()), validator, ready_rx).merge(Router::new().route(

@@ -210,7 +210,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     // Before any source or webhook validates an object.
     crate::model::features::publish(config.features);
     let registry = prometheus::Registry::new();
-    let ca_metrics = Arc::new(CaMetrics::new(&registry));
+    let ca_metrics = Arc::new(CaMetrics::new(&registry)?);
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     tokio::spawn(crate::scavenger::run(
@@ -302,7 +302,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         config.source_settings(),
         kube.clone(),
         shutdown_rx.clone(),
-        crate::metrics::rejected_configs(&registry),
+        crate::metrics::rejected_configs(&registry)?,
     )
     .await?;
     let writer = match &kube {
@@ -439,7 +439,12 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         let tls = server::tls_config(serving_chain, serving_key)?;
         let listener =
             server::TlsListener::new(listener, tokio_rustls::TlsAcceptor::from(Arc::new(tls)))?;
-        let injector = config.webhooks.inject_enabled.then(|| {
+        let inject_metrics = config
+            .webhooks
+            .inject_enabled
+            .then(|| inject::InjectMetrics::new(&registry))
+            .transpose()?;
+        let injector = inject_metrics.map(|metrics| {
             let state = inject::start(
                 &config.webhooks,
                 &config.mesh.namespace,
@@ -447,14 +452,11 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
                 mesh.clone(),
                 shutdown_rx.clone(),
             );
-            Arc::new(
-                inject::Injector::new(state, inject::InjectMetrics::new(&registry))
-                    .with_config(config_snapshots.clone()),
-            )
+            Arc::new(inject::Injector::new(state, metrics).with_config(config_snapshots.clone()))
         });
         let validator = Arc::new(validation::Validator::new(
             &config.webhooks.revision,
-            validation::ValidationMetrics::new(&registry),
+            validation::ValidationMetrics::new(&registry)?,
         ));
         let app = server::router(injector, validator, ready_rx.clone());
         let rx = shutdown_rx.clone();

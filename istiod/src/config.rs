@@ -150,8 +150,22 @@ mod tests {
         );
     }
 
-    fn with_mesh(yaml: &str) -> Result<Config, String> {
-        with_mesh_typed(yaml).map_err(|e| e.to_string())
+    /// The configuration with `yaml` as the mesh config file; its errors
+    /// as the one text istiod prints.
+    fn with_mesh(yaml: &str) -> Result<Config, MeshConfigText> {
+        with_mesh_typed(yaml).map_err(|e| MeshConfigText(e.to_string()))
+    }
+
+    /// The printed form of start-up errors, for assertions on their text.
+    #[derive(Debug, thiserror::Error)]
+    #[error("{0}")]
+    struct MeshConfigText(String);
+
+    impl std::ops::Deref for MeshConfigText {
+        type Target = str;
+        fn deref(&self) -> &str {
+            &self.0
+        }
     }
 
     fn with_mesh_typed(yaml: &str) -> Result<Config, common::env::ConfigErrors> {

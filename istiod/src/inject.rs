@@ -139,7 +139,7 @@ pub enum InjectError {
         /// Its value.
         value: String,
         /// What is wrong with it.
-        reason: String,
+        reason: AnnotationValueError,
     },
     /// `proxy.istio.io/config` is not a YAML/JSON object.
     #[error(
@@ -965,7 +965,7 @@ fn reorder(spec: &mut Value, hold: bool) {
 
 /// Istio's `validateAnnotations` for the traffic annotations that become iptables flags.
 fn validate_annotations(a: &BTreeMap<String, String>) -> Result<(), InjectError> {
-    let err = |key: &'static str, value: &str, reason: String| InjectError::InvalidAnnotation {
+    let err = |key: &'static str, value: &str, reason| InjectError::InvalidAnnotation {
         key,
         value: value.into(),
         reason,
@@ -995,23 +995,48 @@ fn validate_annotations(a: &BTreeMap<String, String>) -> Result<(), InjectError>
             }
             for port in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
                 port.parse::<u16>()
-                    .map_err(|_| err(key, v, format!("{port:?} is not a port number")))?;
+                    .map_err(|_| err(key, v, AnnotationValueError::NotPort(port.into())))?;
             }
         }
     }
     Ok(())
 }
 
-fn valid_cidr(cidr: &str) -> Result<(), String> {
+/// What is wrong with one item of a traffic annotation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AnnotationValueError {
+    /// No `/` between address and prefix.
+    #[error("{0:?} is not a CIDR (address/prefix)")]
+    NotCidr(String),
+    /// The address part is not an IP address.
+    #[error("{0:?} is not an IP address")]
+    NotIp(String),
+    /// The prefix is not a length for the address's family.
+    #[error("{len:?} is not a prefix length for {ip}")]
+    PrefixLength {
+        /// The prefix as written.
+        len: String,
+        /// The address.
+        ip: IpAddr,
+    },
+    /// A port list item is not a port number.
+    #[error("{0:?} is not a port number")]
+    NotPort(String),
+}
+
+fn valid_cidr(cidr: &str) -> Result<(), AnnotationValueError> {
     let (ip, len) = cidr
         .split_once('/')
-        .ok_or_else(|| format!("{cidr:?} is not a CIDR (address/prefix)"))?;
+        .ok_or_else(|| AnnotationValueError::NotCidr(cidr.into()))?;
     let ip: IpAddr = ip
         .parse()
-        .map_err(|_| format!("{ip:?} is not an IP address"))?;
+        .map_err(|_| AnnotationValueError::NotIp(ip.into()))?;
     let max = if ip.is_ipv4() { 32 } else { 128 };
     match len.parse::<u8>() {
         Ok(n) if n <= max => Ok(()),
-        _ => Err(format!("{len:?} is not a prefix length for {ip}")),
+        _ => Err(AnnotationValueError::PrefixLength {
+            len: len.into(),
+            ip,
+        }),
     }
 }

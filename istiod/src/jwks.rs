@@ -71,18 +71,16 @@ pub enum FetchError {
 /// One shared client: TLS with the platform's roots (reqwest's platform
 /// verifier), no proxy settings beyond reqwest's own.
 fn client(uri: &str) -> Result<&'static reqwest::Client, FetchError> {
-    static CLIENT: OnceLock<Result<reqwest::Client, String>> = OnceLock::new();
+    static CLIENT: OnceLock<Result<reqwest::Client, reqwest::Error>> = OnceLock::new();
     CLIENT
         .get_or_init(|| {
             common::tls::install_crypto_provider();
-            reqwest::Client::builder()
-                .build()
-                .map_err(|e| e.to_string())
+            reqwest::Client::builder().build()
         })
         .as_ref()
         .map_err(|e| FetchError::Client {
             uri: uri.to_string(),
-            reason: e.clone(),
+            reason: e.to_string(),
         })
 }
 
@@ -139,19 +137,32 @@ fn error_chain(e: &reqwest::Error) -> String {
     out
 }
 
+/// Why a text is not a JSON Web Key Set as Envoy reads one.
+#[derive(Debug, thiserror::Error)]
+pub enum JwksError {
+    /// It does not parse as JSON.
+    #[error("not JSON: {0}")]
+    NotJson(#[from] serde_json::Error),
+    /// There is no `keys` array.
+    #[error("no \"keys\" array")]
+    NoKeys,
+    /// A key has no (or an empty) `kty`.
+    #[error("keys[{0}] has no \"kty\"")]
+    NoKeyType(usize),
+}
+
 /// Checks that `text` is a JSON Web Key Set as Envoy reads one: an object
 /// with a `keys` array of objects, each with a `kty`.
-pub fn check_jwks(text: &str) -> Result<(), String> {
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+pub fn check_jwks(text: &str) -> Result<(), JwksError> {
+    let value: serde_json::Value = serde_json::from_str(text)?;
     let keys = value
         .get("keys")
         .and_then(|k| k.as_array())
-        .ok_or("no \"keys\" array")?;
+        .ok_or(JwksError::NoKeys)?;
     for (i, key) in keys.iter().enumerate() {
         match key.get("kty").and_then(|k| k.as_str()) {
             Some(kty) if !kty.is_empty() => {}
-            _ => return Err(format!("keys[{i}] has no \"kty\"")),
+            _ => return Err(JwksError::NoKeyType(i)),
         }
     }
     Ok(())
@@ -165,13 +176,15 @@ mod tests {
     fn jwks_shape() {
         assert!(check_jwks(r#"{"keys":[{"kty":"RSA","n":"AQAB","e":"AQAB"}]}"#).is_ok());
         assert!(check_jwks(r#"{"keys":[]}"#).is_ok());
-        assert!(check_jwks("nope").unwrap_err().contains("not JSON"));
-        assert!(check_jwks("{}").unwrap_err().contains("keys"));
-        assert!(
-            check_jwks(r#"{"keys":[{"n":"x"}]}"#)
-                .unwrap_err()
-                .contains("keys[0]")
-        );
+        let err = check_jwks("nope").unwrap_err();
+        assert!(matches!(err, JwksError::NotJson(_)), "{err:?}");
+        assert!(err.to_string().starts_with("not JSON: "), "{err}");
+        let err = check_jwks("{}").unwrap_err();
+        assert!(matches!(err, JwksError::NoKeys), "{err:?}");
+        assert_eq!(err.to_string(), r#"no "keys" array"#);
+        let err = check_jwks(r#"{"keys":[{"n":"x"}]}"#).unwrap_err();
+        assert!(matches!(err, JwksError::NoKeyType(0)), "{err:?}");
+        assert_eq!(err.to_string(), r#"keys[0] has no "kty""#);
     }
 
     #[tokio::test]

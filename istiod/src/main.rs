@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use istiod::config::{Config, DiscoveryArgs};
 use istiod::token::{Issuer, MintOptions};
@@ -70,14 +71,14 @@ enum TokenCommand {
     },
 }
 
-fn run_token(cmd: TokenCommand) -> Result<(), String> {
+fn run_token(cmd: TokenCommand) -> anyhow::Result<()> {
     match cmd {
         TokenCommand::Issuer { dir, issuer } => {
-            let i = Issuer::create(&dir, &issuer).map_err(|e| e.to_string())?;
+            let i = Issuer::create(&dir, &issuer)?;
             println!("{}", i.jwt_rule());
         }
         TokenCommand::Rule { dir } => {
-            let i = Issuer::load(&dir).map_err(|e| e.to_string())?;
+            let i = Issuer::load(&dir)?;
             println!("{}", i.jwt_rule());
         }
         TokenCommand::Create {
@@ -87,19 +88,16 @@ fn run_token(cmd: TokenCommand) -> Result<(), String> {
             audience,
             duration,
         } => {
-            let ttl: Duration =
-                common::duration::parse(&duration).map_err(|e| format!("--duration: {e}"))?;
-            let i = Issuer::load(&dir).map_err(|e| e.to_string())?;
-            let token = i
-                .mint(&MintOptions {
-                    namespace,
-                    service_account,
-                    audience,
-                    ttl,
-                    issuer_override: None,
-                    expired: false,
-                })
-                .map_err(|e| e.to_string())?;
+            let ttl: Duration = common::duration::parse(&duration).context("--duration")?;
+            let i = Issuer::load(&dir)?;
+            let token = i.mint(&MintOptions {
+                namespace,
+                service_account,
+                audience,
+                ttl,
+                issuer_override: None,
+                expired: false,
+            })?;
             println!("{token}");
         }
     }
@@ -131,7 +129,7 @@ fn main() -> ExitCode {
         Command::Token(cmd) => match run_token(cmd) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("error: {e}");
+                eprintln!("error: {e:#}");
                 ExitCode::FAILURE
             }
         },

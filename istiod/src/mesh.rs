@@ -329,28 +329,58 @@ struct MeshOutboundTrafficPolicy {
     mode: Option<String>,
 }
 
+/// Why `outboundTrafficPolicy.mode` is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum OutboundModeError {
+    /// Istio's mode this istiod does not build.
+    #[error(
+        "outboundTrafficPolicy.mode ALLOW_ANY_DYNAMIC_DNS is not supported (it needs Istio's dynamic forward proxy set-up; use ALLOW_ANY or REGISTRY_ONLY)"
+    )]
+    DynamicDns,
+    /// Not one of Istio's modes.
+    #[error("outboundTrafficPolicy.mode {0:?} is not a mode (use ALLOW_ANY or REGISTRY_ONLY)")]
+    Unknown(String),
+}
+
 /// `outboundTrafficPolicy.mode` of the mesh config, Istio's spellings; a
 /// missing mode keeps Istio's default, `ALLOW_ANY`.
-fn outbound_mode(mode: Option<&str>) -> Result<OutboundMode, String> {
+fn outbound_mode(mode: Option<&str>) -> Result<OutboundMode, OutboundModeError> {
     match mode {
         None | Some("ALLOW_ANY") => Ok(OutboundMode::AllowAny),
         Some("REGISTRY_ONLY") => Ok(OutboundMode::RegistryOnly),
-        Some("ALLOW_ANY_DYNAMIC_DNS") => Err(
-            "outboundTrafficPolicy.mode ALLOW_ANY_DYNAMIC_DNS is not supported (it needs Istio's dynamic forward proxy set-up; use ALLOW_ANY or REGISTRY_ONLY)".into(),
-        ),
-        Some(other) => Err(format!(
-            "outboundTrafficPolicy.mode {other:?} is not a mode (use ALLOW_ANY or REGISTRY_ONLY)"
-        )),
+        Some("ALLOW_ANY_DYNAMIC_DNS") => Err(OutboundModeError::DynamicDns),
+        Some(other) => Err(OutboundModeError::Unknown(other.to_string())),
+    }
+}
+
+/// Every problem of a mesh config document, one message each, naming its
+/// field (what a start-up or a ConfigMap reload reports, one line each).
+#[derive(Debug, Clone, Default, PartialEq, Eq, thiserror::Error)]
+#[error("{}", .0.join("; "))]
+pub struct MeshConfigErrors(pub Vec<String>);
+
+impl std::ops::Deref for MeshConfigErrors {
+    type Target = [String];
+    fn deref(&self) -> &[String] {
+        &self.0
+    }
+}
+
+impl IntoIterator for MeshConfigErrors {
+    type Item = String;
+    type IntoIter = std::vec::IntoIter<String>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
     }
 }
 
 impl Mesh {
     /// Parses mesh config YAML; an empty document is Istio's defaults.
     /// Returns every problem found.
-    pub fn parse(text: &str) -> Result<Mesh, Vec<String>> {
+    pub fn parse(text: &str) -> Result<Mesh, MeshConfigErrors> {
         let all =
             serde_yaml_ng::from_str::<Option<serde_json::Map<String, serde_json::Value>>>(text)
-                .map_err(|e| vec![e.to_string()])?
+                .map_err(|e| MeshConfigErrors(vec![e.to_string()]))?
                 .unwrap_or_default();
         let mut errors = Vec::new();
         fields::check(&all, &mut errors);
@@ -359,20 +389,20 @@ impl Mesh {
             .filter(|(k, _)| fields::applied(k))
             .collect::<serde_json::Map<_, _>>();
         let file = serde_json::from_value::<MeshConfigFile>(applied.into())
-            .map_err(|e| vec![e.to_string()])?;
+            .map_err(|e| MeshConfigErrors(vec![e.to_string()]))?;
         let mode = file
             .outbound_traffic_policy
             .as_ref()
             .and_then(|p| p.mode.as_deref());
         let outbound_traffic_policy = outbound_mode(mode).unwrap_or_else(|e| {
-            errors.push(e);
+            errors.push(e.to_string());
             OutboundMode::AllowAny
         });
         let telemetry = telemetry(&file, &mut errors);
         let discovery_selectors = file.discovery_selectors.unwrap_or_default();
         for (i, s) in discovery_selectors.iter().enumerate() {
             if let Err(e) = s.validate(&format!("discoverySelectors[{i}]")) {
-                errors.push(e);
+                errors.push(e.to_string());
             }
         }
         let extension_providers = extension_providers(&file.extension_providers, &mut errors);
@@ -446,7 +476,7 @@ impl Mesh {
             })
             .unwrap_or_default();
         if !errors.is_empty() {
-            return Err(errors);
+            return Err(MeshConfigErrors(errors));
         }
         Ok(Mesh {
             trust_domain: file.trust_domain.filter(|t| !t.is_empty()),

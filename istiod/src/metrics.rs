@@ -1,8 +1,8 @@
 //! istiod's Prometheus metrics, with Istio's names. The `prometheus` crate is
 //! used because it writes names as given: Istio's counters carry no `_total`.
 
-use common::metrics::counter;
-use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+use common::metrics::{MetricsError, counter, counter_vec};
+use prometheus::{IntCounter, IntCounterVec, Registry};
 
 /// The CA's counters (`security/pkg/server/ca/monitoring.go`).
 #[derive(Clone)]
@@ -19,55 +19,43 @@ pub struct CaMetrics {
 
 impl CaMetrics {
     /// Registers the CA metrics in `registry`.
-    pub fn new(registry: &Registry) -> Self {
-        let csr_sign_err_count = IntCounterVec::new(
-            Opts::new(
-                "citadel_server_csr_sign_err_count",
-                "The number of errors occurred when signing the CSR.",
-            ),
-            &["error"],
-        )
-        .unwrap_or_else(|e| panic!("metric citadel_server_csr_sign_err_count: {e}"));
-        registry
-            .register(Box::new(csr_sign_err_count.clone()))
-            .unwrap_or_else(|e| panic!("metric registered twice: {e}"));
-        Self {
+    pub fn new(registry: &Registry) -> Result<Self, MetricsError> {
+        Ok(Self {
             csr_count: counter(
                 registry,
                 "citadel_server_csr_count",
                 "The number of CSRs received by Citadel server.",
-            ),
+            )?,
             authentication_failure_count: counter(
                 registry,
                 "citadel_server_authentication_failure_count",
                 "The number of authentication failures.",
-            ),
+            )?,
             success_cert_issuance_count: counter(
                 registry,
                 "citadel_server_success_cert_issuance_count",
                 "The number of certificates issuances that have succeeded.",
-            ),
-            csr_sign_err_count,
-        }
+            )?,
+            csr_sign_err_count: counter_vec(
+                registry,
+                "citadel_server_csr_sign_err_count",
+                "The number of errors occurred when signing the CSR.",
+                &["error"],
+            )?,
+        })
     }
 }
 
 /// `pilot_total_rejected_configs{type,name}`: configuration istiod had to
 /// reject (invalid objects) or ignore (kinds it does not implement); `type`
 /// is the kind, `name` the file (or object) it came from.
-pub fn rejected_configs(registry: &Registry) -> IntCounterVec {
-    let c = IntCounterVec::new(
-        Opts::new(
-            "pilot_total_rejected_configs",
-            "Total number of configs that Pilot had to reject or ignore.",
-        ),
+pub fn rejected_configs(registry: &Registry) -> Result<IntCounterVec, MetricsError> {
+    counter_vec(
+        registry,
+        "pilot_total_rejected_configs",
+        "Total number of configs that Pilot had to reject or ignore.",
         &["type", "name"],
     )
-    .unwrap_or_else(|e| panic!("metric pilot_total_rejected_configs: {e}"));
-    registry
-        .register(Box::new(c.clone()))
-        .unwrap_or_else(|e| panic!("metric registered twice: {e}"));
-    c
 }
 
 /// Renders `registry` in Prometheus text format.

@@ -13,6 +13,7 @@ pub mod updates;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::metrics::{MetricsError, build};
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
@@ -50,28 +51,33 @@ pub struct PushMetrics {
 
 impl PushMetrics {
     /// Registers the metrics.
-    pub fn new(r: &Registry) -> Result<Self, prometheus::Error> {
-        let debounce_time = Histogram::with_opts(
+    pub fn new(r: &Registry) -> Result<Self, MetricsError> {
+        let debounce_time = build(r, "pilot_debounce_time", Histogram::with_opts(
             HistogramOpts::new("pilot_debounce_time", "Delay in seconds between the first config enters debouncing and the merged push request is pushed into the push queue.")
                 .buckets(vec![0.01, 0.1, 1.0, 3.0, 5.0, 10.0, 20.0, 30.0]),
-        )?;
-        let init_time = Histogram::with_opts(
-            HistogramOpts::new(
-                "pilot_pushcontext_init_seconds",
-                "Total time in seconds Pilot takes to init pushContext.",
-            )
-            .buckets(vec![0.01, 0.1, 0.5, 1.0, 3.0, 5.0]),
-        )?;
-        let triggers = IntCounterVec::new(
-            Opts::new(
-                "pilot_push_triggers",
-                "Total number of times a push was triggered, labeled by reason for the push.",
+        ))?;
+        let init_time = build(
+            r,
+            "pilot_pushcontext_init_seconds",
+            Histogram::with_opts(
+                HistogramOpts::new(
+                    "pilot_pushcontext_init_seconds",
+                    "Total time in seconds Pilot takes to init pushContext.",
+                )
+                .buckets(vec![0.01, 0.1, 0.5, 1.0, 3.0, 5.0]),
             ),
-            &["type"],
         )?;
-        r.register(Box::new(debounce_time.clone()))?;
-        r.register(Box::new(init_time.clone()))?;
-        r.register(Box::new(triggers.clone()))?;
+        let triggers = build(
+            r,
+            "pilot_push_triggers",
+            IntCounterVec::new(
+                Opts::new(
+                    "pilot_push_triggers",
+                    "Total number of times a push was triggered, labeled by reason for the push.",
+                ),
+                &["type"],
+            ),
+        )?;
         Ok(Self {
             debounce_time,
             init_time,

@@ -801,27 +801,35 @@ fn injection_matches_istio_goldens() {
 
 #[test]
 fn bad_traffic_annotations_are_rejected() {
+    use inject::{AnnotationValueError as Why, InjectError};
     let cfg = base_config();
-    for (input, key) in [
+    let cidr: fn(&Why) -> bool = |r| matches!(r, Why::NotCidr(_));
+    let port: fn(&Why) -> bool = |r| matches!(r, Why::NotPort(_));
+    for (input, name, why) in [
         (
             "traffic-annotations-bad-includeipranges.yaml",
             "includeOutboundIPRanges",
+            cidr,
         ),
         (
             "traffic-annotations-bad-excludeipranges.yaml",
             "excludeOutboundIPRanges",
+            cidr,
         ),
         (
             "traffic-annotations-bad-includeinboundports.yaml",
             "includeInboundPorts",
+            port,
         ),
         (
             "traffic-annotations-bad-excludeinboundports.yaml",
             "excludeInboundPorts",
+            port,
         ),
         (
             "traffic-annotations-bad-excludeoutboundports.yaml",
             "excludeOutboundPorts",
+            port,
         ),
     ] {
         let docs = inject::parse_yaml_documents(&read(input)).expect("parse");
@@ -829,6 +837,11 @@ fn bad_traffic_annotations_are_rejected() {
             .iter()
             .find_map(|d| inject::inject_object(d, &cfg).err())
             .unwrap_or_else(|| panic!("{input}: expected an error"));
-        assert!(err.to_string().contains(key), "{input}: {err}");
+        assert!(err.to_string().contains(name), "{input}: {err}");
+        assert!(
+            matches!(&err, InjectError::InvalidAnnotation { key, reason, .. }
+                if key.ends_with(name) && why(reason)),
+            "{input}: {err:?}"
+        );
     }
 }

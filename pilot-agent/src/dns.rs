@@ -23,6 +23,14 @@ const TTL: u32 = 30;
 /// `DNS_FORWARD_TIMEOUT`.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Why a name table from istiod was not taken (the agent NACKs it).
+#[derive(Debug, thiserror::Error)]
+pub enum NameTableError {
+    /// The resource is not a `NameTable` message.
+    #[error("bad NameTable: {0}")]
+    Decode(#[from] prost::DecodeError),
+}
+
 /// Lower-case name (no trailing dot) to its addresses.
 type Names = HashMap<String, Vec<IpAddr>>;
 
@@ -66,9 +74,8 @@ impl DnsProxy {
     }
 
     /// Takes a name table from istiod (the xDS proxy's NDS handler).
-    pub fn update(&self, any: &Any) -> Result<(), String> {
-        let table =
-            NameTable::decode(any.value.as_slice()).map_err(|e| format!("bad NameTable: {e}"))?;
+    pub fn update(&self, any: &Any) -> Result<(), NameTableError> {
+        let table = NameTable::decode(any.value.as_slice())?;
         let mut names: HashMap<String, Vec<IpAddr>> = HashMap::new();
         for (host, info) in &table.table {
             let ips: Vec<IpAddr> = info.ips.iter().filter_map(|ip| ip.parse().ok()).collect();

@@ -67,19 +67,55 @@ struct RequestArgs {
     debug_port: u16,
 }
 
+/// Why `wait` or `request` failed (printed as Istio's `Error: ...`).
+#[derive(Debug, thiserror::Error)]
+enum CommandError {
+    /// `--url` is not `http://`.
+    #[error("--url {0:?}: only http:// URLs are supported")]
+    NotHttp(String),
+    /// `--url`'s host and port do not parse.
+    #[error("--url {url:?}: {source}")]
+    BadAuthority {
+        url: String,
+        source: hyper::http::uri::InvalidUri,
+    },
+    /// The URL never answered 200 in time.
+    #[error("timeout waiting for Envoy proxy to become ready. Last error: {last}")]
+    Timeout { last: String },
+    /// A port `request` may not talk to.
+    #[error("debug port {0} is not allowed: use 15000, 15020, 15021 or 15004")]
+    PortNotAllowed(u16),
+    /// Not an HTTP method.
+    #[error("method {method:?}: {source}")]
+    Method {
+        method: String,
+        source: hyper::http::method::InvalidMethod,
+    },
+    /// The request did not complete.
+    #[error(transparent)]
+    Admin(#[from] pilot_agent::envoy::admin::AdminError),
+    /// The port answered with an error status.
+    #[error("received unsuccessful status code {code}: {body}")]
+    Status { code: u16, body: String },
+}
+
 /// Splits `http://host[:port]/path` into host, port (80 when absent) and
 /// path; `localhost` is dialled as `127.0.0.1`.
-fn split_url(url: &str) -> Result<(String, u16, String), String> {
+fn split_url(url: &str) -> Result<(String, u16, String), CommandError> {
     let rest = url
         .strip_prefix("http://")
-        .ok_or_else(|| format!("--url {url:?}: only http:// URLs are supported"))?;
+        .ok_or_else(|| CommandError::NotHttp(url.to_string()))?;
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
     };
-    let authority: hyper::http::uri::Authority = authority
-        .parse()
-        .map_err(|e| format!("--url {url:?}: {e}"))?;
+    let authority: hyper::http::uri::Authority =
+        authority
+            .parse()
+            .map_err(|source| CommandError::BadAuthority {
+                url: url.to_string(),
+                source,
+            })?;
     let host = authority
         .host()
         .trim_start_matches('[')
@@ -96,7 +132,7 @@ fn split_url(url: &str) -> Result<(String, u16, String), String> {
     ))
 }
 
-async fn run_wait(a: WaitArgs) -> Result<(), String> {
+async fn run_wait(a: WaitArgs) -> Result<(), CommandError> {
     let (host, port, path) = split_url(&a.url)?;
     let period = std::time::Duration::from_millis(a.period_millis);
     let client = AdminClient::at_host(host, port)
@@ -122,32 +158,30 @@ async fn run_wait(a: WaitArgs) -> Result<(), String> {
             Err(e) => e.to_string(),
         };
         if tokio::time::Instant::now() >= deadline {
-            return Err(format!(
-                "timeout waiting for Envoy proxy to become ready. Last error: {last}"
-            ));
+            return Err(CommandError::Timeout { last });
         }
     }
 }
 
-async fn run_request(a: RequestArgs) -> Result<(), String> {
+async fn run_request(a: RequestArgs) -> Result<(), CommandError> {
     if ![15000, 15020, 15021, 15004].contains(&a.debug_port) {
-        return Err(format!(
-            "debug port {} is not allowed: use 15000, 15020, 15021 or 15004",
-            a.debug_port
-        ));
+        return Err(CommandError::PortNotAllowed(a.debug_port));
     }
-    let method = Method::from_bytes(a.method.to_uppercase().as_bytes())
-        .map_err(|e| format!("method {:?}: {e}", a.method))?;
+    let method = Method::from_bytes(a.method.to_uppercase().as_bytes()).map_err(|source| {
+        CommandError::Method {
+            method: a.method.clone(),
+            source,
+        }
+    })?;
     let path = format!("/{}", a.path.trim_start_matches('/'));
     let body = Bytes::from(a.body.unwrap_or_default());
     let resp = AdminClient::new(a.debug_port)
         .with_timeout(std::time::Duration::from_secs(60))
         .request(method, &path, body)
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let (code, body) = (resp.status.as_u16(), resp.text());
     if code > 399 && code != 404 {
-        return Err(format!("received unsuccessful status code {code}: {body}"));
+        return Err(CommandError::Status { code, body });
     }
     print!("{body}");
     Ok(())
@@ -156,7 +190,7 @@ async fn run_request(a: RequestArgs) -> Result<(), String> {
 /// At most this many threads run the agent's blocking work at once.
 const MAX_BLOCKING_THREADS: usize = 4;
 
-fn run_small(fut: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
+fn run_small(fut: impl std::future::Future<Output = Result<(), CommandError>>) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

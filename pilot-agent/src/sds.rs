@@ -69,8 +69,21 @@ fn inline(pem: &str) -> Option<DataSource> {
     })
 }
 
+/// A secret Envoy asked for that this agent does not serve.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "failed to generate secret for {0}: unknown resource (this agent serves {SDS_WORKLOAD_SECRET} and {SDS_ROOT_SECRET})"
+)]
+pub struct UnknownSecret(pub String);
+
+impl From<UnknownSecret> for Status {
+    fn from(e: UnknownSecret) -> Self {
+        Status::not_found(e.to_string())
+    }
+}
+
 /// Encodes one secret as Istio does.
-pub fn encode_secret(name: &str, s: &WorkloadSecret) -> Result<Secret, String> {
+pub fn encode_secret(name: &str, s: &WorkloadSecret) -> Result<Secret, UnknownSecret> {
     let r#type = match name {
         SDS_WORKLOAD_SECRET => secret::Type::TlsCertificate(TlsCertificate {
             certificate_chain: inline(&s.cert_chain_pem),
@@ -81,11 +94,7 @@ pub fn encode_secret(name: &str, s: &WorkloadSecret) -> Result<Secret, String> {
             trusted_ca: inline(&s.root_pem),
             ..Default::default()
         }),
-        other => {
-            return Err(format!(
-                "failed to generate secret for {other}: unknown resource (this agent serves {SDS_WORKLOAD_SECRET} and {SDS_ROOT_SECRET})"
-            ));
-        }
+        other => return Err(UnknownSecret(other.to_string())),
     };
     Ok(Secret {
         name: name.to_string(),
@@ -206,7 +215,7 @@ impl SdsServer {
                     }),
                     Err(e) => {
                         tracing::warn!(target: "sds", "{e}");
-                        let _ = tx.send(Err(Status::not_found(e))).await;
+                        let _ = tx.send(Err(e.into())).await;
                         return;
                     }
                 }

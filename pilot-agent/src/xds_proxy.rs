@@ -40,11 +40,12 @@ use common::xds::{
 use crate::health_check::ProbeEvent;
 
 use crate::config::Config;
+use crate::dns::NameTableError;
 use crate::secret_manager::SecretWatch;
 use common::xds::ResponseStream;
 
 /// Consumes the name table istiod sends (for the DNS proxy).
-pub type NdsHandler = Arc<dyn Fn(&Any) -> Result<(), String> + Send + Sync>;
+pub type NdsHandler = Arc<dyn Fn(&Any) -> Result<(), NameTableError> + Send + Sync>;
 
 /// The xDS proxy.
 #[derive(Clone)]
@@ -166,7 +167,7 @@ impl XdsProxy {
         }
     }
 
-    fn handle_nds(&self, resources: &[Any]) -> Result<(), String> {
+    fn handle_nds(&self, resources: &[Any]) -> Result<(), NameTableError> {
         match (&self.nds, resources.first()) {
             (Some(h), Some(table)) => h(table),
             _ => Ok(()),
@@ -402,7 +403,7 @@ impl XdsProxy {
                     }
                     let error = self.handle_nds(&tables).err().map(|e| RpcStatus {
                         code: 13,
-                        message: e,
+                        message: e.to_string(),
                         details: vec![],
                     });
                     let _ = up_tx.send(F::ack(&resp, error));

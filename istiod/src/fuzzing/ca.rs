@@ -36,15 +36,7 @@ fn fixture() -> &'static Fixture {
     static FIXTURE: OnceLock<Fixture> = OnceLock::new();
     FIXTURE.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("istiod-fuzz-ca-{}", std::process::id()));
-        let must = |what: &str, r: Result<(), String>| {
-            if let Err(e) = r {
-                panic!("{what}: {e}");
-            }
-        };
-        must(
-            "a fixture directory",
-            std::fs::create_dir_all(&dir).map_err(|e| e.to_string()),
-        );
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("a fixture directory: {e}"));
         let bundle = load_or_create_self_signed(
             &dir,
             &SelfSignedOptions {
@@ -53,22 +45,15 @@ fn fixture() -> &'static Fixture {
                 rsa_key_size: 2048,
             },
         );
-        let signer = bundle
-            .map_err(|e| e.to_string())
-            .and_then(|b| {
-                Signer::new(
-                    b,
-                    Duration::from_secs(86400),
-                    Duration::from_secs(90 * 86400),
-                )
-                .map_err(|e| e.to_string())
-            })
-            .unwrap_or_else(|e| panic!("a CA: {e}"));
-        let issuer = crate::token::Issuer::create(&dir, "https://issuer.fuzz");
-        must(
-            "a token issuer",
-            issuer.map(drop).map_err(|e| e.to_string()),
-        );
+        let bundle = bundle.unwrap_or_else(|e| panic!("a CA: {e}"));
+        let signer = Signer::new(
+            bundle,
+            Duration::from_secs(86400),
+            Duration::from_secs(90 * 86400),
+        )
+        .unwrap_or_else(|e| panic!("a CA: {e}"));
+        crate::token::Issuer::create(&dir, "https://issuer.fuzz")
+            .unwrap_or_else(|e| panic!("a token issuer: {e}"));
         let rule = JwtRule {
             issuer: "https://issuer.fuzz".into(),
             jwks_uri: format!("file://{}", dir.join("jwks.json").display()),

@@ -368,24 +368,46 @@ impl LabelSelector {
 
     /// What Kubernetes refuses in a selector: `In`/`NotIn` without values,
     /// `Exists`/`DoesNotExist` with values. `at` names the selector.
-    pub fn validate(&self, at: &str) -> Result<(), String> {
+    pub fn validate(&self, at: &str) -> Result<(), SelectorError> {
         for (i, r) in self.match_expressions.iter().enumerate() {
             let needs_values = matches!(r.operator, SelectorOperator::In | SelectorOperator::NotIn);
+            let at = || format!("{at}.matchExpressions[{i}]");
             if needs_values && r.values.is_empty() {
-                return Err(format!(
-                    "{at}.matchExpressions[{i}]: operator {:?} needs values",
-                    r.operator
-                ));
+                return Err(SelectorError::NeedsValues {
+                    at: at(),
+                    operator: r.operator,
+                });
             }
             if !needs_values && !r.values.is_empty() {
-                return Err(format!(
-                    "{at}.matchExpressions[{i}]: operator {:?} takes no values",
-                    r.operator
-                ));
+                return Err(SelectorError::TakesNoValues {
+                    at: at(),
+                    operator: r.operator,
+                });
             }
         }
         Ok(())
     }
+}
+
+/// What Kubernetes refuses in a label selector's `matchExpressions`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectorError {
+    /// `In` or `NotIn` without values.
+    #[error("{at}: operator {operator:?} needs values")]
+    NeedsValues {
+        /// The expression (`discoverySelectors[0].matchExpressions[1]`).
+        at: String,
+        /// Its operator.
+        operator: SelectorOperator,
+    },
+    /// `Exists` or `DoesNotExist` with values.
+    #[error("{at}: operator {operator:?} takes no values")]
+    TakesNoValues {
+        /// The expression.
+        at: String,
+        /// Its operator.
+        operator: SelectorOperator,
+    },
 }
 
 #[cfg(test)]
@@ -420,10 +442,17 @@ mod tests {
         assert!(LabelSelector::default().matches(&labels(&[])));
         let bad: LabelSelector =
             serde_yaml_ng::from_str("matchExpressions: [{key: t, operator: In}]").unwrap();
-        assert!(
-            bad.validate("discoverySelectors[0]")
-                .unwrap_err()
-                .contains("needs values")
+        let err = bad.validate("discoverySelectors[0]").unwrap_err();
+        assert_eq!(
+            err,
+            SelectorError::NeedsValues {
+                at: "discoverySelectors[0].matchExpressions[0]".into(),
+                operator: SelectorOperator::In,
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "discoverySelectors[0].matchExpressions[0]: operator In needs values"
         );
     }
 

@@ -239,7 +239,7 @@ impl Kind {
     /// `Ok(None)` means a kind istiod does not read (it is ignored).
     /// `Err` means one of our kinds in its own group but at a version that is
     /// not served; the message lists the versions that are.
-    pub fn resolve(api_version: &str, kind: &str) -> Result<Option<Kind>, String> {
+    pub fn resolve(api_version: &str, kind: &str) -> Result<Option<Kind>, VersionNotServed> {
         let (group, version) = match api_version.split_once('/') {
             Some((g, v)) => (g, v),
             None => ("", api_version),
@@ -261,12 +261,25 @@ impl Kind {
                     g => format!("{g}/{v}"),
                 })
                 .collect();
-            Err(format!(
-                "apiVersion {api_version} is not served for {kind} (use {})",
-                served.join(", ")
-            ))
+            Err(VersionNotServed {
+                kind: found,
+                api_version: api_version.to_string(),
+                served,
+            })
         }
     }
+}
+
+/// One of istiod's kinds at an `apiVersion` it does not serve.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("apiVersion {api_version} is not served for {kind} (use {})", served.join(", "))]
+pub struct VersionNotServed {
+    /// The kind.
+    pub kind: Kind,
+    /// The `apiVersion` as written.
+    pub api_version: String,
+    /// The `apiVersion`s that are served for it.
+    pub served: Vec<String>,
 }
 
 impl fmt::Display for Kind {
@@ -602,9 +615,14 @@ mod tests {
         );
         assert!(Kind::resolve("networking.istio.io/v1", "EnvoyFilter").is_err());
         let err = Kind::resolve("security.istio.io/v1alpha1", "PeerAuthentication").unwrap_err();
-        assert!(
-            err.contains("security.istio.io/v1, security.istio.io/v1beta1"),
-            "{err}"
+        assert_eq!(err.kind, Kind::PeerAuthentication);
+        assert_eq!(
+            err.served,
+            ["security.istio.io/v1", "security.istio.io/v1beta1"]
+        );
+        assert_eq!(
+            err.to_string(),
+            "apiVersion security.istio.io/v1alpha1 is not served for PeerAuthentication (use security.istio.io/v1, security.istio.io/v1beta1)"
         );
     }
 

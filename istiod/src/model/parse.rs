@@ -167,17 +167,10 @@ pub fn decode(value: Value) -> Result<Decoded, DecodeError> {
                 kind: kind_name,
             });
         }
-        Err(message) => {
-            let group = api_version.split_once('/').map_or("", |(g, _)| g);
-            let Some(kind) = Kind::ALL
-                .into_iter()
-                .find(|k| k.as_str() == kind_name && k.group() == group)
-            else {
-                return Err(DecodeError::Document(message));
-            };
+        Err(not_served) => {
             return Err(DecodeError::Object {
-                key: lenient_key(kind, map.get("metadata")),
-                errors: vec![FieldError::new("apiVersion", message)],
+                key: lenient_key(not_served.kind, map.get("metadata")),
+                errors: vec![FieldError::new("apiVersion", not_served.to_string())],
             });
         }
     };

@@ -225,23 +225,50 @@ pub enum PemKind {
     PrivateKey,
 }
 
+/// Why a Secret's key does not hold what its name says; the messages never
+/// quote the data itself.
+#[derive(Debug, thiserror::Error)]
+pub enum PemError {
+    /// The bytes are not UTF-8.
+    #[error("is not PEM text")]
+    NotText,
+    /// No certificate block, or a block that is not base64.
+    #[error(transparent)]
+    Certificates(#[from] common::pki::PkiError),
+    /// A certificate block that is not an X.509 certificate.
+    #[error("certificate {index} does not parse: {reason}")]
+    BadCertificate {
+        /// Its position in the bundle.
+        index: usize,
+        /// The parser's words.
+        reason: String,
+    },
+    /// No private key block.
+    #[error("no PEM private key found ({0})")]
+    NoPrivateKey(rustls_pki_types::pem::Error),
+}
+
 /// Checks that `pem` holds what `kind` says; the reason when it does not
 /// (never the data itself).
-pub fn check_pem(pem: &[u8], kind: PemKind) -> Result<(), String> {
+pub fn check_pem(pem: &[u8], kind: PemKind) -> Result<(), PemError> {
     use rustls_pki_types::pem::PemObject;
-    let text = std::str::from_utf8(pem).map_err(|_| "is not PEM text".to_string())?;
+    let text = std::str::from_utf8(pem).map_err(|_| PemError::NotText)?;
     match kind {
         PemKind::Certificates => {
-            let certs = common::pki::pem_certs("certificate", text).map_err(|e| format!("{e}"))?;
-            for (i, c) in certs.iter().enumerate() {
-                x509_parser::parse_x509_certificate(c.as_ref())
-                    .map_err(|e| format!("certificate {i} does not parse: {e}"))?;
+            let certs = common::pki::pem_certs("certificate", text)?;
+            for (index, c) in certs.iter().enumerate() {
+                x509_parser::parse_x509_certificate(c.as_ref()).map_err(|e| {
+                    PemError::BadCertificate {
+                        index,
+                        reason: e.to_string(),
+                    }
+                })?;
             }
             Ok(())
         }
         PemKind::PrivateKey => rustls_pki_types::PrivateKeyDer::from_pem_slice(text.as_bytes())
             .map(|_| ())
-            .map_err(|e| format!("no PEM private key found ({e})")),
+            .map_err(PemError::NoPrivateKey),
     }
 }
 
@@ -307,8 +334,18 @@ mod tests {
             .unwrap();
         assert!(check_pem(cert.pem().as_bytes(), PemKind::Certificates).is_ok());
         assert!(check_pem(key.serialize_pem().as_bytes(), PemKind::PrivateKey).is_ok());
-        assert!(check_pem(b"garbage", PemKind::Certificates).is_err());
-        assert!(check_pem(cert.pem().as_bytes(), PemKind::PrivateKey).is_err());
+        assert!(matches!(
+            check_pem(b"garbage", PemKind::Certificates),
+            Err(PemError::Certificates(_))
+        ));
+        assert!(matches!(
+            check_pem(cert.pem().as_bytes(), PemKind::PrivateKey),
+            Err(PemError::NoPrivateKey(_))
+        ));
+        assert!(matches!(
+            check_pem(&[0xff, 0xfe], PemKind::Certificates),
+            Err(PemError::NotText)
+        ));
     }
 
     #[test]

@@ -96,7 +96,7 @@ pub fn validate(object: &Object) -> Vec<FieldError> {
 fn secret(s: &super::secret::Secret, e: &mut Errors) {
     for (key, kind) in s.pem_keys() {
         if let Err(reason) = super::secret::check_pem(&s.data[key], kind) {
-            e.add(format!("data.{key}"), reason);
+            e.add(format!("data.{key}"), reason.to_string());
         }
     }
 }
@@ -348,7 +348,7 @@ fn sidecar(sc: &Sidecar, e: &mut Errors) {
         }
         for (j, host) in eg.hosts.iter().enumerate() {
             if let Err(msg) = check_egress_host(host) {
-                e.add(format!("{field}.hosts[{j}]"), msg);
+                e.add(format!("{field}.hosts[{j}]"), msg.to_string());
             }
         }
     }
@@ -407,29 +407,60 @@ fn sidecar(sc: &Sidecar, e: &mut Errors) {
     }
 }
 
+/// Why a Sidecar egress or Gateway host is not `namespace/host`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum EgressHostError {
+    /// There is no `/`.
+    #[error("{host:?} is not of the form namespace/host (e.g. ./*, istio-system/*, */{host})")]
+    NotNamespaced {
+        /// The host as written.
+        host: String,
+    },
+    /// The part before the `/` is not a namespace.
+    #[error(
+        "{ns:?} in {host:?} is not a namespace (use a namespace name, * for any, . for the Sidecar's own, ~ for none)"
+    )]
+    BadNamespace {
+        /// The namespace part.
+        ns: String,
+        /// The host as written.
+        host: String,
+    },
+    /// Nothing follows the `/`.
+    #[error("{host:?} has no host after the / (use * for every host)")]
+    NoHost {
+        /// The host as written.
+        host: String,
+    },
+    /// The host after the `/` is not a host name (the message says why).
+    #[error("{0}")]
+    BadHost(String),
+}
+
 /// `namespace/host`, where the namespace is `*`, `.`, `~` or a name, and the
 /// host is `*`, `*.<suffix>` or a name.
-fn check_egress_host(host: &str) -> Result<(), String> {
+fn check_egress_host(host: &str) -> Result<(), EgressHostError> {
     let Some((ns, name)) = host.split_once('/') else {
-        return Err(format!(
-            "{host:?} is not of the form namespace/host (e.g. ./*, istio-system/*, */{host})"
-        ));
+        return Err(EgressHostError::NotNamespaced {
+            host: host.to_string(),
+        });
     };
     if ns.is_empty() || !(ns == "*" || ns == "." || ns == "~" || is_dns1123_label(ns)) {
-        return Err(format!(
-            "{ns:?} in {host:?} is not a namespace (use a namespace name, * for any, . for the Sidecar's own, ~ for none)"
-        ));
+        return Err(EgressHostError::BadNamespace {
+            ns: ns.to_string(),
+            host: host.to_string(),
+        });
     }
     if name.is_empty() {
-        return Err(format!(
-            "{host:?} has no host after the / (use * for every host)"
-        ));
+        return Err(EgressHostError::NoHost {
+            host: host.to_string(),
+        });
     }
     if name != "*" {
         let mut e = Errors::default();
         check_host("", name, &mut e);
         if let Some(err) = e.0.into_iter().next() {
-            return Err(err.message);
+            return Err(EgressHostError::BadHost(err.message));
         }
     }
     Ok(())

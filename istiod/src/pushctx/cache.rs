@@ -18,6 +18,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use common::metrics::{MetricsError, build};
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 
 use super::Resource;
@@ -139,33 +140,44 @@ pub struct CacheMetrics {
 
 impl CacheMetrics {
     /// The metrics, registered in `r`.
-    pub fn new(r: &Registry) -> Result<Self, prometheus::Error> {
-        let m = Self {
-            reads: IntCounterVec::new(
-                Opts::new(
-                    "xds_cache_reads",
-                    "Total number of xds cache xdsCacheReads.",
+    pub fn new(r: &Registry) -> Result<Self, MetricsError> {
+        Ok(Self {
+            reads: build(
+                r,
+                "xds_cache_reads",
+                IntCounterVec::new(
+                    Opts::new(
+                        "xds_cache_reads",
+                        "Total number of xds cache xdsCacheReads.",
+                    ),
+                    &["type"],
                 ),
-                &["type"],
             )?,
-            evictions: IntCounterVec::new(
-                Opts::new(
-                    "xds_cache_evictions",
-                    "Total number of xds cache evictions.",
+            evictions: build(
+                r,
+                "xds_cache_evictions",
+                IntCounterVec::new(
+                    Opts::new(
+                        "xds_cache_evictions",
+                        "Total number of xds cache evictions.",
+                    ),
+                    &["type"],
                 ),
-                &["type"],
             )?,
-            size: IntGauge::new("xds_cache_size", "Current size of xds cache")?,
-            dependent_config_size: IntGauge::new(
+            size: build(
+                r,
+                "xds_cache_size",
+                IntGauge::new("xds_cache_size", "Current size of xds cache"),
+            )?,
+            dependent_config_size: build(
+                r,
                 "xds_cache_dependent_config_size",
-                "Current size of dependent configs",
+                IntGauge::new(
+                    "xds_cache_dependent_config_size",
+                    "Current size of dependent configs",
+                ),
             )?,
-        };
-        r.register(Box::new(m.reads.clone()))?;
-        r.register(Box::new(m.evictions.clone()))?;
-        r.register(Box::new(m.size.clone()))?;
-        r.register(Box::new(m.dependent_config_size.clone()))?;
-        Ok(m)
+        })
     }
 }
 

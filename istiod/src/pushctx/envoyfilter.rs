@@ -80,16 +80,16 @@ pub struct PatchWrapper {
     pub(crate) cluster: Option<ClusterMatch>,
     pub(crate) operation: Operation,
     /// The value's encoding, or why it does not decode.
-    pub(crate) value: Result<Vec<u8>, String>,
+    pub(crate) value: Result<Vec<u8>, proto::envoy_json::JsonError>,
 }
 
 impl PatchWrapper {
     /// The value decoded as `M`.
     pub(crate) fn value<M: Message + Default>(&self) -> Result<M, PatchError> {
         let type_name = self.apply_to.envoy_type().unwrap_or("?");
-        let bytes = self.value.as_ref().map_err(|m| PatchError::Value {
+        let bytes = self.value.as_ref().map_err(|e| PatchError::Value {
             type_name,
-            message: m.clone(),
+            message: e.to_string(),
         })?;
         M::decode(bytes.as_slice()).map_err(|e| PatchError::Value {
             type_name,
@@ -99,9 +99,9 @@ impl PatchWrapper {
 
     /// The value's encoding (for merges).
     pub(crate) fn bytes(&self) -> Result<&[u8], PatchError> {
-        self.value.as_deref().map_err(|m| PatchError::Value {
+        self.value.as_deref().map_err(|e| PatchError::Value {
             type_name: self.apply_to.envoy_type().unwrap_or("?"),
-            message: m.clone(),
+            message: e.to_string(),
         })
     }
 
@@ -266,9 +266,7 @@ fn wrap(namespace: &str, name: &str, creation: String, spec: &EnvoyFilter) -> En
             let m = cp.match_.clone().unwrap_or_default();
             let proxy = m.proxy.unwrap_or_default();
             let value = match (&patch.value, cp.apply_to.envoy_type()) {
-                (Some(v), Some(t)) => {
-                    proto::envoy_json::encode_json(t, v).map_err(|e| e.to_string())
-                }
+                (Some(v), Some(t)) => proto::envoy_json::encode_json(t, v),
                 _ => Ok(Vec::new()),
             };
             Some(PatchWrapper {

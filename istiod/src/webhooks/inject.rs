@@ -33,7 +33,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use common::metrics::counter;
+use common::metrics::{MetricsError, build, counter};
 use k8s_openapi::api::core::v1::ConfigMap;
 use prometheus::{Histogram, HistogramOpts, IntCounter, Registry};
 use serde_json::{Value, json};
@@ -65,41 +65,41 @@ pub struct InjectMetrics {
 
 impl InjectMetrics {
     /// Registers the metrics in `registry`.
-    pub fn new(registry: &Registry) -> Self {
-        let time = Histogram::with_opts(
-            HistogramOpts::new(
-                "sidecar_injection_time_seconds",
-                "Total time taken for injection in seconds.",
-            )
-            .buckets(vec![0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]),
-        )
-        .unwrap_or_else(|e| panic!("metric sidecar_injection_time_seconds: {e}"));
-        registry
-            .register(Box::new(time.clone()))
-            .unwrap_or_else(|e| panic!("metric registered twice: {e}"));
-        Self {
+    pub fn new(registry: &Registry) -> Result<Self, MetricsError> {
+        let time = build(
+            registry,
+            "sidecar_injection_time_seconds",
+            Histogram::with_opts(
+                HistogramOpts::new(
+                    "sidecar_injection_time_seconds",
+                    "Total time taken for injection in seconds.",
+                )
+                .buckets(vec![0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]),
+            ),
+        )?;
+        Ok(Self {
             requests: counter(
                 registry,
                 "sidecar_injection_requests_total",
                 "Total number of sidecar injection requests.",
-            ),
+            )?,
             success: counter(
                 registry,
                 "sidecar_injection_success_total",
                 "Total number of successful sidecar injection requests.",
-            ),
+            )?,
             failure: counter(
                 registry,
                 "sidecar_injection_failure_total",
                 "Total number of failed sidecar injection requests.",
-            ),
+            )?,
             skip: counter(
                 registry,
                 "sidecar_injection_skip_total",
                 "Total number of skipped sidecar injection requests.",
-            ),
+            )?,
             time,
-        }
+        })
     }
 }
 

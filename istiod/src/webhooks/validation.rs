@@ -18,7 +18,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use common::metrics::counter_vec;
+use common::metrics::{MetricsError, counter_vec};
 use prometheus::{IntCounterVec, Registry};
 use serde_json::Value;
 
@@ -43,27 +43,27 @@ pub struct ValidationMetrics {
 
 impl ValidationMetrics {
     /// Registers the metrics in `registry`.
-    pub fn new(registry: &Registry) -> Self {
-        Self {
+    pub fn new(registry: &Registry) -> Result<Self, MetricsError> {
+        Ok(Self {
             passed: counter_vec(
                 registry,
                 "galley_validation_passed",
                 "Resource is valid.",
                 &["group", "version", "resource"],
-            ),
+            )?,
             failed: counter_vec(
                 registry,
                 "galley_validation_failed",
                 "Resource validation failed.",
                 &["group", "version", "resource", "reason"],
-            ),
+            )?,
             http_error: counter_vec(
                 registry,
                 "galley_validation_http_error",
                 "Resource validation http serve errors.",
                 &["status"],
-            ),
-        }
+            )?,
+        })
     }
 }
 
@@ -217,7 +217,7 @@ mod tests {
     }
 
     fn validator() -> Validator {
-        Validator::new("default", ValidationMetrics::new(&Registry::new()))
+        Validator::new("default", ValidationMetrics::new(&Registry::new()).unwrap())
     }
 
     fn vs(weight: i64) -> Value {

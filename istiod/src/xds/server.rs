@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
+use common::metrics::{MetricsError, build};
 use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
@@ -42,37 +43,32 @@ pub struct XdsMetrics {
     pub config_size: prometheus::HistogramVec,
 }
 
-fn register<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {
-    if let Err(e) = r.register(Box::new(c.clone())) {
-        tracing::warn!(target: "ads", "metric registration: {e}");
-    }
-    c
-}
-
 impl XdsMetrics {
     /// Registers the metrics.
-    pub fn new(r: &Registry) -> Result<Self, prometheus::Error> {
+    pub fn new(r: &Registry) -> Result<Self, MetricsError> {
         Ok(Self {
-            connections: register(r, IntGaugeVec::new(Opts::new("pilot_xds", "Number of endpoints connected to this pilot using XDS."), &["version"])?),
-            pushes: register(r, IntCounterVec::new(Opts::new("pilot_xds_pushes", "Pilot build and send errors for lds, rds, cds and eds."), &["type"])?),
-            rejects: register(r, IntCounterVec::new(Opts::new("pilot_total_xds_rejects", "Total number of XDS responses from pilot rejected by proxy."), &["type"])?),
-            expired_nonce: register(r, IntCounterVec::new(Opts::new("pilot_xds_expired_nonce", "Total number of XDS requests with an expired nonce."), &["type"])?),
-            convergence: register(
+            connections: build(r, "pilot_xds", IntGaugeVec::new(Opts::new("pilot_xds", "Number of endpoints connected to this pilot using XDS."), &["version"]))?,
+            pushes: build(r, "pilot_xds_pushes", IntCounterVec::new(Opts::new("pilot_xds_pushes", "Pilot build and send errors for lds, rds, cds and eds."), &["type"]))?,
+            rejects: build(r, "pilot_total_xds_rejects", IntCounterVec::new(Opts::new("pilot_total_xds_rejects", "Total number of XDS responses from pilot rejected by proxy."), &["type"]))?,
+            expired_nonce: build(r, "pilot_xds_expired_nonce", IntCounterVec::new(Opts::new("pilot_xds_expired_nonce", "Total number of XDS requests with an expired nonce."), &["type"]))?,
+            convergence: build(
                 r,
+                "pilot_proxy_convergence_time",
                 Histogram::with_opts(
                     HistogramOpts::new("pilot_proxy_convergence_time", "Delay in seconds between config change and a proxy receiving all required configuration.")
                         .buckets(vec![0.1, 0.5, 1.0, 3.0, 5.0, 10.0, 20.0, 30.0]),
-                )?,
-            ),
-            write_timeouts: register(r, IntCounter::new("pilot_xds_write_timeout", "Pilot XDS response write timeouts.")?),
-            config_size: register(
+                ),
+            )?,
+            write_timeouts: build(r, "pilot_xds_write_timeout", IntCounter::new("pilot_xds_write_timeout", "Pilot XDS response write timeouts."))?,
+            config_size: build(
                 r,
+                "pilot_xds_config_size_bytes",
                 prometheus::HistogramVec::new(
                     HistogramOpts::new("pilot_xds_config_size_bytes", "Distribution of configuration sizes pushed to clients")
                         .buckets(vec![1.0, 10_000.0, 1_000_000.0, 4_000_000.0, 10_000_000.0, 40_000_000.0]),
                     &["type"],
-                )?,
-            ),
+                ),
+            )?,
         })
     }
 }

@@ -232,7 +232,7 @@ pub struct IpRanges {
 }
 
 impl IpRanges {
-    fn parse(list: &str) -> Result<Self, String> {
+    fn parse(list: &str) -> Result<Self, ItemError> {
         if list == "*" {
             let all = NetworkRange {
                 is_wildcard: true,
@@ -245,9 +245,7 @@ impl IpRanges {
         }
         let mut out = Self::default();
         for item in split(list) {
-            let cidr = Cidr::parse(item).ok_or_else(|| {
-                format!("{item:?} is not an IP range in CIDR form (e.g. 10.0.0.0/8)")
-            })?;
+            let cidr = Cidr::parse(item).ok_or_else(|| ItemError::NotCidr(item.to_string()))?;
             let range = if cidr.addr.is_ipv4() {
                 &mut out.v4
             } else {
@@ -406,7 +404,7 @@ impl Reader<'_> {
         flag: Flag,
         default: &str,
         wildcard: bool,
-        check: fn(&str) -> Result<(), String>,
+        check: fn(&str) -> Result<(), ItemError>,
     ) -> String {
         let Some((v, origin)) = self.string(cli, flag) else {
             return default.to_string();
@@ -424,7 +422,48 @@ impl Reader<'_> {
     }
 }
 
-fn check_port(item: &str) -> Result<(), String> {
+/// Why one item of a comma list of flag or variable values is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ItemError {
+    /// Not `address/prefix`.
+    #[error("{0:?} is not an IP range in CIDR form (e.g. 10.0.0.0/8)")]
+    NotCidr(String),
+    /// Not a port or `a:b` range.
+    #[error("{0:?} is not a port (0-65535) or a port range (a:b)")]
+    NotPort(String),
+    /// Not a uid/gid or a user/group name.
+    #[error("{0:?} is not a numeric id or a user/group name")]
+    NotOwner(String),
+    /// Not a network interface name.
+    #[error("{0:?} is not a network interface name")]
+    NotInterface(String),
+}
+
+/// Why `ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR` is refused (Istio's words).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoopbackCidrError {
+    /// Not a CIDR.
+    #[error("failed to parse CIDR {0}")]
+    Parse(String),
+    /// Not an IPv4 loopback address.
+    #[error("expected valid IPv4 loopback address in CIDR {cidr}; found {addr}")]
+    NotLoopback {
+        /// The value.
+        cidr: String,
+        /// Its address.
+        addr: IpAddr,
+    },
+    /// A mask outside 8..=32.
+    #[error("expected CIDR {cidr} to have mask in range [8, 32]; found {bits}")]
+    Mask {
+        /// The value.
+        cidr: String,
+        /// Its prefix length.
+        bits: u8,
+    },
+}
+
+fn check_port(item: &str) -> Result<(), ItemError> {
     let ok = |p: &str| {
         !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && p.parse::<u16>().is_ok()
     };
@@ -435,24 +474,22 @@ fn check_port(item: &str) -> Result<(), String> {
     if valid {
         Ok(())
     } else {
-        Err(format!(
-            "{item:?} is not a port (0-65535) or a port range (a:b)"
-        ))
+        Err(ItemError::NotPort(item.to_string()))
     }
 }
 
-fn check_owner(item: &str) -> Result<(), String> {
+fn check_owner(item: &str) -> Result<(), ItemError> {
     let valid = item
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'$'));
     if valid && !item.is_empty() {
         Ok(())
     } else {
-        Err(format!("{item:?} is not a numeric id or a user/group name"))
+        Err(ItemError::NotOwner(item.to_string()))
     }
 }
 
-fn check_interface(item: &str) -> Result<(), String> {
+fn check_interface(item: &str) -> Result<(), ItemError> {
     let valid = item.len() <= 15
         && !item.is_empty()
         && !item.contains('/')
@@ -460,7 +497,7 @@ fn check_interface(item: &str) -> Result<(), String> {
     if valid {
         Ok(())
     } else {
-        Err(format!("{item:?} is not a network interface name"))
+        Err(ItemError::NotInterface(item.to_string()))
     }
 }
 
@@ -771,19 +808,19 @@ fn check_owner_groups(include: &str, exclude: &str, problems: &mut Vec<String>) 
 }
 
 /// Istio's `ValidateIPv4LoopbackCidr`.
-fn check_ipv4_loopback_cidr(cidr: &str) -> Result<(), String> {
-    let p = Cidr::parse(cidr).ok_or_else(|| format!("failed to parse CIDR {cidr}"))?;
+fn check_ipv4_loopback_cidr(cidr: &str) -> Result<(), LoopbackCidrError> {
+    let p = Cidr::parse(cidr).ok_or_else(|| LoopbackCidrError::Parse(cidr.to_string()))?;
     if !p.addr.is_ipv4() || !p.addr.is_loopback() {
-        return Err(format!(
-            "expected valid IPv4 loopback address in CIDR {cidr}; found {}",
-            p.addr
-        ));
+        return Err(LoopbackCidrError::NotLoopback {
+            cidr: cidr.to_string(),
+            addr: p.addr,
+        });
     }
     if !(8..=32).contains(&p.bits) {
-        return Err(format!(
-            "expected CIDR {cidr} to have mask in range [8, 32]; found {}",
-            p.bits
-        ));
+        return Err(LoopbackCidrError::Mask {
+            cidr: cidr.to_string(),
+            bits: p.bits,
+        });
     }
     Ok(())
 }
@@ -840,5 +877,35 @@ mod tests {
         .unwrap();
         assert_eq!(cfg.inbound_capture_port, 17006);
         assert_eq!(cfg.proxy_gid, "1337");
+    }
+
+    #[test]
+    fn list_items_and_the_loopback_cidr_fail_by_kind() {
+        assert_eq!(
+            check_port("8080:x"),
+            Err(ItemError::NotPort("8080:x".into()))
+        );
+        assert_eq!(check_owner(""), Err(ItemError::NotOwner(String::new())));
+        assert_eq!(
+            check_interface("a/b"),
+            Err(ItemError::NotInterface("a/b".into()))
+        );
+        assert_eq!(
+            IpRanges::parse("10.0.0.0/8,x"),
+            Err(ItemError::NotCidr("x".into()))
+        );
+        let err = check_ipv4_loopback_cidr("10.0.0.1/8").unwrap_err();
+        assert!(
+            matches!(err, LoopbackCidrError::NotLoopback { .. }),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "expected valid IPv4 loopback address in CIDR 10.0.0.1/8; found 10.0.0.1"
+        );
+        assert!(matches!(
+            check_ipv4_loopback_cidr("127.0.0.1/4"),
+            Err(LoopbackCidrError::Mask { bits: 4, .. })
+        ));
     }
 }

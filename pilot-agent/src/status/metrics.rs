@@ -13,18 +13,19 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::time::Duration;
 
+use common::metrics::{MetricsError, build, counter, counter_vec};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Bytes, Frame, Incoming};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::http::request::Parts;
 use hyper::{Method, Response, StatusCode};
-use prometheus::{Gauge, IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{Gauge, IntCounter, IntCounterVec, Registry};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::upstream::{Upstream, read_capped, send_request};
-use super::{Body, StatusError, StatusOptions};
+use super::upstream::{FetchError, Upstream, read_capped, send_request};
+use super::{Body, StatusOptions};
 use crate::config::ScrapeTarget;
 
 /// The cap on each target's body when several application targets are merged.
@@ -56,33 +57,26 @@ pub struct AgentMetrics {
 }
 
 impl AgentMetrics {
-    pub(super) fn register(registry: &Registry) -> Result<Self, StatusError> {
-        let metric = |name: &'static str| move |source| StatusError::Metric { name, source };
-        let scrapes_total =
-            IntCounter::new("istio_agent_scrapes_total", "The total number of scrapes.")
-                .map_err(metric("istio_agent_scrapes_total"))?;
-        let scrape_failures_total = IntCounterVec::new(
-            Opts::new(
-                "istio_agent_scrape_failures_total",
-                "The total number of failed scrapes.",
-            ),
+    pub(super) fn register(registry: &Registry) -> Result<Self, MetricsError> {
+        let scrapes_total = counter(
+            registry,
+            "istio_agent_scrapes_total",
+            "The total number of scrapes.",
+        )?;
+        let scrape_failures_total = counter_vec(
+            registry,
+            "istio_agent_scrape_failures_total",
+            "The total number of failed scrapes.",
             &["type"],
-        )
-        .map_err(metric("istio_agent_scrape_failures_total"))?;
-        let startup_duration_seconds = Gauge::new(
+        )?;
+        let startup_duration_seconds = build(
+            registry,
             "istio_agent_startup_duration_seconds",
-            "The time from the process starting to being marked ready.",
-        )
-        .map_err(metric("istio_agent_startup_duration_seconds"))?;
-        registry
-            .register(Box::new(scrapes_total.clone()))
-            .map_err(metric("istio_agent_scrapes_total"))?;
-        registry
-            .register(Box::new(scrape_failures_total.clone()))
-            .map_err(metric("istio_agent_scrape_failures_total"))?;
-        registry
-            .register(Box::new(startup_duration_seconds.clone()))
-            .map_err(metric("istio_agent_startup_duration_seconds"))?;
+            Gauge::new(
+                "istio_agent_startup_duration_seconds",
+                "The time from the process starting to being marked ready.",
+            ),
+        )?;
         Ok(Self {
             scrapes_total,
             scrape_failures_total,
@@ -93,6 +87,38 @@ impl AgentMetrics {
     fn scrape_failed(&self, kind: &str) {
         self.scrape_failures_total.with_label_values(&[kind]).inc();
     }
+}
+
+/// Why a scrape of Envoy or an application target failed (logged, and
+/// counted in `istio_agent_scrape_failures_total`).
+#[derive(Debug, thiserror::Error)]
+enum ScrapeError {
+    /// The request failed.
+    #[error("error scraping {url}: {source}")]
+    Fetch { url: String, source: FetchError },
+    /// No response before the scrape's deadline.
+    #[error("error scraping {url}: context deadline exceeded")]
+    Deadline { url: String },
+    /// A response other than 200.
+    #[error("error scraping {url}, status code: {code}")]
+    Status { url: String, code: u16 },
+    /// The body could not be read (or was too large).
+    #[error("read failed: {0}")]
+    Read(FetchError),
+    /// The body did not arrive before the deadline.
+    #[error("read failed: context deadline exceeded")]
+    ReadDeadline,
+}
+
+/// Why copying a streamed body stopped midway.
+#[derive(Debug, thiserror::Error)]
+enum CopyError {
+    /// The scrape's deadline passed.
+    #[error("context deadline exceeded")]
+    Deadline,
+    /// The source failed.
+    #[error("{0}")]
+    Body(hyper::Error),
 }
 
 // ---------------------------------------------------------------------------
@@ -224,7 +250,7 @@ impl MetricsMerger {
         incoming: &HeaderMap,
         openmetrics: bool,
         deadline: Option<Instant>,
-    ) -> Result<Response<Incoming>, String> {
+    ) -> Result<Response<Incoming>, ScrapeError> {
         let authority = format!("localhost:{port}");
         let url = format!("http://{authority}{path}");
         let mut headers = HeaderMap::new();
@@ -250,14 +276,14 @@ impl MetricsMerger {
         let fetch = send_request(&upstream, Method::GET, path, &authority, &headers);
         let resp = match until(deadline, fetch).await {
             Some(Ok(resp)) => resp,
-            Some(Err(e)) => return Err(format!("error scraping {url}: {e}")),
-            None => return Err(format!("error scraping {url}: context deadline exceeded")),
+            Some(Err(source)) => return Err(ScrapeError::Fetch { url, source }),
+            None => return Err(ScrapeError::Deadline { url }),
         };
         if resp.status() != StatusCode::OK {
-            return Err(format!(
-                "error scraping {url}, status code: {}",
-                resp.status().as_u16()
-            ));
+            return Err(ScrapeError::Status {
+                url,
+                code: resp.status().as_u16(),
+            });
         }
         Ok(resp)
     }
@@ -282,10 +308,10 @@ impl MetricsMerger {
             .await
             {
                 Some(Ok(body)) => body,
-                Some(Err(e)) => return Err(format!("read failed: {e}")),
-                None => return Err("read failed: context deadline exceeded".to_string()),
+                Some(Err(e)) => return Err(ScrapeError::Read(e)),
+                None => return Err(ScrapeError::ReadDeadline),
             };
-            Ok::<_, String>((format, body))
+            Ok::<_, ScrapeError>((format, body))
         });
         let mut format: Option<&'static str> = None;
         let mut bodies = Vec::new();
@@ -358,12 +384,12 @@ impl Sink {
         &mut self,
         mut body: Incoming,
         deadline: Option<Instant>,
-    ) -> Result<Result<(), String>, Closed> {
+    ) -> Result<Result<(), CopyError>, Closed> {
         loop {
             match until(deadline, body.frame()).await {
-                None => return Ok(Err("context deadline exceeded".to_string())),
+                None => return Ok(Err(CopyError::Deadline)),
                 Some(None) => return Ok(Ok(())),
-                Some(Some(Err(e))) => return Ok(Err(e.to_string())),
+                Some(Some(Err(e))) => return Ok(Err(CopyError::Body(e))),
                 Some(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
                         self.send(data).await?;

@@ -63,13 +63,8 @@ pub const DEFAULT_READINESS_TIMEOUT: Duration = Duration::from_secs(3);
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
     /// An agent metric could not be registered.
-    #[error("registering agent metric {name}: {source}")]
-    Metric {
-        /// The metric.
-        name: &'static str,
-        /// Why.
-        source: prometheus::Error,
-    },
+    #[error("registering agent metric: {0}")]
+    Metric(#[from] common::metrics::MetricsError),
     /// The TLS client for HTTPS probes could not be built.
     #[error("TLS client for HTTPS application probes: {0}")]
     Tls(#[from] rustls::Error),

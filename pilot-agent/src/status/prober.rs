@@ -22,7 +22,9 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
 
-use super::upstream::{FetchError, MAX_REDIRECTS, Upstream, read_at_most, send_request};
+use super::upstream::{
+    FetchError, LocationError, MAX_REDIRECTS, Upstream, read_at_most, send_request,
+};
 use super::{Body, StatusOptions, empty, full, text};
 use crate::config::{APP_PROBER_PREFIXES, AppProbe, AppProbes};
 use crate::http_client::{dial, host_port};
@@ -197,7 +199,7 @@ impl AppProbers {
             let Some(location) = location else {
                 return Ok(resp);
             };
-            let (next, next_authority) = url.resolve(location).map_err(FetchError::Request)?;
+            let (next, next_authority) = url.resolve(location)?;
             if !next.host.eq_ignore_ascii_case(&original_host) {
                 return Ok(resp);
             }
@@ -336,7 +338,7 @@ const SERVING: i32 = 1;
 /// Follows one redirect `Location` (the application writes it) from an
 /// HTTP probe of `http://127.0.0.1:8080/app/ready?verbose`, as the prober
 /// does: the next host, port and path, or why it cannot be followed.
-pub(crate) fn redirect_target(location: &str) -> Result<(String, u16, String), String> {
+pub(crate) fn redirect_target(location: &str) -> Result<(String, u16, String), LocationError> {
     let probe = ProbeUrl {
         https: false,
         host: "127.0.0.1".into(),
@@ -359,7 +361,7 @@ struct ProbeUrl {
 
 impl ProbeUrl {
     /// Resolves a `Location`; the authority is returned for absolute ones.
-    fn resolve(&self, location: &str) -> Result<(ProbeUrl, Option<String>), String> {
+    fn resolve(&self, location: &str) -> Result<(ProbeUrl, Option<String>), LocationError> {
         let lower = location.to_ascii_lowercase();
         let absolute = if lower.starts_with("http://") || lower.starts_with("https://") {
             Some(location.to_string())
@@ -372,12 +374,14 @@ impl ProbeUrl {
             None
         };
         if let Some(absolute) = absolute {
-            let uri = Uri::from_str(&absolute)
-                .map_err(|e| format!("failed to parse Location header {location:?}: {e}"))?;
+            let uri = Uri::from_str(&absolute).map_err(|source| LocationError::Parse {
+                location: location.to_string(),
+                source,
+            })?;
             let https = uri.scheme_str() == Some("https");
-            let authority = uri
-                .authority()
-                .ok_or_else(|| format!("failed to parse Location header {location:?}: no host"))?;
+            let authority = uri.authority().ok_or_else(|| LocationError::NoHost {
+                location: location.to_string(),
+            })?;
             let host = authority
                 .host()
                 .trim_start_matches('[')
@@ -969,5 +973,15 @@ mod tests {
             ("example.com", 80, "/")
         );
         assert_eq!(url.resolve("http://[::1]:81/").unwrap().0.host, "::1");
+        let err = url.resolve("http://a b/").unwrap_err();
+        assert!(
+            matches!(&err, LocationError::Parse { location, .. } if location == "http://a b/"),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .starts_with(r#"failed to parse Location header "http://a b/": "#),
+            "{err}"
+        );
     }
 }

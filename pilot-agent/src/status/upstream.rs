@@ -28,8 +28,13 @@ pub(super) enum FetchError {
     Connect { addr: String, source: io::Error },
     #[error("TLS handshake: {0}")]
     Tls(io::Error),
-    #[error("{0}")]
-    Request(String),
+    #[error("server name {host}: {source}")]
+    ServerName {
+        host: String,
+        source: rustls::pki_types::InvalidDnsNameError,
+    },
+    #[error(transparent)]
+    Redirect(#[from] LocationError),
     #[error(transparent)]
     InvalidRequest(#[from] InvalidRequest),
     #[error("{0}")]
@@ -40,6 +45,20 @@ pub(super) enum FetchError {
     TooManyRedirects,
     #[error("response exceeds {0} bytes")]
     TooLarge(usize),
+}
+
+/// Why a redirect's `Location` cannot be followed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LocationError {
+    /// It does not parse as a URI.
+    #[error("failed to parse Location header {location:?}: {source}")]
+    Parse {
+        location: String,
+        source: hyper::http::uri::InvalidUri,
+    },
+    /// An absolute `Location` without a host.
+    #[error("failed to parse Location header {location:?}: no host")]
+    NoHost { location: String },
 }
 
 /// Where to send a request.
@@ -69,8 +88,12 @@ pub(super) async fn send_request(
         let req = build_request(method, path_and_query, authority, headers, false, empty())?;
         return Ok(http_client::send_h1(stream, req).await?);
     };
-    let name = ServerName::try_from(upstream.host.to_string())
-        .map_err(|e| FetchError::Request(format!("server name {}: {e}", upstream.host)))?;
+    let name = ServerName::try_from(upstream.host.to_string()).map_err(|source| {
+        FetchError::ServerName {
+            host: upstream.host.to_string(),
+            source,
+        }
+    })?;
     let stream = tokio_rustls::TlsConnector::from(tls.clone())
         .connect(name, stream)
         .await

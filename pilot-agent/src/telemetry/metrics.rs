@@ -13,7 +13,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::istio_stats::Reporter;
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use common::metrics::MetricsError;
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Registry};
 use proto::pb::envoy::data::accesslog::v3::{AccessLogType, HttpAccessLogEntry, TcpAccessLogEntry};
 
 use super::labels::{self, Common, HTTP_LABELS, Peer, TCP_LABELS};
@@ -28,14 +29,6 @@ pub const ISTIO_BUCKETS: [f64; 19] = [
 pub const MAX_SERIES: usize = 10_000;
 /// The most TCP connections whose byte totals are remembered.
 const MAX_CONNECTIONS: usize = 100_000;
-
-/// Why the families could not be registered.
-#[derive(Debug, thiserror::Error)]
-#[error("registering {name}: {source}")]
-pub struct RegisterError {
-    name: &'static str,
-    source: prometheus::Error,
-}
 
 /// The byte totals last reported for a TCP connection.
 #[derive(Debug, Clone, Copy, Default)]
@@ -67,25 +60,19 @@ pub struct StandardMetrics {
 
 impl StandardMetrics {
     /// Registers the families in `registry`; `local` is this proxy's workload.
-    pub fn register(registry: &Registry, local: Peer) -> Result<Self, RegisterError> {
-        let counter = |name: &'static str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels)
-                .map_err(|source| RegisterError { name, source })?;
-            registry
-                .register(Box::new(c.clone()))
-                .map_err(|source| RegisterError { name, source })?;
-            Ok::<_, RegisterError>(c)
+    pub fn register(registry: &Registry, local: Peer) -> Result<Self, MetricsError> {
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            common::metrics::counter_vec(registry, name, help, labels)
         };
-        let histogram = |name: &'static str, help: &str| {
-            let h = HistogramVec::new(
-                HistogramOpts::new(name, help).buckets(ISTIO_BUCKETS.to_vec()),
-                &HTTP_LABELS,
+        let histogram = |name: &str, help: &str| {
+            common::metrics::build(
+                registry,
+                name,
+                HistogramVec::new(
+                    HistogramOpts::new(name, help).buckets(ISTIO_BUCKETS.to_vec()),
+                    &HTTP_LABELS,
+                ),
             )
-            .map_err(|source| RegisterError { name, source })?;
-            registry
-                .register(Box::new(h.clone()))
-                .map_err(|source| RegisterError { name, source })?;
-            Ok::<_, RegisterError>(h)
         };
         Ok(Self {
             local,

@@ -95,6 +95,45 @@ impl Denied {
     }
 }
 
+/// Why a route does not attach to one listener, with the message its
+/// `Accepted` condition carries.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum Refusal {
+    /// The parent's `sectionName` is not this listener.
+    #[error("sectionName {0:?} not found")]
+    NoSection(String),
+    /// The parent's `port` is not this listener's.
+    #[error("port {0} not found")]
+    NoPort(u32),
+    /// No route hostname intersects the listener's.
+    #[error("no hostnames matched parent hostname {listener_host:?}")]
+    NoHostname {
+        /// The listener's hostname (`*` when it has none).
+        listener_host: String,
+    },
+    /// The listener's `allowedRoutes` leaves the route's namespace out.
+    #[error(
+        "hostnames matched parent hostname {listener_host:?}, but namespace {route_ns:?} is not allowed by the parent"
+    )]
+    NotAllowed {
+        /// The listener's hostname.
+        listener_host: String,
+        /// The route's namespace.
+        route_ns: String,
+    },
+}
+
+impl Refusal {
+    /// Its kind, which orders refusals as Istio reports them.
+    fn kind(&self) -> Denied {
+        match self {
+            Refusal::NoSection(_) | Refusal::NoPort(_) => Denied::NotAccepted,
+            Refusal::NoHostname { .. } => Denied::NoHostname,
+            Refusal::NotAllowed { .. } => Denied::NotAllowed,
+        }
+    }
+}
+
 /// The routes of one generated VirtualService, before sorting.
 type Bucket = Vec<(SortKey, crate::model::istio::HttpRoute)>;
 
@@ -246,7 +285,7 @@ pub fn convert(snapshot: &Snapshot, domain: &str) -> Output {
                 continue;
             }
             let mut bound = 0;
-            let mut denied: Vec<(Denied, String)> = Vec::new();
+            let mut denied: Vec<Refusal> = Vec::new();
             for i in candidates {
                 match attach(&parents[i], p, &r.spec.hostnames, route_ns) {
                     Err(d) => denied.push(d),
@@ -320,7 +359,7 @@ pub fn convert(snapshot: &Snapshot, domain: &str) -> Output {
 
 /// A route parent's `Accepted`: valid when bound to any listener, else the
 /// most relevant reason with its messages joined (Istio's `createRouteStatus`).
-fn accepted(bound: usize, denied: &[(Denied, String)]) -> Condition {
+fn accepted(bound: usize, denied: &[Refusal]) -> Condition {
     if bound > 0 {
         let message = if bound > 1 {
             format!("Route was valid, bound to {bound} parents")
@@ -331,13 +370,13 @@ fn accepted(bound: usize, denied: &[(Denied, String)]) -> Condition {
     }
     let best = denied
         .iter()
-        .map(|(d, _)| *d)
+        .map(Refusal::kind)
         .min()
         .unwrap_or(Denied::NotAccepted);
-    let message: Vec<&str> = denied
+    let message: Vec<String> = denied
         .iter()
-        .filter(|(d, _)| *d == best)
-        .map(|(_, m)| m.as_str())
+        .filter(|d| d.kind() == best)
+        .map(ToString::to_string)
         .collect();
     Condition::new("Accepted", false, best.reason(), message.join("; "))
 }
@@ -429,19 +468,16 @@ fn attach(
     p: &ParentReference,
     hostnames: &[String],
     route_ns: &str,
-) -> Result<Vec<String>, (Denied, String)> {
+) -> Result<Vec<String>, Refusal> {
     if let Some(section) = &p.section_name
         && *section != l.listener.name
     {
-        return Err((
-            Denied::NotAccepted,
-            format!("sectionName {section:?} not found"),
-        ));
+        return Err(Refusal::NoSection(section.clone()));
     }
     if let Some(port) = p.port
         && port != l.listener.port
     {
-        return Err((Denied::NotAccepted, format!("port {port} not found")));
+        return Err(Refusal::NoPort(port));
     }
     let listener_host = l.listener.hostname.as_deref().unwrap_or("*");
     let hosts: Vec<String> = if hostnames.is_empty() {
@@ -461,20 +497,17 @@ fn attach(
             .collect()
     };
     if hosts.is_empty() {
-        return Err((
-            Denied::NoHostname,
-            format!("no hostnames matched parent hostname {listener_host:?}"),
-        ));
+        return Err(Refusal::NoHostname {
+            listener_host: listener_host.to_string(),
+        });
     }
     if let Some(allowed) = &l.allowed
         && !allowed.iter().any(|n| n == route_ns)
     {
-        return Err((
-            Denied::NotAllowed,
-            format!(
-                "hostnames matched parent hostname {listener_host:?}, but namespace {route_ns:?} is not allowed by the parent"
-            ),
-        ));
+        return Err(Refusal::NotAllowed {
+            listener_host: listener_host.to_string(),
+            route_ns: route_ns.to_string(),
+        });
     }
     Ok(hosts)
 }

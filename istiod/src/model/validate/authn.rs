@@ -43,7 +43,7 @@ fn jwt_rule(field: &str, rule: &JwtRule, e: &mut Errors) {
     if !rule.jwks_uri.is_empty()
         && let Err(msg) = check_jwks_uri(&rule.jwks_uri)
     {
-        e.add(format!("{field}.jwksUri"), msg);
+        e.add(format!("{field}.jwksUri"), msg.to_string());
     }
     if !rule.jwks.is_empty()
         && let Err(msg) = crate::jwks::check_jwks(&rule.jwks)
@@ -103,20 +103,37 @@ fn jwt_rule(field: &str, rule: &JwtRule, e: &mut Errors) {
     }
 }
 
+/// Why a `jwksUri` is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum JwksUriError {
+    /// It does not parse as a URL.
+    #[error("{uri:?} is not a URL: {reason} (e.g. https://example.com/jwks.json)")]
+    NotUrl {
+        /// The URI as written.
+        uri: String,
+        /// Why it does not parse (the URL parser's words).
+        reason: String,
+    },
+    /// The scheme is neither http nor https.
+    #[error("URI scheme {0:?} is not supported (use http:// or https://)")]
+    Scheme(String),
+    /// There is no host.
+    #[error("{0:?} has no host")]
+    NoHost(String),
+}
+
 /// Istio's `ParseJwksURI`: an http or https URL with a host and, if given,
 /// a numeric port.
-fn check_jwks_uri(uri: &str) -> Result<(), String> {
-    let url = reqwest::Url::parse(uri).map_err(|err| {
-        format!("{uri:?} is not a URL: {err} (e.g. https://example.com/jwks.json)")
+fn check_jwks_uri(uri: &str) -> Result<(), JwksUriError> {
+    let url = reqwest::Url::parse(uri).map_err(|err| JwksUriError::NotUrl {
+        uri: uri.to_string(),
+        reason: err.to_string(),
     })?;
     if !matches!(url.scheme(), "http" | "https") {
-        return Err(format!(
-            "URI scheme {:?} is not supported (use http:// or https://)",
-            url.scheme()
-        ));
+        return Err(JwksUriError::Scheme(url.scheme().to_string()));
     }
     if url.host_str().is_none_or(str::is_empty) {
-        return Err(format!("{uri:?} has no host"));
+        return Err(JwksUriError::NoHost(uri.to_string()));
     }
     Ok(())
 }

@@ -119,7 +119,7 @@ fn check_server_host(field: &str, host: &str, e: &mut Errors) {
             return;
         }
         if let Err(message) = check_egress_host(host) {
-            e.add(field, message);
+            e.add(field, message.to_string());
         }
         return;
     }

@@ -114,9 +114,23 @@ pub(super) fn telemetry(t: &Telemetry, e: &mut Errors) {
     }
 }
 
+/// Why a CEL expression's brackets or quotes do not pair up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum Unbalanced {
+    /// A closing bracket without its opening one.
+    #[error("unexpected {0:?}")]
+    Unexpected(char),
+    /// A quote is not closed.
+    #[error("a string is not closed")]
+    OpenString,
+    /// An opening bracket is not closed.
+    #[error("{0:?} is not closed")]
+    Open(char),
+}
+
 /// A first check of a CEL expression (Envoy parses it, and would reject
 /// the whole listener update): brackets and quotes must pair up.
-fn balanced(expr: &str) -> Result<(), String> {
+fn balanced(expr: &str) -> Result<(), Unbalanced> {
     let mut open: Vec<char> = Vec::new();
     let mut quote: Option<char> = None;
     let mut escaped = false;
@@ -140,17 +154,17 @@ fn balanced(expr: &str) -> Result<(), String> {
                     _ => '{',
                 };
                 if open.pop() != Some(want) {
-                    return Err(format!("unexpected {c:?}"));
+                    return Err(Unbalanced::Unexpected(c));
                 }
             }
             _ => {}
         }
     }
     if quote.is_some() {
-        return Err("a string is not closed".into());
+        return Err(Unbalanced::OpenString);
     }
     match open.last() {
-        Some(c) => Err(format!("{c:?} is not closed")),
+        Some(c) => Err(Unbalanced::Open(*c)),
         None => Ok(()),
     }
 }

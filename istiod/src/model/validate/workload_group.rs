@@ -38,7 +38,7 @@ pub(super) fn workload_group(wg: &WorkloadGroup, e: &mut Errors) {
     if let Some(m) = &wg.metadata {
         for (k, v) in &m.labels {
             if let Err(reason) = check_label(k, v) {
-                e.add(format!("spec.metadata.labels.{k}"), reason);
+                e.add(format!("spec.metadata.labels.{k}"), reason.to_string());
             }
         }
         for k in m.annotations.keys() {
@@ -133,15 +133,26 @@ fn is_header_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
+/// Why a label is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum LabelError {
+    /// The key is not `[prefix/]name`.
+    #[error(
+        "{0:?} is not a valid label key (use [prefix/]name, the name of at most 63 letters, digits, '-', '_' and '.')"
+    )]
+    Key(String),
+    /// The value is not a label value.
+    #[error(
+        "{0:?} is not a valid label value (at most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit)"
+    )]
+    Value(String),
+}
+
 /// Kubernetes' label rules (Istio's `labels.Instance.Validate`).
-fn check_label(key: &str, value: &str) -> Result<(), String> {
-    check_qualified_name(key).map_err(|()| {
-        format!("{key:?} is not a valid label key (use [prefix/]name, the name of at most 63 letters, digits, '-', '_' and '.')")
-    })?;
+fn check_label(key: &str, value: &str) -> Result<(), LabelError> {
+    check_qualified_name(key).map_err(|()| LabelError::Key(key.to_string()))?;
     if !value.is_empty() && !is_label_name(value) {
-        return Err(format!(
-            "{value:?} is not a valid label value (at most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit)"
-        ));
+        return Err(LabelError::Value(value.to_string()));
     }
     Ok(())
 }

@@ -34,7 +34,7 @@ pub fn read(configmap: Option<&ConfigMap>) -> Reading {
         None => Reading::Mesh(Box::default()),
         Some(text) => match Mesh::parse(text) {
             Ok(mesh) => Reading::Mesh(Box::new(mesh)),
-            Err(errors) => Reading::Invalid(errors),
+            Err(errors) => Reading::Invalid(errors.0),
         },
     }
 }

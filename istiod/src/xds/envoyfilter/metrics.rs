@@ -7,6 +7,7 @@
 
 use std::sync::OnceLock;
 
+use common::metrics::MetricsError;
 use prometheus::{IntGaugeVec, Opts, Registry};
 
 /// Istio's `PatchType` label values.
@@ -58,8 +59,8 @@ fn gauge() -> &'static IntGaugeVec {
 }
 
 /// Registers the gauge in `registry`.
-pub fn register(registry: &Registry) -> Result<(), prometheus::Error> {
-    registry.register(Box::new(gauge().clone()))
+pub fn register(registry: &Registry) -> Result<(), MetricsError> {
+    common::metrics::register(registry, "pilot_envoy_filter_status", gauge().clone()).map(drop)
 }
 
 /// Records that a patch of `name` applied or failed.
