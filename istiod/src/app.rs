@@ -371,9 +371,16 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         if let Some(age) = config.server.max_connection_age {
             builder = builder.max_connection_age(age);
         }
+        // Istio's `XDS_AUTH`: xDS callers on the TLS port are authenticated
+        // as the CA's are, unless it is false (the CA always authenticates).
+        let secure_xds = if config.ca.xds_auth {
+            xds.with_authn(authenticators.clone())
+        } else {
+            xds.clone()
+        };
         let router = builder
             .add_service(IstioCertificateServiceServer::new(ca))
-            .add_service(xds.with_authn(authenticators.clone()).into_service());
+            .add_service(secure_xds.into_service());
         let rx = shutdown_rx.clone();
         tasks.spawn(async move {
             router

@@ -407,8 +407,23 @@ mod tests {
             Some(CustomTls {
                 cert: PathBuf::from("/c/cert.pem"),
                 key: PathBuf::from("/c/key.pem"),
-                ca_cert: None,
             })
+        );
+        // Istio's --caCertFile is not built: refused, naming the flag.
+        let t = T::parse_from([
+            "istiod",
+            "--meshConfig",
+            "/nonexistent",
+            "--caCertFile",
+            "/c/ca.pem",
+        ]);
+        let errors = Config::from_args(&t.a, &MapEnv::default()).unwrap_err();
+        assert_eq!(errors.to_string().lines().count(), 1, "{errors}");
+        assert!(
+            errors
+                .to_string()
+                .starts_with("--caCertFile is not supported"),
+            "{errors}"
         );
     }
 

@@ -87,3 +87,14 @@ async fn xds_on_15012_checks_credentials_and_identity() {
         .await
         .unwrap();
 }
+
+/// Istio's `XDS_AUTH=false`: istiod serves xDS on :15012 without
+/// authenticating the caller (the CA still does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xds_auth_false_serves_callers_without_credentials() {
+    let tmp = tempfile::tempdir().unwrap();
+    let istiod = Istiod::start(tmp.path(), &[("XDS_AUTH", "false")]);
+    first_answer(&istiod, None, request("default", "sleep"))
+        .await
+        .unwrap();
+}

@@ -33,9 +33,15 @@ pub enum ServingError {
     /// One of the custom serving certificate and key is given without the other.
     #[error("--tlsCertFile and --tlsKeyFile must be given together")]
     TlsFilesPair,
+    /// `--caCertFile`: Istio hands the root of a custom serving certificate
+    /// to its webhooks' `caBundle` and watches it; neither is built here.
+    #[error(
+        "--caCertFile is not supported: the root of a custom serving certificate is not distributed (webhook caBundle, proxies); sign istiod's certificate from the mesh root instead"
+    )]
+    CaCertFile,
 }
 
-/// Istio's `--tlsCertFile`, `--tlsKeyFile` and `--caCertFile`: a serving
+/// Istio's `--tlsCertFile` and `--tlsKeyFile`: a serving
 /// certificate istiod uses instead of one its CA signs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CustomTls {
@@ -43,8 +49,6 @@ pub struct CustomTls {
     pub cert: PathBuf,
     /// The key (PEM).
     pub key: PathBuf,
-    /// The chain's root, if given.
-    pub ca_cert: Option<PathBuf>,
 }
 
 /// Where and how istiod serves.
@@ -147,12 +151,14 @@ fn istiod_sans(args: &DiscoveryArgs, r: &mut Reader<'_>) -> Vec<String> {
 }
 
 fn custom_tls(args: &DiscoveryArgs, r: &mut Reader<'_>) -> Option<CustomTls> {
+    if !args.ca_cert_file.is_empty() {
+        r.error(ServingError::CaCertFile.to_string());
+    }
     match (args.tls_cert_file.as_str(), args.tls_key_file.as_str()) {
         ("", "") => None,
         (c, k) if !c.is_empty() && !k.is_empty() => Some(CustomTls {
             cert: PathBuf::from(c),
             key: PathBuf::from(k),
-            ca_cert: (!args.ca_cert_file.is_empty()).then(|| PathBuf::from(&args.ca_cert_file)),
         }),
         _ => {
             r.error(ServingError::TlsFilesPair.to_string());
