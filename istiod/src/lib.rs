@@ -22,6 +22,7 @@ pub mod autoregistration;
 pub mod ca;
 pub mod config;
 pub mod debug;
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod grpc;
 pub mod inject;

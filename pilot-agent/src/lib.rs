@@ -9,6 +9,7 @@ pub mod config;
 pub mod dns;
 pub mod envoy;
 pub mod footprint;
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod health_check;
 mod http_client;

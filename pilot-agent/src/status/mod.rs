@@ -46,6 +46,7 @@ use crate::envoy::admin::AdminClient;
 use crate::lifecycle::{Lifecycle, NotReady};
 
 pub use metrics::AgentMetrics;
+#[cfg(feature = "fuzzing")]
 pub(crate) use prober::{is_probe_path, redirect_target};
 pub use server::{DRAIN_PATH, QUIT_PATH, READY_PATH, serve};
 
