@@ -18,22 +18,22 @@
 //! 8. `xds::wire` frames the shared resources; `xds::outbox` sends them.
 
 pub mod app;
-pub mod autoregistration;
+pub(crate) mod autoregistration;
 pub mod ca;
 pub mod config;
-pub mod debug;
+pub(crate) mod debug;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
-pub mod grpc;
+pub(crate) mod grpc;
 pub mod inject;
-pub mod jwks;
+pub(crate) mod jwks;
 pub mod kube;
 pub mod mesh;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod model;
 pub mod push;
 pub mod pushctx;
-pub mod scavenger;
+pub(crate) mod scavenger;
 pub mod source;
 pub mod token;
 pub mod webhooks;
