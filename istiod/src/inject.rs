@@ -13,7 +13,7 @@
 //! result; whether to inject at all is [`policy`]; the injector ConfigMap's `config` key is
 //! [`InjectorConfig`].
 
-pub mod config;
+pub(crate) mod config;
 mod gateway;
 mod grpc;
 mod objects;
@@ -23,7 +23,7 @@ pub mod policy;
 mod probes;
 #[cfg(test)]
 mod proxy_config_tests;
-pub mod quantity;
+pub(crate) mod quantity;
 mod render;
 mod sidecar;
 mod template;

@@ -89,11 +89,6 @@ impl Allocations {
             .collect()
     }
 
-    /// How many hosts got addresses.
-    pub fn len(&self) -> usize {
-        self.by_entry.values().map(Vec::len).sum()
-    }
-
     /// The address list of `host` of the entry `key`, created empty.
     fn list_mut(&mut self, key: &ObjectKey, host: &str) -> &mut Vec<IpAddr> {
         let hosts = self.by_entry.entry(key.clone()).or_default();
@@ -105,11 +100,6 @@ impl Allocations {
             }
         };
         &mut hosts[i].1
-    }
-
-    /// Whether no host got an address.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

@@ -296,11 +296,6 @@ impl<'a> Applicable<'a> {
             .flatten()
             .map(|t| &t.spec)
     }
-
-    /// Whether no Telemetry applies.
-    pub fn is_empty(&self) -> bool {
-        self.levels().next().is_none()
-    }
 }
 
 /// One access log provider in force for a workload and mode.

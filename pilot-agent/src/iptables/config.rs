@@ -15,9 +15,7 @@ use std::time::Duration;
 
 use common::env::Env;
 
-pub use super::args::{
-    CleanArgs, ENV_INBOUND_INTERCEPTION_MODE, ENV_INBOUND_TPROXY_MARK, IptablesArgs,
-};
+pub use super::args::{CleanArgs, IptablesArgs};
 pub use super::error::ConfigError;
 pub use super::host::HostFacts;
 
