@@ -65,6 +65,12 @@ pub struct Allocations {
 }
 
 impl Allocations {
+    /// How many hosts got addresses (tests).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.by_entry.values().map(Vec::len).sum()
+    }
+
     /// The addresses of `host` of the entry `key` (IPv4 first), if any.
     pub fn addresses(&self, key: &ObjectKey, host: &str) -> &[IpAddr] {
         self.by_entry

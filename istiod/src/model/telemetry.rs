@@ -289,6 +289,12 @@ impl<'a> Applicable<'a> {
         }
     }
 
+    /// Whether no Telemetry applies (tests).
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.levels().next().is_none()
+    }
+
     /// The levels that exist, least specific first.
     fn levels(&self) -> impl Iterator<Item = &'a Telemetry> {
         [self.mesh, self.namespace, self.workload]

@@ -176,6 +176,7 @@ mod tests {
     use proto::pb::envoy::config::trace::v3::ZipkinConfig;
     use proto::pb::envoy::extensions::access_loggers::file::v3::FileAccessLog;
 
+    use super::access_log::{CEL_FILTER, DEFAULT_JSON_LABELS};
     use super::*;
     use crate::mesh::Mesh;
 
