@@ -2,6 +2,10 @@
 //! workload certificate. `app` wires the parts; each module is named for the
 //! Istio capability it implements.
 //!
+//! The public surface is for the `istiod` binary, the `tests` crate, the benches and
+//! `tests/`; every other module is `pub(crate)`. `fuzzing` (the fuzz entry points) builds only
+//! with the `fuzzing` feature: for /fuzz, and for this crate's tests through its dev-dependency.
+//!
 //! The walk of a change, one room at a time, each passed once:
 //! 1. `source` (files, the Kubernetes API) parses and validates an object
 //!    (`model::validate`) and writes it to its slice of `model::store`.

@@ -1,5 +1,9 @@
 //! pilot-agent: the agent in every injected Pod. `app` wires the parts; each
 //! module is named for the Istio capability it implements.
+//!
+//! The public surface is for the `pilot-agent` binary, the `tests` crate and `tests/`; every
+//! other module is `pub(crate)`. `fuzzing` (the fuzz entry points) builds only with the
+//! `fuzzing` feature: for /fuzz, and for this crate's tests through its dev-dependency.
 
 pub(crate) mod agent_bootstrap;
 pub mod app;
