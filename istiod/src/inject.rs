@@ -53,7 +53,7 @@ const NETWORK_LABEL: &str = "topology.istio.io/network";
 const STATUS_PORT: i64 = 15020;
 
 /// Istio's annotation names the injector reads.
-pub mod ann {
+pub(crate) mod ann {
     /// Records what was injected; its presence means "already injected".
     pub const STATUS: &str = "sidecar.istio.io/status";
     /// Per-pod ProxyConfig overrides (YAML or JSON).
