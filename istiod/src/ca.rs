@@ -7,8 +7,8 @@ pub mod authn;
 pub mod kube_jwt;
 pub mod material;
 pub mod namespace_controller;
-pub mod server;
-pub mod signer;
+pub(crate) mod server;
+pub(crate) mod signer;
 
 pub use material::{CaBundle, MaterialError};
 pub use signer::{SignError, Signer};

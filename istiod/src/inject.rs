@@ -13,7 +13,7 @@
 //! result; whether to inject at all is [`policy`]; the injector ConfigMap's `config` key is
 //! [`InjectorConfig`].
 
-pub mod config;
+pub(crate) mod config;
 mod gateway;
 mod grpc;
 mod objects;
@@ -23,7 +23,7 @@ pub mod policy;
 mod probes;
 #[cfg(test)]
 mod proxy_config_tests;
-pub mod quantity;
+pub(crate) mod quantity;
 mod render;
 mod sidecar;
 mod template;
@@ -53,7 +53,7 @@ const NETWORK_LABEL: &str = "topology.istio.io/network";
 const STATUS_PORT: i64 = 15020;
 
 /// Istio's annotation names the injector reads.
-pub mod ann {
+pub(crate) mod ann {
     /// Records what was injected; its presence means "already injected".
     pub const STATUS: &str = "sidecar.istio.io/status";
     /// Per-pod ProxyConfig overrides (YAML or JSON).

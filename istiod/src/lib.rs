@@ -2,6 +2,10 @@
 //! workload certificate. `app` wires the parts; each module is named for the
 //! Istio capability it implements.
 //!
+//! The public surface is for the `istiod` binary, the `tests` crate, the benches and
+//! `tests/`; every other module is `pub(crate)`. `fuzzing` (the fuzz entry points) builds only
+//! with the `fuzzing` feature: for /fuzz, and for this crate's tests through its dev-dependency.
+//!
 //! The walk of a change, one room at a time, each passed once:
 //! 1. `source` (files, the Kubernetes API) parses and validates an object
 //!    (`model::validate`) and writes it to its slice of `model::store`.
@@ -18,21 +22,22 @@
 //! 8. `xds::wire` frames the shared resources; `xds::outbox` sends them.
 
 pub mod app;
-pub mod autoregistration;
+pub(crate) mod autoregistration;
 pub mod ca;
 pub mod config;
-pub mod debug;
+pub(crate) mod debug;
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
-pub mod grpc;
+pub(crate) mod grpc;
 pub mod inject;
-pub mod jwks;
+pub(crate) mod jwks;
 pub mod kube;
 pub mod mesh;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod model;
 pub mod push;
 pub mod pushctx;
-pub mod scavenger;
+pub(crate) mod scavenger;
 pub mod source;
 pub mod token;
 pub mod webhooks;

@@ -15,26 +15,26 @@
 /// may only name it.
 pub const ROOT_NAMESPACE: &str = "istio-system";
 
-pub mod delegate;
-pub mod envoy_filter;
-pub mod error;
+pub(crate) mod delegate;
+pub(crate) mod envoy_filter;
+pub(crate) mod error;
 pub mod features;
-pub mod gateway;
-pub mod gateway_api;
-pub mod ingress;
-pub mod ip_allocate;
+pub(crate) mod gateway;
+pub(crate) mod gateway_api;
+pub(crate) mod ingress;
+pub(crate) mod ip_allocate;
 pub mod istio;
-pub mod kube;
+pub(crate) mod kube;
 pub mod meta;
-pub mod parse;
-pub mod proxy_config;
-pub mod route;
-pub mod secret;
-pub mod security;
-pub mod service;
-pub mod store;
-pub mod telemetry;
-pub mod validate;
+pub(crate) mod parse;
+pub(crate) mod proxy_config;
+pub(crate) mod route;
+pub(crate) mod secret;
+pub(crate) mod security;
+pub(crate) mod service;
+pub(crate) mod store;
+pub(crate) mod telemetry;
+pub(crate) mod validate;
 
 pub use error::{ConfigError, FieldError};
 pub use meta::{Kind, KindSpec, Object, ObjectKey, ObjectMeta, Spec};

@@ -7,8 +7,8 @@
 //! every stream. Only one context is built at a time; changes that arrive
 //! meanwhile wait for the next push, as Istio's debounce does.
 
-pub mod builder;
-pub mod updates;
+pub(crate) mod builder;
+pub(crate) mod updates;
 
 use std::sync::Arc;
 use std::time::Duration;

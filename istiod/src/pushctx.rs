@@ -7,16 +7,16 @@
 
 pub mod cache;
 pub mod context;
-pub mod envoyfilter;
-pub mod locality;
-pub mod named;
-pub mod names;
-pub mod proxy;
-pub mod proxy_dependencies;
+pub(crate) mod envoyfilter;
+pub(crate) mod locality;
+pub(crate) mod named;
+pub(crate) mod names;
+pub(crate) mod proxy;
+pub(crate) mod proxy_dependencies;
 pub mod push_context;
-pub mod push_request;
-pub mod resource;
-pub mod scope;
+pub(crate) mod push_request;
+pub(crate) mod resource;
+pub(crate) mod scope;
 
 pub use proxy::Proxy;
 pub use push_context::PushContext;

@@ -5,7 +5,7 @@
 //! writes its own slice of the one store, so neither deletes the other's
 //! objects, and the file's object wins when both define the same one.
 
-pub mod file;
+pub(crate) mod file;
 pub mod kube;
 
 pub use file::{DEBOUNCE, DEBOUNCE_MAX, FileSource, SourceError};

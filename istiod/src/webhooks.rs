@@ -9,7 +9,7 @@
 //! serving certificate.
 
 pub mod inject;
-pub mod patcher;
+pub(crate) mod patcher;
 pub mod review;
 pub mod server;
 pub mod validation;

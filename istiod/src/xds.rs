@@ -2,36 +2,36 @@
 //! ACK/NACK/nonce rules. Generation is behind the [`PushContext`] trait so the
 //! protocol is independent of how configuration is built.
 
-pub mod ads;
-pub mod authn;
-pub mod authz;
-pub mod cds;
+pub(crate) mod ads;
+pub(crate) mod authn;
+pub(crate) mod authz;
+pub(crate) mod cds;
 mod connection;
 mod delta;
-pub mod eds;
-pub mod envoyfilter;
-pub mod gateway;
-pub mod generator;
-pub mod istio_stats;
+pub(crate) mod eds;
+pub(crate) mod envoyfilter;
+pub(crate) mod gateway;
+pub(crate) mod generator;
+pub(crate) mod istio_stats;
 pub mod lds;
-pub mod locality;
-pub mod metadata_encoding;
-pub mod nds;
-pub mod outbox;
-pub mod policy_attachment;
-pub mod rate_limit;
-pub mod rds;
-pub mod requests;
-pub mod sds;
-pub mod security;
+pub(crate) mod locality;
+pub(crate) mod metadata_encoding;
+pub(crate) mod nds;
+pub(crate) mod outbox;
+pub(crate) mod policy_attachment;
+pub(crate) mod rate_limit;
+pub(crate) mod rds;
+pub(crate) mod requests;
+pub(crate) mod sds;
+pub(crate) mod security;
 pub mod server;
 #[cfg(test)]
 mod service_shapes_tests;
 mod sotw;
-pub mod statusgen;
-pub mod telemetry;
-pub mod util;
-pub mod wire;
+pub(crate) mod statusgen;
+pub(crate) mod telemetry;
+pub(crate) mod util;
+pub(crate) mod wire;
 
 /// The type URLs istiod serves (CDS, EDS, LDS, RDS, NDS), defined once in
 /// `common` with the agent's.

@@ -39,7 +39,8 @@ pub enum CaClientError {
 
 impl CaClientError {
     /// The gRPC code, when the CA answered.
-    pub fn code(&self) -> Option<tonic::Code> {
+    #[cfg(test)]
+    pub(crate) fn code(&self) -> Option<tonic::Code> {
         match self {
             CaClientError::Rpc { status, .. } => Some(status.code()),
             _ => None,

@@ -40,17 +40,17 @@ pub const INJECTION_TEMPLATE_ARGS: &[&str] = &[
     "--log_output_level=default:info",
 ];
 
-pub mod apply;
-pub mod args;
-pub mod builder;
-pub mod capture;
-pub mod cleanup;
-pub mod config;
-pub mod dep;
+pub(crate) mod apply;
+pub(crate) mod args;
+pub(crate) mod builder;
+pub(crate) mod capture;
+pub(crate) mod cleanup;
+pub(crate) mod config;
+pub(crate) mod dep;
 mod error;
-pub mod host;
-pub mod tproxy;
-pub mod validation;
+pub(crate) mod host;
+pub(crate) mod tproxy;
+pub(crate) mod validation;
 
 use std::ffi::OsString;
 use std::io::Write;

@@ -284,14 +284,6 @@ impl SecretManager {
         Ok(Self { rx, last_error })
     }
 
-    /// A manager that serves a fixed secret (tests).
-    pub fn fixed(rx: SecretWatch) -> Self {
-        Self {
-            rx,
-            last_error: LastError::default(),
-        }
-    }
-
     /// [`check_certificate`] for the published certificate, now.
     pub fn check_certificate(&self) -> Result<(), CertificateError> {
         let secret = self.rx.borrow().clone();

@@ -37,9 +37,8 @@ use super::store::{Snapshot, Typed};
 pub mod spec;
 
 pub use spec::{
-    CLASS_ANNOTATION, HttpIngressPath, HttpIngressRuleValue, ISTIO_CLASS, Ingress, IngressBackend,
-    IngressClass, IngressClassSpec, IngressRule, IngressServiceBackend, IngressSpec, IngressTls,
-    ServiceBackendPort,
+    CLASS_ANNOTATION, HttpIngressPath, ISTIO_CLASS, Ingress, IngressBackend, IngressClass,
+    IngressRule, IngressServiceBackend,
 };
 
 /// The `controller` of an IngressClass served by Istio.

@@ -65,6 +65,12 @@ pub struct Allocations {
 }
 
 impl Allocations {
+    /// How many hosts got addresses (tests).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.by_entry.values().map(Vec::len).sum()
+    }
+
     /// The addresses of `host` of the entry `key` (IPv4 first), if any.
     pub fn addresses(&self, key: &ObjectKey, host: &str) -> &[IpAddr] {
         self.by_entry
@@ -89,11 +95,6 @@ impl Allocations {
             .collect()
     }
 
-    /// How many hosts got addresses.
-    pub fn len(&self) -> usize {
-        self.by_entry.values().map(Vec::len).sum()
-    }
-
     /// The address list of `host` of the entry `key`, created empty.
     fn list_mut(&mut self, key: &ObjectKey, host: &str) -> &mut Vec<IpAddr> {
         let hosts = self.by_entry.entry(key.clone()).or_default();
@@ -105,11 +106,6 @@ impl Allocations {
             }
         };
         &mut hosts[i].1
-    }
-
-    /// Whether no host got an address.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

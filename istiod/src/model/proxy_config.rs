@@ -19,7 +19,7 @@ use super::store::{Snapshot, Typed};
 
 pub mod spec;
 
-pub use spec::{ProxyConfig, ProxyImage};
+pub use spec::ProxyConfig;
 
 /// The ProxyConfig objects of a snapshot that apply to one workload.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -1040,15 +1040,5 @@ fn service_entry_services(
         .collect()
 }
 
-/// The kinds whose objects feed [`ServiceRegistry::build`].
-pub const REGISTRY_KINDS: [Kind; 6] = [
-    Kind::Service,
-    Kind::EndpointSlice,
-    Kind::Pod,
-    Kind::Node,
-    Kind::ServiceEntry,
-    Kind::WorkloadEntry,
-];
-
 #[cfg(test)]
 mod tests;

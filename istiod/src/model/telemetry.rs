@@ -289,17 +289,18 @@ impl<'a> Applicable<'a> {
         }
     }
 
+    /// Whether no Telemetry applies (tests).
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.levels().next().is_none()
+    }
+
     /// The levels that exist, least specific first.
     fn levels(&self) -> impl Iterator<Item = &'a Telemetry> {
         [self.mesh, self.namespace, self.workload]
             .into_iter()
             .flatten()
             .map(|t| &t.spec)
-    }
-
-    /// Whether no Telemetry applies.
-    pub fn is_empty(&self) -> bool {
-        self.levels().next().is_none()
     }
 }
 

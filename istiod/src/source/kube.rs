@@ -15,10 +15,10 @@
 //! The source has synced (Istio's `HasSynced`) once every kind has completed
 //! its first list; istiod serves nothing before that.
 
-pub mod informer;
-pub mod ip_allocate;
-pub mod kubemesh;
-pub mod status;
+pub(crate) mod informer;
+pub(crate) mod ip_allocate;
+pub(crate) mod kubemesh;
+pub(crate) mod status;
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;

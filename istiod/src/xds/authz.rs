@@ -41,8 +41,6 @@ pub mod model;
 #[cfg(test)]
 mod tests;
 
-pub use ext_authz::ProviderError;
-
 /// The HTTP RBAC filter's name (also its dynamic metadata namespace).
 pub const RBAC_HTTP: &str = "envoy.filters.http.rbac";
 /// The network RBAC filter's name.

@@ -96,13 +96,9 @@ impl Outbox {
         Ok(())
     }
 
-    /// Whether the peer is gone.
-    pub fn is_closed(&self) -> bool {
-        self.tx.is_closed()
-    }
-
-    /// Bytes queued and not yet taken (tests, debug).
-    pub fn queued(&self) -> usize {
+    /// Bytes queued and not yet taken (tests).
+    #[cfg(test)]
+    fn queued(&self) -> usize {
         self.capacity as usize - self.budget.available_permits()
     }
 }

@@ -8,8 +8,6 @@
 mod access_log;
 mod tracing;
 
-pub use access_log::{CEL_FILTER, DEFAULT_JSON_LABELS, DEFAULT_TEXT_FORMAT, FILE_ACCESS_LOG};
-
 use prost::Message;
 use proto::pb::envoy::config::accesslog::v3::AccessLog;
 use proto::pb::envoy::config::listener::v3::{Filter, Listener, filter};
@@ -178,6 +176,7 @@ mod tests {
     use proto::pb::envoy::config::trace::v3::ZipkinConfig;
     use proto::pb::envoy::extensions::access_loggers::file::v3::FileAccessLog;
 
+    use super::access_log::{CEL_FILTER, DEFAULT_JSON_LABELS};
     use super::*;
     use crate::mesh::Mesh;
 

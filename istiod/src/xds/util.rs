@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use prost::Message;
 use proto::pb::envoy::config::core::v3::{
-    Address, AggregatedConfigSource, ApiVersion, ConfigSource, DataSource, GrpcService,
-    SocketAddress, TransportSocket, address, api_config_source, config_source, data_source,
-    grpc_service, socket_address, transport_socket,
+    Address, AggregatedConfigSource, ApiVersion, ConfigSource, GrpcService, SocketAddress,
+    TransportSocket, address, api_config_source, config_source, grpc_service, socket_address,
+    transport_socket,
 };
 use proto::pb::envoy::extensions::transport_sockets::tls::v3::SdsSecretConfig;
 use proto::pb::google::protobuf::{self as pb, Any, Struct, Value, value::Kind};
@@ -189,13 +189,5 @@ pub fn struct_of(fields: &[(&str, &str)]) -> Struct {
             .iter()
             .map(|(k, v)| (k.to_string(), string_value(v)))
             .collect(),
-    }
-}
-
-/// An inline string data source.
-pub fn inline(s: &str) -> DataSource {
-    DataSource {
-        specifier: Some(data_source::Specifier::InlineString(s.to_string())),
-        ..Default::default()
     }
 }

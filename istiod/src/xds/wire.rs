@@ -16,6 +16,7 @@ use crate::pushctx::Resource;
 pub const CHUNK: usize = 64 * 1024;
 
 /// gRPC's frame header: a compression flag and the message length.
+#[cfg(test)]
 const GRPC_HEADER: usize = 5;
 
 fn len_field(tag: u32, len: usize) -> usize {
@@ -150,16 +151,6 @@ impl Encoded {
         self.len
     }
 
-    /// Whether the message is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The resources it carries.
-    pub fn resources(&self) -> &[Arc<Resource>] {
-        &self.resources
-    }
-
     /// The gRPC frame, chunk by chunk.
     pub fn chunks(self) -> Chunks {
         Chunks {
@@ -220,7 +211,8 @@ impl Iterator for Chunks {
 }
 
 /// The whole frame as one buffer (tests).
-pub fn frame(msg: Encoded) -> Vec<u8> {
+#[cfg(test)]
+fn frame(msg: Encoded) -> Vec<u8> {
     let mut out = Vec::with_capacity(GRPC_HEADER + msg.len());
     for c in msg.chunks() {
         out.extend_from_slice(&c);

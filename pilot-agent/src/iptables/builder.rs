@@ -77,16 +77,6 @@ impl RuleBuilder {
         }
     }
 
-    /// The IPv4 rules, in order.
-    pub fn rules_v4(&self) -> &[Rule] {
-        &self.v4
-    }
-
-    /// The IPv6 rules, in order.
-    pub fn rules_v6(&self) -> &[Rule] {
-        &self.v6
-    }
-
     fn push(
         list: &mut Vec<Rule>,
         chain: &str,

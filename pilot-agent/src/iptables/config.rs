@@ -15,9 +15,7 @@ use std::time::Duration;
 
 use common::env::Env;
 
-pub use super::args::{
-    CleanArgs, ENV_INBOUND_INTERCEPTION_MODE, ENV_INBOUND_TPROXY_MARK, IptablesArgs,
-};
+pub use super::args::{CleanArgs, IptablesArgs};
 pub use super::error::ConfigError;
 pub use super::host::HostFacts;
 
@@ -245,7 +243,7 @@ impl IpRanges {
         }
         let mut out = Self::default();
         for item in split(list) {
-            let cidr = Cidr::parse(item).ok_or_else(|| ItemError::NotCidr(item.to_string()))?;
+            let cidr = Cidr::parse(item).ok_or_else(|| ItemError::Cidr(item.to_string()))?;
             let range = if cidr.addr.is_ipv4() {
                 &mut out.v4
             } else {
@@ -427,16 +425,16 @@ impl Reader<'_> {
 pub enum ItemError {
     /// Not `address/prefix`.
     #[error("{0:?} is not an IP range in CIDR form (e.g. 10.0.0.0/8)")]
-    NotCidr(String),
+    Cidr(String),
     /// Not a port or `a:b` range.
     #[error("{0:?} is not a port (0-65535) or a port range (a:b)")]
-    NotPort(String),
+    Port(String),
     /// Not a uid/gid or a user/group name.
     #[error("{0:?} is not a numeric id or a user/group name")]
-    NotOwner(String),
+    Owner(String),
     /// Not a network interface name.
     #[error("{0:?} is not a network interface name")]
-    NotInterface(String),
+    Interface(String),
 }
 
 /// Why `ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR` is refused (Istio's words).
@@ -474,7 +472,7 @@ fn check_port(item: &str) -> Result<(), ItemError> {
     if valid {
         Ok(())
     } else {
-        Err(ItemError::NotPort(item.to_string()))
+        Err(ItemError::Port(item.to_string()))
     }
 }
 
@@ -485,7 +483,7 @@ fn check_owner(item: &str) -> Result<(), ItemError> {
     if valid && !item.is_empty() {
         Ok(())
     } else {
-        Err(ItemError::NotOwner(item.to_string()))
+        Err(ItemError::Owner(item.to_string()))
     }
 }
 
@@ -497,7 +495,7 @@ fn check_interface(item: &str) -> Result<(), ItemError> {
     if valid {
         Ok(())
     } else {
-        Err(ItemError::NotInterface(item.to_string()))
+        Err(ItemError::Interface(item.to_string()))
     }
 }
 
@@ -881,18 +879,15 @@ mod tests {
 
     #[test]
     fn list_items_and_the_loopback_cidr_fail_by_kind() {
-        assert_eq!(
-            check_port("8080:x"),
-            Err(ItemError::NotPort("8080:x".into()))
-        );
-        assert_eq!(check_owner(""), Err(ItemError::NotOwner(String::new())));
+        assert_eq!(check_port("8080:x"), Err(ItemError::Port("8080:x".into())));
+        assert_eq!(check_owner(""), Err(ItemError::Owner(String::new())));
         assert_eq!(
             check_interface("a/b"),
-            Err(ItemError::NotInterface("a/b".into()))
+            Err(ItemError::Interface("a/b".into()))
         );
         assert_eq!(
             IpRanges::parse("10.0.0.0/8,x"),
-            Err(ItemError::NotCidr("x".into()))
+            Err(ItemError::Cidr("x".into()))
         );
         let err = check_ipv4_loopback_cidr("10.0.0.1/8").unwrap_err();
         assert!(

@@ -46,8 +46,9 @@ use crate::envoy::admin::AdminClient;
 use crate::lifecycle::{Lifecycle, NotReady};
 
 pub use metrics::AgentMetrics;
+#[cfg(feature = "fuzzing")]
 pub(crate) use prober::{is_probe_path, redirect_target};
-pub use server::{DRAIN_PATH, QUIT_PATH, READY_PATH, serve};
+pub use server::serve;
 
 /// Istio's `statusPort` default.
 pub const DEFAULT_STATUS_PORT: u16 = 15020;
@@ -150,6 +151,8 @@ pub struct StatusState {
     envoy: ready::EnvoyProbe,
     lifecycle: Arc<Lifecycle>,
     registry: Registry,
+    /// Read by the tests; the merger and Envoy's probe hold their own handles.
+    #[cfg(test)]
     metrics: AgentMetrics,
     /// For logging "Envoy proxy is ready" on the transition only.
     last_probe_successful: AtomicBool,
@@ -183,14 +186,10 @@ impl StatusState {
             envoy,
             lifecycle,
             registry,
+            #[cfg(test)]
             metrics,
             last_probe_successful: AtomicBool::new(false),
         })
-    }
-
-    /// The options the server was built from.
-    pub fn options(&self) -> &StatusOptions {
-        &self.options
     }
 
     /// The agent's registry, written first on `/stats/prometheus`; other
@@ -200,12 +199,14 @@ impl StatusState {
     }
 
     /// The metrics the status server maintains.
-    pub fn metrics(&self) -> &AgentMetrics {
+    #[cfg(test)]
+    pub(crate) fn metrics(&self) -> &AgentMetrics {
         &self.metrics
     }
 
     /// The lifecycle the server routes readiness, drain and quit to.
-    pub fn lifecycle(&self) -> &Arc<Lifecycle> {
+    #[cfg(test)]
+    pub(crate) fn lifecycle(&self) -> &Arc<Lifecycle> {
         &self.lifecycle
     }
 

@@ -337,7 +337,9 @@ const SERVING: i32 = 1;
 
 /// Follows one redirect `Location` (the application writes it) from an
 /// HTTP probe of `http://127.0.0.1:8080/app/ready?verbose`, as the prober
-/// does: the next host, port and path, or why it cannot be followed.
+/// does: the next host, port and path, or why it cannot be followed. Only
+/// the fuzz entry points call it.
+#[cfg(feature = "fuzzing")]
 pub(crate) fn redirect_target(location: &str) -> Result<(String, u16, String), LocationError> {
     let probe = ProbeUrl {
         https: false,
