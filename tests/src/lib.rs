@@ -77,13 +77,27 @@ pub fn envoy_bin() -> PathBuf {
     );
 }
 
-/// A port free right now on 127.0.0.1.
+/// A port free right now on 127.0.0.1, and not handed out before by this
+/// process: the kernel may give the same ephemeral port to two binds in a
+/// row once the first listener is closed, and a test that asks for several
+/// ports (istiod's gRPC and monitoring addresses) must get different ones.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for _ in 0..100 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
+    panic!("no free port on 127.0.0.1 that this process has not used in 100 tries");
 }
 
 /// Waits until `f` returns `Some`, polling every 50 ms, for at most `limit`.
