@@ -28,6 +28,7 @@ pub(crate) mod kube;
 pub mod meta;
 pub(crate) mod parse;
 pub(crate) mod proxy_config;
+pub mod revision;
 pub(crate) mod route;
 pub(crate) mod secret;
 pub(crate) mod security;

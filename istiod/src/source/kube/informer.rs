@@ -10,12 +10,15 @@
 //! - an object the validator rejects keeps its last good version serving;
 //! - with mesh config `discoverySelectors`, only objects in selected
 //!   namespaces (and the selected Namespaces) reach the store; a Namespace's
-//!   labels or the selectors changing adds or deletes whole namespaces.
+//!   labels or the selectors changing adds or deletes whole namespaces;
+//! - only config of this istiod's revision (or of a tag pointing at it)
+//!   reaches the store ([`InRevision`]); a tag moving adds or deletes it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::mesh::Mesh;
+use crate::model::revision::InRevision;
 use crate::model::{FieldError, Kind, Object, ObjectKey, Update};
 
 /// One object as a watch delivered it, decoded and validated.
@@ -44,6 +47,8 @@ pub struct Informers {
     /// What the store's slice holds.
     published: BTreeMap<ObjectKey, Arc<Object>>,
     mesh: Arc<Mesh>,
+    /// This istiod's revision and tags.
+    revision: InRevision,
     synced: BTreeSet<Kind>,
 }
 
@@ -56,8 +61,25 @@ impl Informers {
             listing: BTreeMap::new(),
             published: BTreeMap::new(),
             mesh,
+            revision: InRevision::default(),
             synced: BTreeSet::new(),
         }
+    }
+
+    /// The same caches, keeping only config of `revision`.
+    pub fn with_revision(mut self, revision: InRevision) -> Self {
+        self.revision = revision;
+        self
+    }
+
+    /// The tags pointing at this revision changed: config labelled with a
+    /// tag that arrived or left is added or deleted.
+    pub fn set_revision(&mut self, revision: InRevision) -> Vec<Update> {
+        if revision == self.revision {
+            return Vec::new();
+        }
+        self.revision = revision;
+        self.reconcile(None)
     }
 
     /// Whether `kind` has completed its first list.
@@ -198,6 +220,9 @@ impl Informers {
     }
 
     fn is_visible(&self, object: &Object) -> bool {
+        if !self.revision.admits(object) {
+            return false;
+        }
         match object.kind() {
             Kind::Namespace => self.namespace_selected(&object.metadata.name),
             kind if kind.is_namespaced() => self.namespace_selected(&object.metadata.namespace),
@@ -474,6 +499,43 @@ mod tests {
         assert_eq!(
             relist(&mut inf, &store, Kind::Node, vec![node]),
             vec!["add Node/n1 (endpoints only)"]
+        );
+    }
+
+    fn vs(name: &str, rev: &str) -> Item {
+        Item::Object(obj(&format!(
+            "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: {name}, namespace: demo, labels: {{istio.io/rev: {rev}}}}}\nspec: {{hosts: [a], http: [{{route: [{{destination: {{host: a}}}}]}}]}}\n"
+        )))
+    }
+
+    #[test]
+    fn config_of_another_revision_stays_out_until_a_tag_brings_it() {
+        let store = ConfigStore::new();
+        let canary = InRevision::new("canary");
+        let mut inf = Informers::new(Arc::default()).with_revision(canary.clone());
+        let events = relist(
+            &mut inf,
+            &store,
+            Kind::VirtualService,
+            vec![vs("mine", "canary"), vs("tagged", "prod"), vs("old", "default")],
+        );
+        assert_eq!(events, vec!["add VirtualService/demo/mine"]);
+        // The tag `prod` now points at canary.
+        let tagged = canary.with_tags(["prod".to_string()].into());
+        assert_eq!(
+            apply(&store, inf.set_revision(tagged.clone())),
+            vec!["add VirtualService/demo/tagged"]
+        );
+        assert!(inf.set_revision(tagged).is_empty());
+        // Relabelled to another revision: it leaves.
+        assert_eq!(
+            apply(&store, inf.apply(vs("mine", "default"))),
+            vec!["delete VirtualService/demo/mine"]
+        );
+        // The tag moves away.
+        assert_eq!(
+            apply(&store, inf.set_revision(canary)),
+            vec!["delete VirtualService/demo/tagged"]
         );
     }
 }
