@@ -111,6 +111,7 @@ impl Config {
             mesh: self.mesh.mesh(),
             domain: self.mesh.domain.clone(),
             mesh_file_found: self.mesh.file_found,
+            revision: self.registry.revision.clone(),
         }
     }
 }

@@ -19,6 +19,7 @@ use tokio::sync::{broadcast, watch};
 use self::kube::{KubeSource, kubemesh};
 use crate::kube::Synced;
 use crate::mesh::Mesh;
+use crate::model::revision::InRevision;
 use crate::model::store::{ConfigBatch, ConfigStore};
 
 /// What the sources read from istiod's configuration.
@@ -38,6 +39,9 @@ pub struct Settings {
     /// Whether the `--meshConfig` file exists; when it does not, istiod on
     /// Kubernetes watches the `istio` ConfigMap instead, as Istio does.
     pub mesh_file_found: bool,
+    /// `REVISION` as set (Istio's `PilotArgs.Revision`; empty when unset):
+    /// config labelled `istio.io/rev` for another revision is not read.
+    pub revision: String,
 }
 
 /// What the sources publish: the store they write and what the rest of
@@ -71,6 +75,10 @@ pub async fn start(
     let store = ConfigStore::new();
     let (synced_tx, synced) = watch::channel(false);
     let (mesh_tx, mesh) = watch::channel(Arc::new(config.mesh));
+    let in_revision = InRevision::new(config.revision.clone());
+    let tags = kube
+        .as_ref()
+        .map(|c| self::kube::tag_watcher::start(c.clone(), &config.revision, shutdown.clone()));
 
     // The file slice is created first: a file's object wins over the API's.
     let source = config
@@ -78,6 +86,14 @@ pub async fn start(
         .as_ref()
         .map(|dir| FileSource::with_metrics(dir.clone(), store.slice("file"), rejected.clone()));
     if let Some(fs) = &source {
+        fs.set_revision(in_revision.clone());
+        if let Some(tags) = tags.clone() {
+            tokio::spawn(refilter_on_tag_change(
+                fs.clone(),
+                in_revision.clone(),
+                tags,
+            ));
+        }
         let fs = fs.clone();
         // The first full read, before anything is served.
         tokio::task::spawn_blocking(move || fs.reload()).await??;
@@ -106,10 +122,12 @@ pub async fn start(
             if config.mesh_file_found {
                 mesh_synced.mark();
             } else {
-                tracing::info!(target: "mesh", "no mesh config file: using ConfigMap {}/{}", config.namespace, crate::mesh::MESH_CONFIGMAP);
+                let name = kubemesh::configmap_name(&config.revision);
+                tracing::info!(target: "mesh", "no mesh config file: using ConfigMap {}/{name}", config.namespace);
                 mesh_synced = kubemesh::watch_configmap(
                     client.clone(),
                     &config.namespace,
+                    &name,
                     &config.trust_domain,
                     mesh_tx,
                     shutdown.clone(),
@@ -134,6 +152,11 @@ pub async fn start(
                 client,
                 store.slice(self::kube::SLICE),
                 mesh.clone(),
+                (
+                    in_revision.clone(),
+                    tags.clone()
+                        .unwrap_or_else(|| watch::channel(Default::default()).1),
+                ),
                 shutdown.clone(),
             );
             let (waiting, mesh_waiting) = (ks.clone(), mesh_synced.clone());
@@ -190,4 +213,22 @@ pub async fn start(
         mesh,
         mesh_synced,
     })
+}
+
+/// Reloads the file source with the tags pointing at this revision each
+/// time they change, so file config labelled with a tag follows the tag.
+async fn refilter_on_tag_change(
+    fs: FileSource,
+    revision: InRevision,
+    mut tags: watch::Receiver<std::collections::BTreeSet<String>>,
+) {
+    while tags.changed().await.is_ok() {
+        fs.set_revision(revision.with_tags(tags.borrow_and_update().clone()));
+        let fs = fs.clone();
+        match tokio::task::spawn_blocking(move || fs.reload()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(target: "config", "reloading after a tag change: {e}"),
+            Err(e) => tracing::warn!(target: "config", "reloading after a tag change: {e}"),
+        }
+    }
 }

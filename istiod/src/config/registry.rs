@@ -28,6 +28,9 @@ pub struct RegistryConfig {
     pub config_dir: Option<PathBuf>,
     /// How to reach the Kubernetes API, if istiod uses it.
     pub kube: Option<KubeConnection>,
+    /// `REVISION` as the config sources read it (Istio's `PilotArgs.Revision`,
+    /// empty when unset: then every object is this istiod's).
+    pub revision: String,
 }
 
 /// Reads the registry flags.
@@ -50,5 +53,6 @@ pub(super) fn parse(args: &DiscoveryArgs, r: &mut Reader<'_>) -> RegistryConfig 
     RegistryConfig {
         config_dir: (!args.config_dir.is_empty()).then(|| PathBuf::from(&args.config_dir)),
         kube,
+        revision: r.string(crate::webhooks::ENV_REVISION, ""),
     }
 }

@@ -128,7 +128,9 @@ mod tests {
             .map(|r| format!("\n  labels:\n    {REVISION_LABEL}: {r}"))
             .unwrap_or_default();
         let spec = match kind {
-            "VirtualService" => "spec:\n  hosts: [a]\n  http:\n  - route:\n    - destination:\n        host: a\n",
+            "VirtualService" => {
+                "spec:\n  hosts: [a]\n  http:\n  - route:\n    - destination:\n        host: a\n"
+            }
             "Service" => "spec:\n  ports:\n  - port: 80\n",
             _ => "spec: {}\n",
         };

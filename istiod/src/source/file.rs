@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use super::Synced;
 use prometheus::IntCounterVec;
 
+use crate::model::revision::InRevision;
 use crate::model::{
     ConfigBatch, ConfigError, ConfigStore, IgnoredKind, Object, ObjectKey, parse_file,
 };
@@ -92,6 +93,8 @@ struct Inner {
     synced: Synced,
     /// `pilot_total_rejected_configs{type,name}`, when istiod exports it.
     rejected: Option<IntCounterVec>,
+    /// This istiod's revision: config of another is not stored.
+    revision: Mutex<InRevision>,
 }
 
 /// The file source. Cheap to clone; clones share state.
@@ -112,6 +115,7 @@ impl FileSource {
                 reload: Mutex::new(()),
                 synced: Synced::new(),
                 rejected: None,
+                revision: Mutex::new(InRevision::default()),
             }),
         }
     }
@@ -128,6 +132,16 @@ impl FileSource {
             inner.rejected = Some(rejected);
         }
         source
+    }
+
+    /// Keeps only config of `revision` (and its tags) from the next
+    /// [`reload`](Self::reload) on.
+    pub fn set_revision(&self, revision: InRevision) {
+        *self
+            .inner
+            .revision
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = revision;
     }
 
     /// The documents whose kind this istiod does not implement although it
@@ -238,8 +252,14 @@ impl FileSource {
 
         // The first file (in path order) that defines an object wins.
         let mut objects: BTreeMap<ObjectKey, (Arc<Object>, &Path)> = BTreeMap::new();
+        let revision = self
+            .inner
+            .revision
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         for (path, file) in &files {
-            for object in &file.objects {
+            for object in file.objects.iter().filter(|o| revision.admits(o)) {
                 let key = object.key();
                 if let Some((_, first)) = objects.get(&key) {
                     let e = ConfigError::Duplicate {
@@ -707,6 +727,40 @@ mod tests {
             ]
         );
         assert!(keys(&source).is_empty());
+    }
+
+    #[test]
+    fn config_of_another_revision_is_not_loaded_and_is_no_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let labelled = |name: &str, rev: &str| {
+            vs(name, name).replace(
+                "namespace: demo}",
+                &format!("namespace: demo, labels: {{istio.io/rev: {rev}}}}}"),
+            )
+        };
+        write(
+            dir,
+            "a.yaml",
+            &format!(
+                "{}---\n{}---\n{}",
+                labelled("mine", "canary"),
+                labelled("theirs", "default"),
+                vs("global", "global")
+            ),
+        );
+        let source = FileSource::new(dir, ConfigStore::new());
+        source.set_revision(InRevision::new("canary"));
+        source.reload().unwrap();
+        assert_eq!(
+            keys(&source),
+            vec!["VirtualService/demo/global", "VirtualService/demo/mine"]
+        );
+        assert!(source.errors().is_empty(), "{:?}", source.errors());
+        // The default revision's tag `stable` now points here.
+        source.set_revision(InRevision::new("canary").with_tags(["default".to_string()].into()));
+        source.reload().unwrap();
+        assert_eq!(keys(&source).len(), 3);
     }
 
     #[test]

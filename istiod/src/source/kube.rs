@@ -19,7 +19,9 @@ pub(crate) mod informer;
 pub(crate) mod ip_allocate;
 pub(crate) mod kubemesh;
 pub(crate) mod status;
+pub(crate) mod tag_watcher;
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -31,6 +33,7 @@ use informer::{Informers, Item};
 
 use crate::kube::{Synced, run_watcher};
 use crate::mesh::Mesh;
+use crate::model::revision::InRevision;
 use crate::model::{ConfigStore, Decoded, Kind, ObjectKey, decode, parse::DecodeError};
 
 /// The store slice the Kubernetes source writes to.
@@ -108,11 +111,13 @@ pub struct KubeSource {
 impl KubeSource {
     /// Starts watching every kind with `client`, writing to `store` (the
     /// source's slice), filtering namespaces with the current mesh config's
-    /// `discoverySelectors`, until `shutdown` becomes true.
+    /// `discoverySelectors`, until `shutdown` becomes true. Only config of
+    /// `revision`, or of the `tags` pointing at it, reaches the store.
     pub fn start(
         client: kube::Client,
         store: ConfigStore,
         mesh: watch::Receiver<Arc<Mesh>>,
+        revision: (InRevision, watch::Receiver<BTreeSet<String>>),
         shutdown: watch::Receiver<bool>,
     ) -> Self {
         let source = Self {
@@ -128,7 +133,13 @@ impl KubeSource {
                 shutdown.clone(),
             ));
         }
-        tokio::spawn(run_informers(rx, store, mesh, source.clone(), shutdown));
+        tokio::spawn(run_informers(
+            rx,
+            store,
+            (mesh, revision),
+            source.clone(),
+            shutdown,
+        ));
         source
     }
 
@@ -175,12 +186,16 @@ fn handle(informers: &mut Informers, event: Event) -> Vec<crate::model::Update> 
 async fn run_informers(
     mut rx: mpsc::Receiver<Event>,
     store: ConfigStore,
-    mut mesh: watch::Receiver<Arc<Mesh>>,
+    (mut mesh, (revision, mut tags)): (
+        watch::Receiver<Arc<Mesh>>,
+        (InRevision, watch::Receiver<BTreeSet<String>>),
+    ),
     source: KubeSource,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut informers = Informers::new(mesh.borrow_and_update().clone());
-    let mut mesh_open = true;
+    let mut informers = Informers::new(mesh.borrow_and_update().clone())
+        .with_revision(revision.with_tags(tags.borrow_and_update().clone()));
+    let (mut mesh_open, mut tags_open) = (true, true);
     loop {
         let mut updates = tokio::select! {
             event = rx.recv() => match event {
@@ -190,6 +205,10 @@ async fn run_informers(
             changed = mesh.changed(), if mesh_open => match changed {
                 Ok(()) => informers.set_mesh(mesh.borrow_and_update().clone()),
                 Err(_) => { mesh_open = false; continue }
+            },
+            changed = tags.changed(), if tags_open => match changed {
+                Ok(()) => informers.set_revision(revision.with_tags(tags.borrow_and_update().clone())),
+                Err(_) => { tags_open = false; continue }
             },
             _ = shutdown.wait_for(|s| *s) => return,
         };

@@ -517,7 +517,11 @@ mod tests {
             &mut inf,
             &store,
             Kind::VirtualService,
-            vec![vs("mine", "canary"), vs("tagged", "prod"), vs("old", "default")],
+            vec![
+                vs("mine", "canary"),
+                vs("tagged", "prod"),
+                vs("old", "default"),
+            ],
         );
         assert_eq!(events, vec!["add VirtualService/demo/mine"]);
         // The tag `prod` now points at canary.

@@ -39,23 +39,35 @@ pub fn read(configmap: Option<&ConfigMap>) -> Reading {
     }
 }
 
-/// Watches the ConfigMap in `namespace` and publishes each good mesh config
+/// The mesh config ConfigMap of `revision` (Istio's
+/// `getMeshConfigMapName`): `istio`, or `istio-<revision>` for a revision
+/// other than `default`.
+pub fn configmap_name(revision: &str) -> String {
+    match revision {
+        "" | "default" => MESH_CONFIGMAP.to_string(),
+        rev => format!("{MESH_CONFIGMAP}-{rev}"),
+    }
+}
+
+/// Watches the ConfigMap `name` in `namespace` and publishes each good mesh config
 /// on `mesh`. `trust_domain` is the one istiod runs with: a different one in
 /// the ConfigMap needs a restart and is reported. The returned [`Synced`]
 /// marks the first complete read.
 pub fn watch_configmap(
     client: kube::Client,
     namespace: &str,
+    name: &str,
     trust_domain: &str,
     mesh: watch::Sender<Arc<Mesh>>,
     shutdown: watch::Receiver<bool>,
 ) -> Synced {
     let synced = Synced::new();
     let api: Api<ConfigMap> = Api::namespaced(client, namespace);
-    let config = watcher::Config::default().fields(&format!("metadata.name={MESH_CONFIGMAP}"));
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     // Each message is one reading: the ConfigMap, or `None` when there is none.
     let (tx, mut rx) = mpsc::channel::<Option<ConfigMap>>(16);
-    let what = format!("ConfigMap {namespace}/{MESH_CONFIGMAP}");
+    let what = format!("ConfigMap {namespace}/{name}");
+    let name = name.to_string();
     tokio::spawn({
         let what = what.clone();
         async move {
@@ -72,17 +84,17 @@ pub fn watch_configmap(
                         None
                     }
                     watcher::Event::InitApply(cm) => {
-                        if cm.metadata.name.as_deref() == Some(MESH_CONFIGMAP) {
+                        if cm.metadata.name.as_deref() == Some(name.as_str()) {
                             listed = Some(cm);
                         }
                         None
                     }
                     watcher::Event::InitDone => Some(listed.take()),
                     watcher::Event::Apply(cm) => {
-                        (cm.metadata.name.as_deref() == Some(MESH_CONFIGMAP)).then_some(Some(cm))
+                        (cm.metadata.name.as_deref() == Some(name.as_str())).then_some(Some(cm))
                     }
                     watcher::Event::Delete(cm) => {
-                        (cm.metadata.name.as_deref() == Some(MESH_CONFIGMAP)).then_some(None)
+                        (cm.metadata.name.as_deref() == Some(name.as_str())).then_some(None)
                     }
                 },
                 shutdown,
