@@ -31,6 +31,8 @@ command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 { command -v iptables-legacy >/dev/null 2>&1 && command -v iptables-nft >/dev/null 2>&1; } || missing+=(iptables)
 command -v setpriv >/dev/null 2>&1 || missing+=(util-linux)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
+# `kubectl kustomize` renders the revision overlays (istiod/tests/manifests_revisions.rs).
+command -v kubectl >/dev/null 2>&1 || missing+=(kubectl)
 if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi

@@ -122,7 +122,10 @@ pub async fn start(
             if config.mesh_file_found {
                 mesh_synced.mark();
             } else {
-                let name = kubemesh::configmap_name(&config.revision);
+                let name = crate::model::revision::revisioned_name(
+                    crate::mesh::MESH_CONFIGMAP,
+                    &config.revision,
+                );
                 tracing::info!(target: "mesh", "no mesh config file: using ConfigMap {}/{name}", config.namespace);
                 mesh_synced = kubemesh::watch_configmap(
                     client.clone(),

@@ -33,6 +33,17 @@ pub const TAG_LABEL: &str = "istio.io/tag";
 /// `istioctl tag` names it: `istio-revision-tag-<tag>`.
 pub const TAG_WEBHOOK_PREFIX: &str = "istio-revision-tag-";
 
+/// The name Istio's chart and istiod give an object of `revision`:
+/// `base` for the default revision (or none), `base-<revision>` otherwise
+/// (the mesh ConfigMap `istio-canary`, as Istio's `getMeshConfigMapName`;
+/// the Service and Deployment `istiod-canary`).
+pub fn revisioned_name(base: &str, revision: &str) -> String {
+    match revision {
+        "" | "default" => base.to_string(),
+        rev => format!("{base}-{rev}"),
+    }
+}
+
 /// Whether objects of `kind` are filtered by revision: the kinds Istio reads
 /// through its `crdclient` (Istio's CRDs, the Gateway API's but `Gateway`,
 /// and `Ingress`). Kubernetes' own registry kinds (Service, EndpointSlice,
@@ -178,6 +189,13 @@ mod tests {
     fn an_istiod_without_a_revision_takes_everything() {
         assert!(InRevision::new("").admits(&vs(Some("canary"))));
         assert!(InRevision::new("").admits(&vs(None)));
+    }
+
+    #[test]
+    fn the_default_revision_keeps_the_plain_names() {
+        assert_eq!(revisioned_name("istio", ""), "istio");
+        assert_eq!(revisioned_name("istio", "default"), "istio");
+        assert_eq!(revisioned_name("istio", "canary"), "istio-canary");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use kube::runtime::watcher;
 use tokio::sync::{mpsc, watch};
 
 use crate::kube::{Synced, run_watcher};
-use crate::mesh::{MESH_CONFIGMAP, MESH_CONFIGMAP_KEY, Mesh};
+use crate::mesh::{MESH_CONFIGMAP_KEY, Mesh};
 
 /// What one version of the ConfigMap means.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,16 +36,6 @@ pub fn read(configmap: Option<&ConfigMap>) -> Reading {
             Ok(mesh) => Reading::Mesh(Box::new(mesh)),
             Err(errors) => Reading::Invalid(errors.0),
         },
-    }
-}
-
-/// The mesh config ConfigMap of `revision` (Istio's
-/// `getMeshConfigMapName`): `istio`, or `istio-<revision>` for a revision
-/// other than `default`.
-pub fn configmap_name(revision: &str) -> String {
-    match revision {
-        "" | "default" => MESH_CONFIGMAP.to_string(),
-        rev => format!("{MESH_CONFIGMAP}-{rev}"),
     }
 }
 
