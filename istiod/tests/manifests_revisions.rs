@@ -425,3 +425,36 @@ fn the_canary_istiod_reads_the_overlays_configmaps() {
     .unwrap();
     assert_eq!(parsed.string("revision"), "canary");
 }
+
+#[test]
+fn a_revision_serves_under_its_own_service_name_and_filters_by_its_revision() {
+    use clap::{Args, FromArgMatches};
+    let matches = istiod::config::DiscoveryArgs::augment_args(clap::Command::new("discovery"))
+        .try_get_matches_from(["discovery", "--meshConfig", "/nonexistent"])
+        .unwrap();
+    let args = istiod::config::DiscoveryArgs::from_arg_matches(&matches).unwrap();
+    let read = |pairs: &[(&str, &str)]| {
+        istiod::config::Config::from_args(&args, &common::env::MapEnv(labels(pairs))).unwrap()
+    };
+    let canary = read(&[("REVISION", "canary")]);
+    assert!(
+        canary
+            .server
+            .istiod_sans
+            .contains(&"istiod-canary.istio-system.svc".to_string()),
+        "{:?}",
+        canary.server.istiod_sans
+    );
+    assert_eq!(canary.source_settings().revision, "canary");
+    // Unset, the revision is Istio's empty one: every object is taken.
+    let unset = read(&[]);
+    assert_eq!(unset.source_settings().revision, "");
+    assert!(
+        !unset
+            .server
+            .istiod_sans
+            .iter()
+            .any(|s| s.starts_with("istiod-default"))
+    );
+    assert_eq!(unset.webhooks.revision, "default");
+}

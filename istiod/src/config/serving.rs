@@ -138,6 +138,13 @@ fn istiod_sans(args: &DiscoveryArgs, r: &mut Reader<'_>) -> Vec<String> {
     if !args.domain.is_empty() {
         sans.push(format!("istiod.{ns}.svc.{}", args.domain));
     }
+    // A revision's own Service, `istiod-<revision>` (Istio's getDNSNames).
+    if let Some(rev) = r
+        .opt_string(crate::webhooks::ENV_REVISION)
+        .filter(|rev| !rev.is_empty() && rev != "default")
+    {
+        sans.push(format!("istiod-{rev}.{ns}.svc"));
+    }
     if let Some(extra) = r.opt_string(ENV_ISTIOD_CUSTOM_HOST) {
         sans.extend(
             extra
