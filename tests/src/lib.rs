@@ -21,6 +21,7 @@ pub mod load;
 pub mod mesh;
 pub mod netns;
 pub mod proxy_status;
+pub mod revisions;
 pub mod sample_mesh;
 pub mod soak;
 pub mod tls;
