@@ -62,9 +62,7 @@ pub fn revision_objects(revision: &str) -> Vec<Value> {
             matches!(
                 d["kind"].as_str(),
                 Some(
-                    "ConfigMap"
-                        | "MutatingWebhookConfiguration"
-                        | "ValidatingWebhookConfiguration"
+                    "ConfigMap" | "MutatingWebhookConfiguration" | "ValidatingWebhookConfiguration"
                 )
             )
         })
@@ -98,7 +96,10 @@ impl RevisionIstiod {
         cmd.current_dir(dir)
             .arg("discovery")
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--meshConfig={}", dir.join("no-mesh-file").display()))
+            .arg(format!(
+                "--meshConfig={}",
+                dir.join("no-mesh-file").display()
+            ))
             .arg(format!("--httpAddr={http}"))
             .arg(format!("--httpsAddr={https}"))
             .arg(format!("--secureGRPCAddr={secure}"))

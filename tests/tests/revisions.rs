@@ -102,7 +102,12 @@ fn by(revision: &str) -> InjectedBy {
 /// Creates Pods in `namespace` through admission until one is admitted
 /// (the webhook's caBundle may not be patched yet, and its failure policy
 /// is `Fail`); returns the stored Pod.
-fn create_injected(rt: &tokio::runtime::Runtime, api: &KubeApi, namespace: &str, name: &str) -> Value {
+fn create_injected(
+    rt: &tokio::runtime::Runtime,
+    api: &KubeApi,
+    namespace: &str,
+    name: &str,
+) -> Value {
     let mut attempt = 0;
     tests::wait_for(
         &format!("a Pod admitted in {namespace}"),

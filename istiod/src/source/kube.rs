@@ -21,7 +21,6 @@ pub(crate) mod kubemesh;
 pub(crate) mod status;
 pub(crate) mod tag_watcher;
 
-use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -117,7 +116,7 @@ impl KubeSource {
         client: kube::Client,
         store: ConfigStore,
         mesh: watch::Receiver<Arc<Mesh>>,
-        revision: (InRevision, watch::Receiver<BTreeSet<String>>),
+        revision: (InRevision, tag_watcher::Tags),
         shutdown: watch::Receiver<bool>,
     ) -> Self {
         let source = Self {
@@ -136,7 +135,8 @@ impl KubeSource {
         tokio::spawn(run_informers(
             rx,
             store,
-            (mesh, revision),
+            mesh,
+            revision,
             source.clone(),
             shutdown,
         ));
@@ -186,10 +186,8 @@ fn handle(informers: &mut Informers, event: Event) -> Vec<crate::model::Update> 
 async fn run_informers(
     mut rx: mpsc::Receiver<Event>,
     store: ConfigStore,
-    (mut mesh, (revision, mut tags)): (
-        watch::Receiver<Arc<Mesh>>,
-        (InRevision, watch::Receiver<BTreeSet<String>>),
-    ),
+    mut mesh: watch::Receiver<Arc<Mesh>>,
+    (revision, mut tags): (InRevision, tag_watcher::Tags),
     source: KubeSource,
     mut shutdown: watch::Receiver<bool>,
 ) {

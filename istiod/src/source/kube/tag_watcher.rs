@@ -19,6 +19,9 @@ use tokio::sync::{mpsc, watch};
 use crate::kube::run_watcher;
 use crate::model::revision::{REVISION_LABEL, TAG_LABEL};
 
+/// The tags pointing at this istiod's revision, as the watcher publishes them.
+pub type Tags = watch::Receiver<BTreeSet<String>>;
+
 /// The tags whose webhook names `revision`, from the webhooks' labels.
 pub fn tags_of<'a>(
     revision: &str,
@@ -64,7 +67,7 @@ pub fn start(
     client: kube::Client,
     revision: &str,
     shutdown: watch::Receiver<bool>,
-) -> watch::Receiver<BTreeSet<String>> {
+) -> Tags {
     let (tags_tx, tags) = watch::channel(BTreeSet::new());
     if revision.is_empty() {
         return tags;
