@@ -63,11 +63,7 @@ fn event(e: watcher::Event<MutatingWebhookConfiguration>) -> Option<TagEvent> {
 /// Starts watching the tag webhooks for `revision`; the receiver holds the
 /// tags pointing at it (empty until the first list, and for ever when
 /// `revision` is empty: an istiod without a revision takes every object).
-pub fn start(
-    client: kube::Client,
-    revision: &str,
-    shutdown: watch::Receiver<bool>,
-) -> Tags {
+pub fn start(client: kube::Client, revision: &str, shutdown: watch::Receiver<bool>) -> Tags {
     let (tags_tx, tags) = watch::channel(BTreeSet::new());
     if revision.is_empty() {
         return tags;
