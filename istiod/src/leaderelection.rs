@@ -315,10 +315,7 @@ impl Elector {
         if self.observed.raw.as_deref() != Some(raw.as_str()) {
             self.observe(old.clone(), Some(raw), now);
         }
-        let unexpired = self
-            .observed
-            .at
-            .is_some_and(|at| at + LEASE_DURATION > now);
+        let unexpired = self.observed.at.is_some_and(|at| at + LEASE_DURATION > now);
         if !old.holder_identity.is_empty() && unexpired && !self.holds() {
             let default = self.candidate.default_revision.get();
             let ours = revision_or_default(&self.candidate.revision);
@@ -424,9 +421,15 @@ impl Elector {
             ..Default::default()
         };
         match self.lock.update(&record).await {
-            Ok(true) => tracing::info!(target: "leader", "released leader lease {}", self.lock.describe()),
-            Ok(false) => tracing::warn!(target: "leader", "cannot release {}: it changed meanwhile", self.lock.describe()),
-            Err(e) => tracing::warn!(target: "leader", "cannot release {}: {e}", self.lock.describe()),
+            Ok(true) => {
+                tracing::info!(target: "leader", "released leader lease {}", self.lock.describe())
+            }
+            Ok(false) => {
+                tracing::warn!(target: "leader", "cannot release {}: it changed meanwhile", self.lock.describe())
+            }
+            Err(e) => {
+                tracing::warn!(target: "leader", "cannot release {}: {e}", self.lock.describe())
+            }
         }
         self.observed.record = record;
     }
@@ -489,6 +492,29 @@ impl Elections {
         leadership
     }
 
+    fn revision(&self) -> &str {
+        self.candidate
+            .as_ref()
+            .map(|c| c.revision.as_str())
+            .unwrap_or_default()
+    }
+
+    /// The namespace controller's lock (`istio-ca-root-cert` writes).
+    pub fn namespace_controller(&mut self) -> Leadership {
+        self.join(Election::configmap(NAMESPACE_CONTROLLER))
+    }
+
+    /// The Gateway API status writer's lock (per revision, as Istio).
+    pub fn gateway_status(&mut self) -> Leadership {
+        let e = Election::per_revision(GATEWAY_STATUS_CONTROLLER, self.revision());
+        self.join(e)
+    }
+
+    /// The ServiceEntry IP auto-allocation controller's lock.
+    pub fn ip_autoallocate(&mut self) -> Leadership {
+        self.join(Election::configmap(IP_AUTOALLOCATE_CONTROLLER))
+    }
+
     /// Waits for every elector to end (after shutdown: each releases its
     /// lock), at most `limit`.
     pub async fn released(mut self, limit: Duration) {
@@ -497,6 +523,31 @@ impl Elections {
             tracing::warn!(target: "leader", "releasing the leader locks took longer than {limit:?}");
         }
     }
+}
+
+/// The candidate istiod runs as: on Kubernetes with
+/// `ENABLE_LEADER_ELECTION` on, its `POD_NAME`, namespace and revision;
+/// otherwise none (every lock held).
+pub fn candidate(
+    config: &crate::config::Config,
+    client: Option<&kube::Client>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<Option<Candidate>, common::env::ConfigErrors> {
+    let Some(client) = client else {
+        return Ok(None);
+    };
+    if !enabled(&common::env::ProcessEnv)? {
+        tracing::info!(target: "leader", "{ENV_ENABLE_LEADER_ELECTION}=false: bypassing leader election");
+        return Ok(None);
+    }
+    let namespace = config.mesh.namespace.clone();
+    Ok(Some(Candidate {
+        default_revision: DefaultRevision::watch(client.clone(), &namespace, shutdown),
+        client: client.clone(),
+        namespace,
+        identity: config.server.pod_name.clone(),
+        revision: config.webhooks.revision.clone(),
+    }))
 }
 
 /// Whether leader election is on (`ENABLE_LEADER_ELECTION`, default true).

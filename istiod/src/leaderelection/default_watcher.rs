@@ -50,11 +50,7 @@ impl DefaultRevision {
     }
 
     /// Watches the default tag's webhook until `shutdown`.
-    pub fn watch(
-        client: kube::Client,
-        namespace: &str,
-        shutdown: watch::Receiver<bool>,
-    ) -> Self {
+    pub fn watch(client: kube::Client, namespace: &str, shutdown: watch::Receiver<bool>) -> Self {
         let name = webhook_name(namespace);
         let (value_tx, value_rx) = watch::channel(String::new());
         let (tx, mut rx) = mpsc::channel(16);
@@ -62,22 +58,23 @@ impl DefaultRevision {
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         tokio::spawn(async move {
             crate::kube::run_watcher(
-            format!("MutatingWebhookConfiguration {name}"),
-            api,
-            config,
-            &tx,
-            |e| match e {
-                watcher::Event::Apply(w) | watcher::Event::InitApply(w) => Some(
-                    w.metadata
-                        .labels
-                        .and_then(|l| l.get(REVISION_LABEL).cloned())
-                        .unwrap_or_default(),
-                ),
-                watcher::Event::Delete(_) => Some(String::new()),
-                _ => None,
-            },
-            shutdown,
-        ).await
+                format!("MutatingWebhookConfiguration {name}"),
+                api,
+                config,
+                &tx,
+                |e| match e {
+                    watcher::Event::Apply(w) | watcher::Event::InitApply(w) => Some(
+                        w.metadata
+                            .labels
+                            .and_then(|l| l.get(REVISION_LABEL).cloned())
+                            .unwrap_or_default(),
+                    ),
+                    watcher::Event::Delete(_) => Some(String::new()),
+                    _ => None,
+                },
+                shutdown,
+            )
+            .await
         });
         tokio::spawn(async move {
             while let Some(rev) = rx.recv().await {
