@@ -107,13 +107,56 @@ pub fn start(hub: &mut Hub, kubeconfig: &Path, dir: &Path, n: usize) -> (Istiod,
     )
 }
 
+/// Kills `istiod` with SIGKILL (no shutdown of any kind) and waits until
+/// it is gone.
+pub fn kill(istiod: &mut Istiod) {
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(istiod.proc.pid() as i32, libc::SIGKILL);
+    }
+    let proc = &mut istiod.proc;
+    wait_for("the killed istiod to exit", Duration::from_secs(10), || {
+        (!proc.alive()).then_some(())
+    });
+}
+
+/// The proxies connected to `istiod`, which runs in `net` (its
+/// `/debug/adsz`); empty when it does not answer.
+pub fn clients(net: &PodNet, istiod: &Istiod) -> Vec<String> {
+    let http = istiod.http;
+    let answer = crate::netns::run_in(Some(&net.ns.name), move || {
+        crate::http_get(http, "/debug/adsz")
+    });
+    let Ok((200, body)) = answer else {
+        return Vec::new();
+    };
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    v["clients"]
+        .as_array()
+        .map(|cs| {
+            cs.iter()
+                .filter_map(|c| c["proxy"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 impl LocalMesh {
     /// Replica `i` (0 is [`LocalMesh::istiod`]).
     pub fn replica(&mut self, i: usize) -> &mut Istiod {
         if i == 0 {
             return &mut self.istiod;
         }
-        &mut self.replicas.as_mut().expect("a mesh with replicas").others[i - 1]
+        &mut self
+            .replicas
+            .as_mut()
+            .expect("a mesh with replicas")
+            .others[i - 1]
+    }
+
+    /// Replica `i`'s network.
+    pub fn replica_net(&self, i: usize) -> &PodNet {
+        &self.replicas.as_ref().expect("a mesh with replicas").nets[i]
     }
 
     /// How many istiods run (or ran) in this mesh.
@@ -121,40 +164,19 @@ impl LocalMesh {
         1 + self.replicas.as_ref().map(|r| r.others.len()).unwrap_or(0)
     }
 
-    /// Kills replica `i` with SIGKILL (no shutdown of any kind) and waits
-    /// until it is gone.
+    /// Kills replica `i` with SIGKILL.
     pub fn kill_replica(&mut self, i: usize) {
-        let istiod = self.replica(i);
-        #[allow(unsafe_code)]
-        unsafe {
-            libc::kill(istiod.proc.pid() as i32, libc::SIGKILL);
-        }
-        let proc = &mut istiod.proc;
-        wait_for("the killed istiod to exit", Duration::from_secs(10), || {
-            (!proc.alive()).then_some(())
-        });
+        kill(self.replica(i));
     }
 
-    /// The proxies connected to replica `i` (its `/debug/adsz`).
+    /// The proxies connected to replica `i`.
     pub fn replica_clients(&mut self, i: usize) -> Vec<String> {
-        let istiod = self.replica(i);
-        let http = istiod.http;
-        let ns = self.replicas.as_ref().expect("a mesh with replicas").nets[i]
-            .ns
-            .name
-            .clone();
-        let answer = crate::netns::run_in(Some(&ns), move || crate::http_get(http, "/debug/adsz"));
-        let Ok((200, body)) = answer else {
-            return Vec::new();
+        let net = &self.replicas.as_ref().expect("a mesh with replicas").nets[i];
+        let istiod = if i == 0 {
+            &self.istiod
+        } else {
+            &self.replicas.as_ref().expect("a mesh with replicas").others[i - 1]
         };
-        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-        v["clients"]
-            .as_array()
-            .map(|cs| {
-                cs.iter()
-                    .filter_map(|c| c["proxy"].as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default()
+        clients(net, istiod)
     }
 }
