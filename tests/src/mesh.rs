@@ -556,6 +556,12 @@ impl LocalMesh {
                 .run(move || std::net::TcpListener::bind((bind, 0)).expect("bind the API"));
             let api = crate::kube_api::KubeApi::start(listener);
             load_into(&api, &config_dir);
+            // istiod's own namespace, as in any cluster (its lock objects
+            // live there).
+            let _ = api.create(serde_json::json!({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": "istio-system"}
+            }));
             let kubeconfig = dir.join("kubeconfig");
             api.kubeconfig(&kubeconfig);
             let istiod = if istiods > 1 {
