@@ -411,7 +411,9 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
             .http2_keepalive_interval(Some(config.server.keepalive_interval))
             .http2_keepalive_timeout(Some(config.server.keepalive_timeout));
         if let Some(age) = config.server.max_connection_age {
-            builder = builder.max_connection_age(age);
+            builder = builder
+                .max_connection_age(age)
+                .max_connection_age_grace(crate::xds::drain::MAX_CONNECTION_AGE_GRACE);
         }
         // Istio's `XDS_AUTH`: xDS callers on the TLS port are authenticated
         // as the CA's are, unless it is false (the CA always authenticates).
@@ -444,7 +446,9 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
             .http2_keepalive_interval(Some(config.server.keepalive_interval))
             .http2_keepalive_timeout(Some(config.server.keepalive_timeout));
         if let Some(age) = config.server.max_connection_age {
-            builder = builder.max_connection_age(age);
+            builder = builder
+                .max_connection_age(age)
+                .max_connection_age_grace(crate::xds::drain::MAX_CONNECTION_AGE_GRACE);
         }
         let router = builder.add_service(xds.clone().into_service());
         let rx = shutdown_rx.clone();

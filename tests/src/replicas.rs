@@ -147,11 +147,7 @@ impl LocalMesh {
         if i == 0 {
             return &mut self.istiod;
         }
-        &mut self
-            .replicas
-            .as_mut()
-            .expect("a mesh with replicas")
-            .others[i - 1]
+        &mut self.replicas.as_mut().expect("a mesh with replicas").others[i - 1]
     }
 
     /// Replica `i`'s network.

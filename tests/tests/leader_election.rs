@@ -2,6 +2,8 @@
 //! objects as Istio writes them, one holder at a time, release on shutdown,
 //! and the default revision taking a lock from another revision.
 
+#![allow(clippy::unwrap_used)]
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 

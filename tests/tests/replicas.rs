@@ -57,9 +57,11 @@ fn only_the_leader_writes_and_the_other_takes_over_after_sigkill() {
     let mut mesh = LocalMesh::start_kube_replicas(tmp.path(), 2);
     let leader = {
         let api = mesh.kube_api.as_ref().unwrap();
-        let name = tests::wait_for("a namespace controller leader", Duration::from_secs(60), || {
-            Some(holder(api)).filter(|h| !h.is_empty())
-        });
+        let name = tests::wait_for(
+            "a namespace controller leader",
+            Duration::from_secs(60),
+            || Some(holder(api)).filter(|h| !h.is_empty()),
+        );
         tests::wait_for("demo's root ConfigMap", Duration::from_secs(30), || {
             api.get("v1", "ConfigMap", "demo", ROOT_CM)
         });
@@ -85,14 +87,18 @@ fn only_the_leader_writes_and_the_other_takes_over_after_sigkill() {
     let api = mesh.kube_api.as_ref().unwrap();
     api.delete("v1", "ConfigMap", "demo", ROOT_CM).unwrap();
     // A whole lease unrenewed (30 s), then the next attempt (7.5 s, +20 %).
-    tests::wait_for("the other replica holds the lock", Duration::from_secs(50), || {
-        (holder(api) == replica_name(other)).then_some(())
-    });
+    tests::wait_for(
+        "the other replica holds the lock",
+        Duration::from_secs(50),
+        || (holder(api) == replica_name(other)).then_some(()),
+    );
     let took = killed.elapsed();
     eprintln!("BENCH {LOCK}: held by the other replica {took:?} after SIGKILL of the leader");
-    tests::wait_for("the deleted root ConfigMap is back", Duration::from_secs(20), || {
-        api.get("v1", "ConfigMap", "demo", ROOT_CM)
-    });
+    tests::wait_for(
+        "the deleted root ConfigMap is back",
+        Duration::from_secs(20),
+        || api.get("v1", "ConfigMap", "demo", ROOT_CM),
+    );
     let writes = root_cert_writes(&api.requests()[before..]);
     assert!(
         !writes.is_empty() && writes.iter().all(|b| *b == replica_bearer(other)),
@@ -179,14 +185,23 @@ fn pods_follow_a_killed_istiod_and_a_rolling_restart_loses_no_request() {
     });
     // Reaped.
     replicas::kill(&mut mesh.istiod);
-    assert_eq!(failed.load(Ordering::Relaxed), 0, "no failed request after SIGKILL");
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "no failed request after SIGKILL"
+    );
     assert!(calls.load(Ordering::Relaxed) > 10);
 
     // A change made now reaches the Pods (through istiod-1).
     {
         let api = mesh.kube_api.as_ref().unwrap();
         let mut vs = api
-            .get("networking.istio.io/v1", "VirtualService", "demo", "httpbin")
+            .get(
+                "networking.istio.io/v1",
+                "VirtualService",
+                "demo",
+                "httpbin",
+            )
             .unwrap();
         vs["spec"]["http"][0]["route"][0]["weight"] = 0.into();
         vs["spec"]["http"][0]["route"][1]["weight"] = 100.into();
@@ -212,17 +227,26 @@ fn pods_follow_a_killed_istiod_and_a_rolling_restart_loses_no_request() {
         other.others[0].stop();
         let stopped_in = begun.elapsed();
         eprintln!("istiod-1 exited {stopped_in:?} after SIGTERM");
-        assert!(stopped_in < Duration::from_secs(12), "within --shutdownDuration (10 s)");
-        tests::wait_for("every Pod back on istiod-0", Duration::from_secs(60), || {
-            (replicas::clients(&other.nets[0], &m.istiod).len() >= pods).then_some(())
-        });
+        assert!(
+            stopped_in < Duration::from_secs(12),
+            "within --shutdownDuration (10 s)"
+        );
+        tests::wait_for(
+            "every Pod back on istiod-0",
+            Duration::from_secs(60),
+            || (replicas::clients(&other.nets[0], &m.istiod).len() >= pods).then_some(()),
+        );
         other.others[0].restart();
         std::thread::sleep(Duration::from_secs(2));
         stop.store(true, Ordering::Relaxed);
         t.join().unwrap();
     });
     mesh.replicas = Some(other);
-    assert_eq!(failed.load(Ordering::Relaxed), 0, "no failed request across the rolling restart");
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "no failed request across the rolling restart"
+    );
     assert!(calls.load(Ordering::Relaxed) > 10);
     // Still converged.
     assert!(versions(&mesh, 10).iter().all(|v| v == "v2"));

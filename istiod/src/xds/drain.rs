@@ -7,8 +7,13 @@
 //! - at the maximum connection age (`--keepaliveMaxServerConnectionAge`,
 //!   Istio's chart sets 30m): the connection gets a GOAWAY at that age (the
 //!   gRPC server's `max_connection_age`) and, as grpc-go closes the
-//!   connection `MaxServerConnectionAgeGrace` (10 s) later, the stream is
-//!   closed then. grpc-go spreads ages by ±10 %; so do we.
+//!   connection `MaxServerConnectionAgeGrace` (10 s) later (the server's
+//!   `max_connection_age_grace`), the stream is closed then too. grpc-go
+//!   spreads ages by ±10 %, so the stream's own limit is spread that way
+//!   (the connection's is not), and whichever comes first ends it.
+//!
+//! At shutdown the push pipeline stops with the rest of istiod, which also
+//! ends the streams; the proxies reconnect either way.
 
 use std::time::Duration;
 
