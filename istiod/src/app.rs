@@ -45,14 +45,30 @@ pub struct Bound {
     _root: watch::Sender<String>,
     tasks: JoinSet<anyhow::Result<()>>,
     shutdown_duration: Duration,
+    /// Closes the open xDS streams (after the servers stopped accepting).
+    closing: watch::Sender<bool>,
+    /// The leader elections, released at shutdown.
+    elections: Option<crate::leaderelection::Elections>,
 }
 
 impl Bound {
     /// Stops every server gracefully, waiting at most `--shutdownDuration`.
     pub async fn shutdown(mut self) {
+        // Stop accepting (GOAWAY on open connections) and release the
+        // leader locks; a moment later close the xDS streams still open.
         let _ = self.shutdown.send(true);
+        let start = tokio::time::Instant::now();
+        let closing = self.closing.clone();
+        let close_delay = crate::xds::drain::CLOSE_DELAY.min(self.shutdown_duration / 2);
+        tokio::spawn(async move {
+            tokio::time::sleep(close_delay).await;
+            let _ = closing.send(true);
+        });
         let deadline = tokio::time::sleep(self.shutdown_duration);
         tokio::pin!(deadline);
+        if let Some(elections) = self.elections.take() {
+            elections.released(self.shutdown_duration / 2).await;
+        }
         loop {
             tokio::select! {
                 next = self.tasks.join_next() => if next.is_none() { break },
@@ -63,6 +79,7 @@ impl Bound {
                 }
             }
         }
+        tracing::info!("shut down in {:?}", start.elapsed());
     }
 
     /// Runs until a server fails or SIGTERM/SIGINT arrives, then shuts down.
@@ -222,6 +239,10 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         Some(connection) => Some(crate::kube::client(connection).await?),
         None => None,
     };
+    let mut elections = crate::leaderelection::Elections::new(
+        crate::leaderelection::candidate(&config, kube.as_ref(), shutdown_rx.clone())?,
+        shutdown_rx.clone(),
+    );
     let bundle = load_ca(&config, kube.as_ref()).await?;
     let root_pem = bundle.root_pem.clone();
     let roots = bundle.roots.clone();
@@ -278,6 +299,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     let xds_metrics = crate::xds::server::XdsMetrics::new(&registry)?;
     let push_metrics = crate::push::PushMetrics::new(&registry)?;
     let (ready_tx, ready_rx) = watch::channel(false);
+    let (closing, closing_rx) = watch::channel(false);
     let (push_tx, push_rx) = watch::channel(None);
     let xds = crate::xds::server::DiscoveryServer::new(
         ready_rx.clone(),
@@ -287,7 +309,11 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     )
     .with_send_timeout(config.push.send_timeout)
     .with_instance(&config.mesh.namespace, &config.server.pod_name)
-    .with_stream_limit(config.push.max_requests_per_second);
+    .with_stream_limit(config.push.max_requests_per_second)
+    .with_drain(crate::xds::drain::Drain::new(
+        closing_rx,
+        config.server.max_connection_age,
+    ));
     let cache_metrics = if config.xds_cache.stats {
         Some(crate::pushctx::cache::CacheMetrics::new(&registry)?)
     } else {
@@ -303,6 +329,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         kube.clone(),
         shutdown_rx.clone(),
         crate::metrics::rejected_configs(&registry)?,
+        &mut elections,
     )
     .await?;
     let writer = match &kube {
@@ -335,12 +362,27 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     // istiod runs: the signer's material is chosen at start).
     let (root_tx, root_rx) = watch::channel(root_pem.clone());
     if let Some(client) = &kube {
-        tokio::spawn(crate::ca::namespace_controller::run(
+        // Only the holder of `istio-namespace-controller-election` writes;
+        // each new holder starts over from a full list (a deleted ConfigMap
+        // is put back).
+        let (client, mesh, synced) = (
             client.clone(),
-            root_rx,
             sources.mesh.clone(),
             sources.mesh_synced.clone(),
+        );
+        tokio::spawn(crate::leaderelection::run_while_leader(
+            "namespace controller",
+            elections.namespace_controller(),
             shutdown_rx.clone(),
+            move |stop| {
+                crate::ca::namespace_controller::run(
+                    client.clone(),
+                    root_rx.clone(),
+                    mesh.clone(),
+                    synced.clone(),
+                    stop,
+                )
+            },
         ));
     }
     tokio::spawn(crate::push::run(
@@ -369,7 +411,9 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
             .http2_keepalive_interval(Some(config.server.keepalive_interval))
             .http2_keepalive_timeout(Some(config.server.keepalive_timeout));
         if let Some(age) = config.server.max_connection_age {
-            builder = builder.max_connection_age(age);
+            builder = builder
+                .max_connection_age(age)
+                .max_connection_age_grace(crate::xds::drain::MAX_CONNECTION_AGE_GRACE);
         }
         // Istio's `XDS_AUTH`: xDS callers on the TLS port are authenticated
         // as the CA's are, unless it is false (the CA always authenticates).
@@ -398,10 +442,15 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     if let Some(addr) = config.server.grpc_addr {
         let listener = bind(addr, "the plaintext gRPC server (--grpcAddr)").await?;
         grpc_addr = Some(listener.local_addr()?);
-        let router = tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(config.server.keepalive_interval))
-            .http2_keepalive_timeout(Some(config.server.keepalive_timeout))
-            .add_service(xds.clone().into_service());
+            .http2_keepalive_timeout(Some(config.server.keepalive_timeout));
+        if let Some(age) = config.server.max_connection_age {
+            builder = builder
+                .max_connection_age(age)
+                .max_connection_age_grace(crate::xds::drain::MAX_CONNECTION_AGE_GRACE);
+        }
+        let router = builder.add_service(xds.clone().into_service());
         let rx = shutdown_rx.clone();
         tasks.spawn(async move {
             router
@@ -522,5 +571,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         shutdown,
         tasks,
         shutdown_duration: config.server.shutdown_duration,
+        closing,
+        elections: Some(elections),
     })
 }

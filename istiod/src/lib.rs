@@ -32,6 +32,7 @@ pub(crate) mod grpc;
 pub mod inject;
 pub(crate) mod jwks;
 pub mod kube;
+pub mod leaderelection;
 pub mod mesh;
 pub(crate) mod metrics;
 pub mod model;

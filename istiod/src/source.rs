@@ -71,6 +71,7 @@ pub async fn start(
     kube: Option<::kube::Client>,
     shutdown: watch::Receiver<bool>,
     rejected: prometheus::IntCounterVec,
+    elections: &mut crate::leaderelection::Elections,
 ) -> anyhow::Result<Sources> {
     let store = ConfigStore::new();
     let (synced_tx, synced) = watch::channel(false);
@@ -142,6 +143,7 @@ pub async fn start(
                 client.clone(),
                 store.slice(self::kube::SLICE),
                 config.domain.clone(),
+                elections.gateway_status(),
                 shutdown.clone(),
             ));
             // ServiceEntry addresses, written back as Istio's IP
@@ -149,6 +151,7 @@ pub async fn start(
             tokio::spawn(self::kube::ip_allocate::run(
                 client.clone(),
                 store.slice(self::kube::SLICE),
+                elections.ip_autoallocate(),
                 shutdown.clone(),
             ));
             let ks = KubeSource::start(

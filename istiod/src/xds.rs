@@ -8,6 +8,7 @@ pub(crate) mod authz;
 pub(crate) mod cds;
 mod connection;
 mod delta;
+pub mod drain;
 pub(crate) mod eds;
 pub(crate) mod envoyfilter;
 pub(crate) mod gateway;

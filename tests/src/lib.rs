@@ -21,6 +21,7 @@ pub mod load;
 pub mod mesh;
 pub mod netns;
 pub mod proxy_status;
+pub mod replicas;
 pub mod revisions;
 pub mod sample_mesh;
 pub mod soak;
@@ -352,7 +353,7 @@ impl Istiod {
         Self::start_in(ns, dir, &env)
     }
 
-    fn start_full(
+    pub(crate) fn start_full(
         dir: &Path,
         grpc: SocketAddr,
         env: &[(&str, &str)],

@@ -63,6 +63,10 @@ pub enum Capture {
 pub struct Hub {
     /// The hub namespace.
     pub ns: Netns,
+    /// The addresses `istiod.istio-system.svc` resolves to in Pods (one
+    /// hosts line each, tried in order): the hub's own, or the replicas'
+    /// ([`crate::replicas`]).
+    pub istiod_ips: Vec<String>,
 }
 
 impl Hub {
@@ -80,7 +84,10 @@ impl Hub {
             "br0",
         ]);
         ip(&["-n", &ns.name, "link", "set", "br0", "up"]);
-        Hub { ns }
+        Hub {
+            ns,
+            istiod_ips: vec![HUB_IP.to_string()],
+        }
     }
 
     /// A Pod namespace with `pod_ip` on `eth0`, cabled to the bridge, its
@@ -123,9 +130,14 @@ impl Hub {
         // The Pod's own hosts file and resolver (`ip netns exec` mounts them).
         let etc = PathBuf::from("/etc/netns").join(&ns.name);
         std::fs::create_dir_all(&etc).expect("create /etc/netns/<pod>");
+        let istiods: String = self
+            .istiod_ips
+            .iter()
+            .map(|ip| format!("{ip} istiod.istio-system.svc\n"))
+            .collect();
         std::fs::write(
             etc.join("hosts"),
-            format!("127.0.0.1 localhost\n::1 localhost\n{HUB_IP} istiod.istio-system.svc\n"),
+            format!("127.0.0.1 localhost\n::1 localhost\n{istiods}"),
         )
         .expect("write the Pod's hosts file");
         let net = PodNet {
@@ -429,6 +441,9 @@ pub struct LocalMesh {
     /// The Kubernetes API istiod reads, when it runs on one
     /// ([`LocalMesh::start_kube`]); `config_dir` is then only the sample's copy.
     pub kube_api: Option<crate::kube_api::KubeApi>,
+    /// The other istiods and every replica's network, when several run
+    /// ([`LocalMesh::start_kube_replicas`]).
+    pub replicas: Option<crate::replicas::Replicas>,
     agent_env: Vec<(String, String)>,
     pilot_agent: PathBuf,
 }
@@ -476,7 +491,7 @@ impl LocalMesh {
     /// Starts the mesh with the given capture, in `dir`, istiod reading the
     /// sample from its config directory.
     pub fn start_with(dir: &Path, capture: Capture, extra_agent_env: &[(&str, &str)]) -> LocalMesh {
-        Self::start_from(dir, capture, extra_agent_env, &[], false)
+        Self::start_from(dir, capture, extra_agent_env, &[], false, 1)
     }
 
     /// [`LocalMesh::start`] with extra environment for istiod too (its
@@ -486,14 +501,27 @@ impl LocalMesh {
         istiod_env: &[(&str, &str)],
         extra_agent_env: &[(&str, &str)],
     ) -> LocalMesh {
-        Self::start_from(dir, Capture::Iptables, extra_agent_env, istiod_env, false)
+        Self::start_from(
+            dir,
+            Capture::Iptables,
+            extra_agent_env,
+            istiod_env,
+            false,
+            1,
+        )
     }
 
     /// Starts the mesh (iptables capture) with istiod on Kubernetes: the
     /// API stand-in, inside the hub, holds the sample's objects and istiod
     /// reads them through `--kubeconfig`, with no config directory.
     pub fn start_kube(dir: &Path) -> LocalMesh {
-        Self::start_from(dir, Capture::Iptables, &[], &[], true)
+        Self::start_from(dir, Capture::Iptables, &[], &[], true, 1)
+    }
+
+    /// [`LocalMesh::start_kube`] with `n` istiods on the one API, each in
+    /// its own network namespace ([`crate::replicas`]).
+    pub fn start_kube_replicas(dir: &Path, n: usize) -> LocalMesh {
+        Self::start_from(dir, Capture::Iptables, &[], &[], true, n)
     }
 
     fn start_from(
@@ -502,6 +530,7 @@ impl LocalMesh {
         extra_agent_env: &[(&str, &str)],
         istiod_env: &[(&str, &str)],
         kube: bool,
+        istiods: usize,
     ) -> LocalMesh {
         // The proxy user must reach its Pod's files.
         std::fs::create_dir_all(dir).expect("mesh dir");
@@ -517,16 +546,31 @@ impl LocalMesh {
         if capture == Capture::None {
             copy_yaml(&samples.join("capture-none"), &config_dir);
         }
-        let hub = Hub::new();
+        let mut hub = Hub::new();
+        let mut replicas = None;
         let (istiod, kube_api) = if kube {
+            // Replicas reach the API from their own namespaces.
+            let bind = if istiods > 1 { HUB_IP } else { "127.0.0.1" };
             let listener = hub
                 .ns
-                .run(|| std::net::TcpListener::bind("127.0.0.1:0").expect("bind the API"));
+                .run(move || std::net::TcpListener::bind((bind, 0)).expect("bind the API"));
             let api = crate::kube_api::KubeApi::start(listener);
             load_into(&api, &config_dir);
+            // istiod's own namespace, as in any cluster (its lock objects
+            // live there).
+            let _ = api.create(serde_json::json!({
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": "istio-system"}
+            }));
             let kubeconfig = dir.join("kubeconfig");
             api.kubeconfig(&kubeconfig);
-            let istiod = crate::Istiod::start_hub_kube(&hub.ns, &dir.join("istiod"), &kubeconfig);
+            let istiod = if istiods > 1 {
+                let (first, rest) = crate::replicas::start(&mut hub, &kubeconfig, dir, istiods);
+                replicas = Some(rest);
+                first
+            } else {
+                crate::Istiod::start_hub_kube(&hub.ns, &dir.join("istiod"), &kubeconfig)
+            };
             (istiod, Some(api))
         } else {
             let istiod = crate::Istiod::start_hub_with(
@@ -558,6 +602,7 @@ impl LocalMesh {
             agent_env,
             pilot_agent,
             kube_api,
+            replicas,
         };
         for (name, ip, sa, version) in [
             ("sleep-1", "198.18.0.2", "sleep", None),

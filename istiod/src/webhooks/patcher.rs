@@ -136,6 +136,13 @@ async fn run<K>(
 }
 
 /// Starts patching this revision's webhook configurations with `root_pem`.
+///
+/// Not under leader election, as in Istio (its injection patcher runs in
+/// every replica: "different istiod revisions will patch their own cert"):
+/// a configuration is written only when its bundle differs from this
+/// replica's root, so replicas sharing a root write it once and the others
+/// find it done; a write that loses a race gets 409 and the next event
+/// settles it.
 pub fn start(
     client: kube::Client,
     revision: &str,

@@ -159,6 +159,8 @@ async fn serve<P: Protocol>(
         .map(|p| p.seq)
         .unwrap_or(0);
     let mut next = Some(first);
+    let ended = server.drain().clone().stream_ended();
+    tokio::pin!(ended);
     loop {
         if let Some(req) = next.take() {
             if let Some(event) = P::health(&req) {
@@ -179,6 +181,10 @@ async fn serve<P: Protocol>(
             continue;
         }
         tokio::select! {
+            why = &mut ended => {
+                tracing::info!(target: "ads", "ADS: {} closed: {why}", conn.stream().id);
+                return Err(Ended::Status(tonic::Status::unavailable(why)));
+            }
             req = inbound.message() => match req {
                 Ok(Some(r)) => next = Some(r),
                 Ok(None) => return Ok(()),

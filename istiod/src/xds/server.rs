@@ -138,6 +138,8 @@ struct Inner {
     names: Mutex<NameSets>,
     /// WorkloadEntry auto-registration and health, when enabled.
     autoregistration: Option<Arc<crate::autoregistration::Controller>>,
+    /// Drain and connection age (see [`crate::xds::drain`]).
+    drain: super::drain::Drain,
 }
 
 /// A digest of a set of names (see [`names_digest`]).
@@ -206,6 +208,7 @@ impl DiscoveryServer {
                 counter: AtomicU64::new(0),
                 names: Mutex::default(),
                 autoregistration: None,
+                drain: super::drain::Drain::default(),
             }),
             authn: None,
             limiter: None,
@@ -239,6 +242,20 @@ impl DiscoveryServer {
             inner.send_timeout = timeout;
         }
         self
+    }
+
+    /// The same server, ending streams as `drain` says (istiod shutting
+    /// down; a stream older than the maximum connection age). Only before
+    /// the server is cloned.
+    pub fn with_drain(mut self, drain: super::drain::Drain) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.drain = drain;
+        }
+        self
+    }
+
+    pub(super) fn drain(&self) -> &super::drain::Drain {
+        &self.inner.drain
     }
 
     /// The same server, with istiod's namespace and instance ID (its pod
@@ -303,6 +320,9 @@ impl DiscoveryServer {
             return Err(Status::unavailable(
                 "server is not ready to serve discovery information",
             ));
+        }
+        if self.inner.drain.closing() {
+            return Err(Status::unavailable("istiod is shutting down"));
         }
         if let Some(limiter) = &self.limiter
             && let Err(e) = limiter.admit().await

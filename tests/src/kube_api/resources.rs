@@ -314,6 +314,21 @@ pub static RESOURCES: &[Resource] = &[
         short_names: &[],
         fields: &[],
     },
+    // Leader election locks (client-go's and Istio's Lease locks).
+    Resource {
+        group: "coordination.k8s.io",
+        versions: &["v1"],
+        storage: "v1",
+        plural: "leases",
+        singular: "lease",
+        kind: "Lease",
+        namespaced: true,
+        status: false,
+        generation: false,
+        writable: true,
+        short_names: &[],
+        fields: &[],
+    },
     Resource {
         group: "apiextensions.k8s.io",
         versions: &["v1"],

@@ -27,9 +27,31 @@ const SETTLE: Duration = Duration::from_millis(100);
 const FIELD_MANAGER: &str = "istiod";
 
 /// Writes ServiceEntry addresses for `store`'s (the Kubernetes slice's)
-/// objects until `shutdown` becomes true.
-pub async fn run(client: kube::Client, store: ConfigStore, mut shutdown: watch::Receiver<bool>) {
+/// objects while this replica holds Istio's `istio-ip-autoallocate` lock,
+/// until `shutdown`.
+pub async fn run(
+    client: kube::Client,
+    store: ConfigStore,
+    leadership: crate::leaderelection::Leadership,
+    shutdown: watch::Receiver<bool>,
+) {
+    crate::leaderelection::run_while_leader(
+        "IP autoallocate controller",
+        leadership,
+        shutdown,
+        |stop| write_while(client.clone(), store.clone(), stop),
+    )
+    .await
+}
+
+/// Writes addresses until `shutdown`; the first pass at once.
+async fn write_while(
+    client: kube::Client,
+    store: ConfigStore,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut snapshots = store.watch();
+    snapshots.mark_changed();
     // What was last written, so an entry is not patched again while the
     // watch has not brought the new status back yet.
     let mut written: HashMap<ObjectKey, Vec<ServiceEntryAddress>> = HashMap::new();

@@ -29,14 +29,31 @@ const SETTLE: Duration = Duration::from_millis(100);
 const FIELD_MANAGER: &str = "istiod";
 
 /// Writes the Gateway API status of `store`'s (the Kubernetes slice's)
-/// objects until `shutdown` becomes true.
+/// objects while this replica holds Istio's per-revision
+/// `istio-gateway-status-leader-<revision>` Lease, until `shutdown`.
 pub async fn run(
+    client: kube::Client,
+    store: ConfigStore,
+    domain: String,
+    leadership: crate::leaderelection::Leadership,
+    shutdown: watch::Receiver<bool>,
+) {
+    crate::leaderelection::run_while_leader("gateway status writer", leadership, shutdown, |stop| {
+        write_while(client.clone(), store.clone(), domain.clone(), stop)
+    })
+    .await
+}
+
+/// Writes statuses until `shutdown`; the first pass at once (a new leader
+/// compares everything with what the API holds).
+async fn write_while(
     client: kube::Client,
     store: ConfigStore,
     domain: String,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut snapshots = store.watch();
+    snapshots.mark_changed();
     let mut written: HashMap<ObjectKey, Value> = HashMap::new();
     loop {
         tokio::select! {
