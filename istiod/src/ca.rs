@@ -4,9 +4,12 @@
 //! Kubernetes the namespace controller that publishes the root.
 
 pub mod authn;
+pub mod authority;
+pub mod ca_secret;
 pub mod kube_jwt;
 pub mod material;
 pub mod namespace_controller;
+pub mod self_signed_root_rotator;
 pub(crate) mod server;
 pub(crate) mod signer;
 
