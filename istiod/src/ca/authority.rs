@@ -75,7 +75,11 @@ fn with_roots(mut bundle: CaBundle, extra: &[CertificateDer<'static>]) -> CaBund
 
 impl Authority {
     /// An authority signing with `bundle`, Istio's TTL rules applying.
-    pub fn new(bundle: CaBundle, default_ttl: Duration, max_ttl: Duration) -> Result<Self, SignError> {
+    pub fn new(
+        bundle: CaBundle,
+        default_ttl: Duration,
+        max_ttl: Duration,
+    ) -> Result<Self, SignError> {
         let signer = Signer::new(bundle, default_ttl, max_ttl)?;
         let (root_tx, _) = watch::channel(signer.root_pem().to_string());
         Ok(Self {

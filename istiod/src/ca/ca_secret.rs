@@ -81,7 +81,11 @@ pub trait SecretStore: Send + Sync {
         data: &BTreeMap<String, Vec<u8>>,
     ) -> impl Future<Output = Result<(), WriteError>> + Send;
     /// Replaces `name`'s data if it is still at `stored.resource_version`.
-    fn update(&self, name: &str, stored: &Stored) -> impl Future<Output = Result<(), WriteError>> + Send;
+    fn update(
+        &self,
+        name: &str,
+        stored: &Stored,
+    ) -> impl Future<Output = Result<(), WriteError>> + Send;
 }
 
 /// The Kubernetes API as a [`SecretStore`].
@@ -210,17 +214,26 @@ pub async fn load_or_create<S: SecretStore>(
         let opts2 = opts.clone();
         let (cert, key) = tokio::task::spawn_blocking(move || -> Result<_, MaterialError> {
             let key = pki::generate_key(KeyType::Rsa(opts2.rsa_key_size))?;
-            Ok((material::self_signed_root(&key, &opts2)?, key.serialize_pem()))
+            Ok((
+                material::self_signed_root(&key, &opts2)?,
+                key.serialize_pem(),
+            ))
         })
         .await
         .map_err(|e| MaterialError::Mismatch {
             path: qualified.to_string(),
             reason: format!("key generation failed: {e}"),
         })??;
-        match store.create(CA_SECRET, &secret_data(&cert, &key, &cert)).await {
+        match store
+            .create(CA_SECRET, &secret_data(&cert, &key, &cert))
+            .await
+        {
             Ok(()) => {
                 tracing::info!(target: "ca", "created Secret {qualified} with a new self-signed root");
-                return Ok(material::load_ca_secret(qualified, &secret_data(&cert, &key, &cert))?);
+                return Ok(material::load_ca_secret(
+                    qualified,
+                    &secret_data(&cert, &key, &cert),
+                )?);
             }
             Err(WriteError::Conflict) => {
                 races += 1;
@@ -255,7 +268,11 @@ pub(crate) mod tests {
         async fn get(&self, name: &str) -> Result<Option<Stored>, kube::Error> {
             Ok(self.secrets.lock().unwrap().get(name).cloned())
         }
-        async fn create(&self, name: &str, data: &BTreeMap<String, Vec<u8>>) -> Result<(), WriteError> {
+        async fn create(
+            &self,
+            name: &str,
+            data: &BTreeMap<String, Vec<u8>>,
+        ) -> Result<(), WriteError> {
             *self.creates.lock().unwrap() += 1;
             let mut secrets = self.secrets.lock().unwrap();
             if let Some(winner) = self.winner.lock().unwrap().take() {
@@ -325,14 +342,24 @@ pub(crate) mod tests {
         let keys: Vec<&str> = stored.data.keys().map(String::as_str).collect();
         assert_eq!(
             keys,
-            ["ca-cert.pem", "ca-key.pem", "cert-chain.pem", "key.pem", "root-cert.pem"]
+            [
+                "ca-cert.pem",
+                "ca-key.pem",
+                "cert-chain.pem",
+                "key.pem",
+                "root-cert.pem"
+            ]
         );
         assert_eq!(stored.data["ca-cert.pem"], stored.data["root-cert.pem"]);
         let again = load_or_create(&store, "istio-system/istio-ca-secret", &opts(YEAR))
             .await
             .unwrap();
         assert_eq!(first.root_pem, again.root_pem);
-        assert_eq!(*store.creates.lock().unwrap(), 1, "a restart does not create");
+        assert_eq!(
+            *store.creates.lock().unwrap(),
+            1,
+            "a restart does not create"
+        );
     }
 
     #[tokio::test]
@@ -343,7 +370,10 @@ pub(crate) mod tests {
         let bundle = load_or_create(&store, "istio-system/istio-ca-secret", &opts(YEAR))
             .await
             .unwrap();
-        assert_eq!(bundle.root_pem.as_bytes(), winner["root-cert.pem"].as_slice());
+        assert_eq!(
+            bundle.root_pem.as_bytes(),
+            winner["root-cert.pem"].as_slice()
+        );
         assert_eq!(store.secrets.lock().unwrap()[CA_SECRET].data, winner);
     }
 
@@ -364,7 +394,9 @@ pub(crate) mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("Secret istio-system/istio-ca-secret is incomplete: key ca-key.pem is missing"),
+            err.contains(
+                "Secret istio-system/istio-ca-secret is incomplete: key ca-key.pem is missing"
+            ),
             "{err}"
         );
     }

@@ -222,7 +222,8 @@ pub fn load_ca_secret(
     let mut roots = pki::pem_certs(&name(CA_CERT_FILE), &cert)?;
     let listed = text(ROOT_CERT_FILE, false)?;
     if !listed.trim().is_empty() {
-        roots = super::authority::merge_roots(&roots, &pki::pem_certs(&name(ROOT_CERT_FILE), &listed)?);
+        roots =
+            super::authority::merge_roots(&roots, &pki::pem_certs(&name(ROOT_CERT_FILE), &listed)?);
     }
     load_pems(
         Pems {

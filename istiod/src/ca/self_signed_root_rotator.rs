@@ -60,7 +60,8 @@ pub fn in_grace_period(
 }
 
 fn text(stored: &Stored, key: &str) -> String {
-    String::from_utf8_lossy(stored.data.get(key).map(Vec::as_slice).unwrap_or_default()).into_owned()
+    String::from_utf8_lossy(stored.data.get(key).map(Vec::as_slice).unwrap_or_default())
+        .into_owned()
 }
 
 /// One check, as Istio's `checkAndRotateRootCert`.
@@ -89,16 +90,23 @@ pub async fn check_and_rotate<S: SecretStore>(
             reason: "holds no certificate".into(),
         })?;
     let info = pki::cert_info(&cert).map_err(MaterialError::from)?;
-    if !in_grace_period(info.not_before, info.not_after, now, settings.grace_percentile) {
+    if !in_grace_period(
+        info.not_before,
+        info.not_after,
+        now,
+        settings.grace_percentile,
+    ) {
         if authority.signer().bundle().signing_cert.as_ref() == cert.as_ref() {
             return Ok(Outcome::Unchanged);
         }
         tracing::warn!(target: "rootcertrotator", "the root in Secret {qualified} differs from the one in use; loading it");
         let bundle = material::load_ca_secret(qualified, &stored.data)?;
-        authority.replace(bundle).map_err(|e| MaterialError::Mismatch {
-            path: qualified.to_string(),
-            reason: e.to_string(),
-        })?;
+        authority
+            .replace(bundle)
+            .map_err(|e| MaterialError::Mismatch {
+                path: qualified.to_string(),
+                reason: e.to_string(),
+            })?;
         return Ok(Outcome::Reloaded);
     }
 
@@ -122,10 +130,12 @@ pub async fn check_and_rotate<S: SecretStore>(
         Err(WriteError::Api(e)) => return Err(api(e)),
     }
     let bundle = material::load_ca_secret(qualified, &stored.data)?;
-    authority.replace(bundle).map_err(|e| MaterialError::Mismatch {
-        path: qualified.to_string(),
-        reason: e.to_string(),
-    })?;
+    authority
+        .replace(bundle)
+        .map_err(|e| MaterialError::Mismatch {
+            path: qualified.to_string(),
+            reason: e.to_string(),
+        })?;
     tracing::info!(target: "rootcertrotator", "root certificate rotation is complete");
     Ok(Outcome::Rotated)
 }
@@ -219,16 +229,29 @@ mod tests {
         let store = store_with(root_data(10 * H));
         let authority = authority(&store);
         let old = store.secrets.lock().unwrap()[CA_SECRET].clone();
-        let old_root = pki::pem_certs("old", &text(&old, CA_CERT_FILE)).unwrap().remove(0);
+        let old_root = pki::pem_certs("old", &text(&old, CA_CERT_FILE))
+            .unwrap()
+            .remove(0);
         // 9 of 10 hours gone: inside the 20% grace.
         let now = SystemTime::now() + 9 * H;
-        let outcome = check_and_rotate(&store, "ns/istio-ca-secret", &authority, &settings(100 * H), now)
-            .await
-            .unwrap();
+        let outcome = check_and_rotate(
+            &store,
+            "ns/istio-ca-secret",
+            &authority,
+            &settings(100 * H),
+            now,
+        )
+        .await
+        .unwrap();
         assert_eq!(outcome, Outcome::Rotated);
         let new = store.secrets.lock().unwrap()[CA_SECRET].clone();
-        assert_eq!(new.data[CA_KEY_FILE], old.data[CA_KEY_FILE], "the key is reused");
-        let new_root = pki::pem_certs("new", &text(&new, CA_CERT_FILE)).unwrap().remove(0);
+        assert_eq!(
+            new.data[CA_KEY_FILE], old.data[CA_KEY_FILE],
+            "the key is reused"
+        );
+        let new_root = pki::pem_certs("new", &text(&new, CA_CERT_FILE))
+            .unwrap()
+            .remove(0);
         assert_ne!(new_root, old_root);
         let listed = pki::pem_certs("roots", &text(&new, "root-cert.pem")).unwrap();
         assert_eq!(listed, vec![new_root.clone(), old_root.clone()]);
@@ -246,21 +269,38 @@ mod tests {
         let store = store_with(root_data(10 * H));
         let authority = authority(&store);
         let now = SystemTime::now() + 7 * H;
-        let outcome = check_and_rotate(&store, "ns/istio-ca-secret", &authority, &settings(10 * H), now)
-            .await
-            .unwrap();
+        let outcome = check_and_rotate(
+            &store,
+            "ns/istio-ca-secret",
+            &authority,
+            &settings(10 * H),
+            now,
+        )
+        .await
+        .unwrap();
         assert_eq!(outcome, Outcome::Unchanged);
         // Another replica replaced the root.
         let other = root_data(10 * H);
-        store.secrets.lock().unwrap().get_mut(CA_SECRET).unwrap().data = other.clone();
-        let outcome = check_and_rotate(&store, "ns/istio-ca-secret", &authority, &settings(10 * H), SystemTime::now())
-            .await
-            .unwrap();
+        store
+            .secrets
+            .lock()
+            .unwrap()
+            .get_mut(CA_SECRET)
+            .unwrap()
+            .data = other.clone();
+        let outcome = check_and_rotate(
+            &store,
+            "ns/istio-ca-secret",
+            &authority,
+            &settings(10 * H),
+            SystemTime::now(),
+        )
+        .await
+        .unwrap();
         assert_eq!(outcome, Outcome::Reloaded);
         assert_eq!(
             authority.signer().bundle().signing_cert.as_ref(),
-            pki::pem_certs("other", std::str::from_utf8(&other[CA_CERT_FILE]).unwrap())
-                .unwrap()[0]
+            pki::pem_certs("other", std::str::from_utf8(&other[CA_CERT_FILE]).unwrap()).unwrap()[0]
                 .as_ref()
         );
     }
