@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod ads;
+pub mod ca_root;
 pub mod fault;
 pub mod gateway_pod;
 pub mod injected;
@@ -485,8 +486,15 @@ impl Istiod {
         self.wait_ready();
     }
 
-    /// The CA root bundle.
+    /// The CA root bundle: on Kubernetes, from the CA's Secret; else from
+    /// the local self-signed directory.
     pub fn root_pem(&self) -> String {
+        let kubeconfig = self.env.iter().find(|(k, _)| k == "TEST_ISTIOD_KUBECONFIG");
+        if let Some((_, kc)) = kubeconfig
+            && let Some(root) = ca_root::from_kube(Path::new(kc), self.netns.as_deref())
+        {
+            return root;
+        }
         fs::read_to_string(self.dir.join("etc/istio-ca-secret/root-cert.pem")).unwrap()
     }
 

@@ -205,6 +205,15 @@ fn plugin_fingerprint(dir: &Path) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// Whether `bundle` is what `authority` signs with already.
+fn same_material(authority: &Authority, bundle: &CaBundle) -> bool {
+    let current = authority.signer();
+    let current = current.bundle();
+    current.signing_cert == bundle.signing_cert
+        && current.chain == bundle.chain
+        && bundle.roots.iter().all(|r| current.roots.contains(r))
+}
+
 /// Takes up `material` if it differs from what was last taken up.
 fn take_up(
     authority: &Authority,
@@ -237,7 +246,8 @@ async fn poll_plugin_dir(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let what = dir.display().to_string();
-    let mut last = plugin_fingerprint(&dir);
+    // The first poll compares the files with the material in use.
+    let mut last = None;
     let mut tick = tokio::time::interval(PLUGIN_POLL_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -300,7 +310,6 @@ async fn watch_cacerts(
         })
     };
     let mut last = None;
-    let mut first = true;
     let mut prune = tokio::time::interval(Duration::from_secs(60));
     let mut shutdown = shutdown;
     loop {
@@ -308,16 +317,6 @@ async fn watch_cacerts(
             data = rx.recv() => {
                 let Some(data) = data else { break };
                 let fp = data_fingerprint(&data);
-                if first {
-                    // The material loaded at start is this Secret's.
-                    first = false;
-                    if material::load_plugin_secret(&what, &data)
-                        .is_ok_and(|b| b.signing_cert == authority.signer().bundle().signing_cert)
-                    {
-                        last = Some(fp);
-                        continue;
-                    }
-                }
                 take_up(&authority, &what, &mut last, fp, || material::load_plugin_secret(&what, &data));
             }
             _ = prune.tick() => {

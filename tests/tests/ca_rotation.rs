@@ -1,0 +1,272 @@
+//! The CA root on Kubernetes: replicas share `istio-ca-secret`, restarts
+//! keep it, and a root in its grace period is rotated with the old and new
+//! roots both handed out.
+//!
+//! End to end (istiod processes on the Kubernetes API stand-in): run under
+//! the machine-wide lock,
+//! `flock /tmp/mesh-e2e.lock cargo test -p tests --test ca_rotation -- --test-threads=1`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tests::kube_api::KubeApi;
+use tests::{ISTIOD_SAN, Istiod, wait_for};
+
+const SECRETS: &str = "/api/v1/namespaces/istio-system/secrets";
+
+fn namespace(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+}
+
+/// A stand-in with `istio-system` and `demo`, and its kubeconfig.
+fn cluster(dir: &Path) -> (KubeApi, std::path::PathBuf) {
+    let api = KubeApi::start_local();
+    api.create(namespace("istio-system")).unwrap();
+    api.create(namespace("demo")).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    api.kubeconfig(&kubeconfig);
+    (api, kubeconfig)
+}
+
+fn start(dir: &Path, kubeconfig: &Path, extra: &[(&str, &str)]) -> Istiod {
+    let kc = kubeconfig.display().to_string();
+    let mut env = vec![
+        ("TEST_ISTIOD_KUBECONFIG", kc.as_str()),
+        ("POD_NAMESPACE", "istio-system"),
+    ];
+    env.extend_from_slice(extra);
+    Istiod::start(dir, &env)
+}
+
+/// The CSR response chain istiod at `istiod` gives `demo/sleep`, trusting
+/// `root` for istiod's own certificate.
+fn sign(istiod: &Istiod, root: &str) -> Vec<String> {
+    common::tls::install_crypto_provider();
+    let token = istiod.token("demo", "sleep");
+    let grpc = istiod.grpc;
+    let root = root.to_string();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let source: common::tls::ClientConfigSource = Arc::new(move || {
+            let store = common::tls::root_store("root", &root)?;
+            Ok(Arc::new(common::tls::grpc_client_config(store, None)?))
+        });
+        let name = rustls_pki_types::ServerName::try_from(ISTIOD_SAN).unwrap();
+        let channel = common::tls::grpc_channel(
+            &grpc.to_string(),
+            Some((source, name)),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let key = common::pki::generate_key(common::pki::KeyType::EcdsaP256).unwrap();
+        let id = common::Identity::new("cluster.local", "demo", "sleep");
+        let mut req = tonic::Request::new(proto::istio_ca::IstioCertificateRequest {
+            csr: common::pki::csr_pem(&id, &key).unwrap(),
+            validity_duration: 3600,
+            metadata: None,
+        });
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        let mut ca =
+            proto::istio_ca::istio_certificate_service_client::IstioCertificateServiceClient::new(
+                channel,
+            );
+        ca.create_certificate(req)
+            .await
+            .expect("istiod signs the CSR")
+            .into_inner()
+            .cert_chain
+    })
+}
+
+fn secret(api: &KubeApi) -> Value {
+    api.get("v1", "Secret", "istio-system", "istio-ca-secret")
+        .expect("istio-ca-secret exists")
+}
+
+fn secret_key(secret: &Value, key: &str) -> String {
+    use base64::Engine;
+    let b64 = secret["data"][key].as_str().unwrap_or_default();
+    String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+/// The leaf of `chain` is signed by the first certificate of `root_pem`.
+fn chains_to(chain: &[String], root_pem: &str) -> bool {
+    let leaf = common::pki::pem_certs("leaf", &chain[0]).unwrap().remove(0);
+    let root = common::pki::pem_certs("root", root_pem).unwrap().remove(0);
+    common::pki::signed_by(&leaf, &root)
+}
+
+#[test]
+fn two_istiods_create_the_root_once_and_keep_it_across_restarts() {
+    let _mesh = tests::mesh::one_mesh_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let (api, kubeconfig) = cluster(tmp.path());
+
+    // Both start at once: they race to create istio-ca-secret.
+    let (mut a, mut b) = std::thread::scope(|s| {
+        let a = s.spawn(|| start(&tmp.path().join("a"), &kubeconfig, &[]));
+        let b = s.spawn(|| start(&tmp.path().join("b"), &kubeconfig, &[]));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+
+    let stored = secret(&api);
+    assert_eq!(stored["type"], "istio.io/ca-root");
+    let keys: Vec<&str> = stored["data"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "ca-cert.pem",
+            "ca-key.pem",
+            "cert-chain.pem",
+            "key.pem",
+            "root-cert.pem"
+        ]
+    );
+    let root = secret_key(&stored, "root-cert.pem");
+    let uid = stored["metadata"]["uid"].clone();
+    let version = stored["metadata"]["resourceVersion"].clone();
+    let writes = |api: &KubeApi| {
+        api.requests()
+            .into_iter()
+            .filter(|r| r.path.starts_with(SECRETS) && r.method != "GET")
+            .map(|r| format!("{} {}", r.method, r.path))
+            .collect::<Vec<_>>()
+    };
+    // One create won; a loser's create (409) may be recorded too, nothing else.
+    let first = writes(&api);
+    assert!(
+        !first.is_empty()
+            && first.len() <= 2
+            && first.iter().all(|w| w == &format!("POST {SECRETS}")),
+        "{first:?}"
+    );
+
+    // Certificates from either istiod chain to that one root, and both hand it out.
+    for istiod in [&a, &b] {
+        let chain = sign(istiod, &root);
+        assert_eq!(
+            chain.last().unwrap(),
+            &root,
+            "the CSR response ends with the root"
+        );
+        assert!(chains_to(&chain, &root));
+    }
+
+    // Both restart: the root and the Secret are unchanged, nothing is written.
+    a.restart();
+    b.restart();
+    for istiod in [&a, &b] {
+        let chain = sign(istiod, &root);
+        assert!(chains_to(&chain, &root));
+        assert_eq!(chain.last().unwrap(), &root);
+    }
+    let after = secret(&api);
+    assert_eq!(
+        after["metadata"]["uid"], uid,
+        "the Secret was not re-created"
+    );
+    assert_eq!(
+        after["metadata"]["resourceVersion"], version,
+        "the Secret was not rewritten"
+    );
+    assert_eq!(writes(&api), first, "restarts write no Secret");
+}
+
+/// A root with most of its life gone, as `istio-ca-secret` holds it.
+fn aging_root(lifetime: Duration, gone: Duration) -> (String, String) {
+    let key = common::pki::generate_key(common::pki::KeyType::Rsa(2048)).unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    let start = now - gone;
+    let mut params = common::pki::root_ca_params("cluster.local", start, start + lifetime);
+    params.serial_number = Some(rcgen::SerialNumber::from_slice(&[0x11, 0x22, 0x33]));
+    (params.self_signed(&key).unwrap().pem(), key.serialize_pem())
+}
+
+#[test]
+fn a_root_in_its_grace_period_is_rotated_and_both_roots_are_handed_out() {
+    use base64::Engine;
+    let _mesh = tests::mesh::one_mesh_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let (api, kubeconfig) = cluster(tmp.path());
+    // 9 of 10 days gone: inside Istio's default 20% grace period.
+    let (old_root, key) = aging_root(
+        Duration::from_secs(10 * 86400),
+        Duration::from_secs(9 * 86400),
+    );
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    api.create(json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "istio.io/ca-root",
+        "metadata": {"name": "istio-ca-secret", "namespace": "istio-system"},
+        "data": {
+            "ca-cert.pem": b64(&old_root), "ca-key.pem": b64(&key), "cert-chain.pem": "",
+            "key.pem": "", "root-cert.pem": b64(&old_root),
+        }
+    }))
+    .unwrap();
+    let istiod = start(
+        &tmp.path().join("istiod"),
+        &kubeconfig,
+        &[
+            ("CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL", "1s"),
+            ("CITADEL_ENABLE_JITTER_FOR_ROOT_CERT_ROTATOR", "false"),
+        ],
+    );
+    let started = std::time::Instant::now();
+    let new_root = wait_for("istiod rotates the root", Duration::from_secs(30), || {
+        let ca_cert = secret_key(&secret(&api), "ca-cert.pem");
+        (ca_cert != old_root).then_some(ca_cert)
+    });
+    let listed = secret_key(&secret(&api), "root-cert.pem");
+    assert_eq!(
+        listed,
+        format!("{new_root}{old_root}"),
+        "root-cert.pem lists the new root, then the old"
+    );
+    assert_eq!(
+        secret_key(&secret(&api), "ca-key.pem"),
+        key,
+        "the key is kept"
+    );
+
+    // The CSR response carries both roots; the leaf verifies under either
+    // (same key and subject), so workloads holding only the old root keep talking.
+    let chain = wait_for(
+        "CSR responses carry both roots",
+        Duration::from_secs(10),
+        || {
+            let chain = sign(&istiod, &old_root);
+            (chain.last() == Some(&listed)).then_some(chain)
+        },
+    );
+    assert!(chains_to(&chain, &new_root) && chains_to(&chain, &old_root));
+
+    // The namespace controller publishes both roots.
+    wait_for(
+        "istio-ca-root-cert carries both roots",
+        Duration::from_secs(10),
+        || {
+            let cm = api.get("v1", "ConfigMap", "demo", "istio-ca-root-cert")?;
+            (cm["data"]["root-cert.pem"].as_str() == Some(listed.as_str())).then_some(())
+        },
+    );
+    println!(
+        "CA root rotation: new root in the Secret, the CSR responses and istio-ca-root-cert within {:?}",
+        started.elapsed()
+    );
+}
