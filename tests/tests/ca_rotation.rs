@@ -111,14 +111,25 @@ fn chains_to(chain: &[String], root_pem: &str) -> bool {
 fn two_istiods_create_the_root_once_and_keep_it_across_restarts() {
     let _mesh = tests::mesh::one_mesh_at_a_time();
     let tmp = tempfile::tempdir().unwrap();
-    let (api, kubeconfig) = cluster(tmp.path());
+    let tmp = tmp.path();
+    let (api, kubeconfig) = cluster(tmp);
 
-    // Both start at once: they race to create istio-ca-secret.
-    let (mut a, mut b) = std::thread::scope(|s| {
-        let a = s.spawn(|| start(&tmp.path().join("a"), &kubeconfig, &[]));
-        let b = s.spawn(|| start(&tmp.path().join("b"), &kubeconfig, &[]));
-        (a.join().unwrap(), b.join().unwrap())
-    });
+    // Both start at once: they race to create istio-ca-secret. Each is
+    // spawned by a thread that lives until the test ends (a child dies with
+    // the thread that spawned it).
+    let (hold, held) = std::sync::mpsc::channel::<()>();
+    let held = Arc::new(std::sync::Mutex::new(held));
+    let spawn = |name: &str| {
+        let (dir, kc, held) = (tmp.join(name), kubeconfig.clone(), held.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            tx.send(start(&dir, &kc, &[])).unwrap();
+            let _ = held.lock().map(|h| h.recv());
+        });
+        rx
+    };
+    let (a, b) = (spawn("a"), spawn("b"));
+    let (mut a, mut b) = (a.recv().unwrap(), b.recv().unwrap());
 
     let stored = secret(&api);
     assert_eq!(stored["type"], "istio.io/ca-root");
@@ -171,6 +182,9 @@ fn two_istiods_create_the_root_once_and_keep_it_across_restarts() {
     // Both restart: the root and the Secret are unchanged, nothing is written.
     a.restart();
     b.restart();
+    for istiod in [&mut a, &mut b] {
+        assert!(istiod.proc.alive(), "istiod exited:\n{}", istiod.proc.log());
+    }
     for istiod in [&a, &b] {
         let chain = sign(istiod, &root);
         assert!(chains_to(&chain, &root));
@@ -186,6 +200,7 @@ fn two_istiods_create_the_root_once_and_keep_it_across_restarts() {
         "the Secret was not rewritten"
     );
     assert_eq!(writes(&api), first, "restarts write no Secret");
+    drop(hold);
 }
 
 /// A root with most of its life gone, as `istio-ca-secret` holds it.

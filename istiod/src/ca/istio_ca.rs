@@ -225,12 +225,20 @@ fn take_up(
     if last.as_ref() == Some(&fingerprint) {
         return;
     }
-    match load()
-        .map_err(|e| e.to_string())
-        .and_then(|bundle| authority.replace(bundle).map_err(|e| e.to_string()))
-    {
-        Ok(()) => {
-            tracing::info!(target: "ca", "istiod has taken up the changed plug-in CA in {what}");
+    let result = load().map_err(|e| e.to_string()).and_then(|bundle| {
+        if same_material(authority, &bundle) {
+            return Ok(false);
+        }
+        authority
+            .replace(bundle)
+            .map(|()| true)
+            .map_err(|e| e.to_string())
+    });
+    match result {
+        Ok(changed) => {
+            if changed {
+                tracing::info!(target: "ca", "istiod has taken up the changed plug-in CA in {what}");
+            }
             *last = Some(fingerprint);
         }
         // A half-written update: the next poll or event tries again.
