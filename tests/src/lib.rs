@@ -314,14 +314,21 @@ impl Istiod {
     /// Starts istiod in the hub namespace on Istio's ports with
     /// `--kubeconfig kubeconfig` (a Kubernetes API) and no config directory.
     pub fn start_hub_kube(ns: &netns::Netns, dir: &Path, kubeconfig: &Path) -> Istiod {
+        Self::start_hub_kube_with(ns, dir, kubeconfig, &[])
+    }
+
+    /// [`Istiod::start_hub_kube`] with extra environment.
+    pub fn start_hub_kube_with(
+        ns: &netns::Netns,
+        dir: &Path,
+        kubeconfig: &Path,
+        env: &[(&str, &str)],
+    ) -> Istiod {
         let kc = kubeconfig.display().to_string();
         let grpc: SocketAddr = "0.0.0.0:15012".parse().unwrap();
-        Self::start_full(
-            dir,
-            grpc,
-            &[("TEST_ISTIOD_KUBECONFIG", &kc)],
-            Some(ns.name.clone()),
-        )
+        let mut env: Vec<(&str, &str)> = env.to_vec();
+        env.push(("TEST_ISTIOD_KUBECONFIG", &kc));
+        Self::start_full(dir, grpc, &env, Some(ns.name.clone()))
     }
 
     /// Like [`Istiod::start_hub`], with the plaintext xDS port `:15010` open too.

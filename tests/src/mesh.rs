@@ -476,7 +476,7 @@ impl LocalMesh {
     /// Starts the mesh with the given capture, in `dir`, istiod reading the
     /// sample from its config directory.
     pub fn start_with(dir: &Path, capture: Capture, extra_agent_env: &[(&str, &str)]) -> LocalMesh {
-        Self::start_from(dir, capture, extra_agent_env, &[], false)
+        Self::start_from(dir, capture, extra_agent_env, &[], None)
     }
 
     /// [`LocalMesh::start`] with extra environment for istiod too (its
@@ -486,14 +486,25 @@ impl LocalMesh {
         istiod_env: &[(&str, &str)],
         extra_agent_env: &[(&str, &str)],
     ) -> LocalMesh {
-        Self::start_from(dir, Capture::Iptables, extra_agent_env, istiod_env, false)
+        Self::start_from(dir, Capture::Iptables, extra_agent_env, istiod_env, None)
     }
 
     /// Starts the mesh (iptables capture) with istiod on Kubernetes: the
     /// API stand-in, inside the hub, holds the sample's objects and istiod
     /// reads them through `--kubeconfig`, with no config directory.
     pub fn start_kube(dir: &Path) -> LocalMesh {
-        Self::start_from(dir, Capture::Iptables, &[], &[], true)
+        Self::start_from(dir, Capture::Iptables, &[], &[], Some(&[]))
+    }
+
+    /// [`LocalMesh::start_kube`] with extra agent and istiod environment,
+    /// and `objects` created in the API before istiod starts.
+    pub fn start_kube_with(
+        dir: &Path,
+        agent_env: &[(&str, &str)],
+        istiod_env: &[(&str, &str)],
+        objects: &[serde_json::Value],
+    ) -> LocalMesh {
+        Self::start_from(dir, Capture::Iptables, agent_env, istiod_env, Some(objects))
     }
 
     fn start_from(
@@ -501,7 +512,7 @@ impl LocalMesh {
         capture: Capture,
         extra_agent_env: &[(&str, &str)],
         istiod_env: &[(&str, &str)],
-        kube: bool,
+        kube: Option<&[serde_json::Value]>,
     ) -> LocalMesh {
         // The proxy user must reach its Pod's files.
         std::fs::create_dir_all(dir).expect("mesh dir");
@@ -518,15 +529,30 @@ impl LocalMesh {
             copy_yaml(&samples.join("capture-none"), &config_dir);
         }
         let hub = Hub::new();
-        let (istiod, kube_api) = if kube {
+        let (istiod, kube_api) = if let Some(objects) = kube {
             let listener = hub
                 .ns
                 .run(|| std::net::TcpListener::bind("127.0.0.1:0").expect("bind the API"));
             let api = crate::kube_api::KubeApi::start(listener);
             load_into(&api, &config_dir);
+            // istiod's own namespace exists in every cluster (its CA keeps
+            // `istio-ca-secret` there).
+            if api.get("v1", "Namespace", "", "istio-system").is_none() {
+                api.create(serde_json::json!({"apiVersion": "v1", "kind": "Namespace",
+                    "metadata": {"name": "istio-system"}}))
+                    .expect("create the istio-system namespace");
+            }
+            for o in objects {
+                api.create(o.clone()).expect("create a seeded object");
+            }
             let kubeconfig = dir.join("kubeconfig");
             api.kubeconfig(&kubeconfig);
-            let istiod = crate::Istiod::start_hub_kube(&hub.ns, &dir.join("istiod"), &kubeconfig);
+            let istiod = crate::Istiod::start_hub_kube_with(
+                &hub.ns,
+                &dir.join("istiod"),
+                &kubeconfig,
+                istiod_env,
+            );
             (istiod, Some(api))
         } else {
             let istiod = crate::Istiod::start_hub_with(

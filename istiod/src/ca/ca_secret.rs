@@ -239,11 +239,11 @@ pub async fn load_or_create<S: SecretStore>(
                 races += 1;
                 tracing::info!(target: "ca", "Secret {qualified} was created by another istiod; using its root");
             }
-            Err(WriteError::Api(source)) => {
-                return Err(CaSecretError::Api {
-                    secret: qualified.to_string(),
-                    source,
-                });
+            // Istio retries with backoff too (e.g. the namespace is not there yet).
+            Err(WriteError::Api(e)) => {
+                tracing::warn!(target: "ca", "cannot create Secret {qualified}: {e}; retrying in {delay:?}");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
             }
         }
     }
