@@ -6,6 +6,8 @@
 //! the machine-wide lock,
 //! `flock /tmp/mesh-e2e.lock cargo test -p tests --test ca_rotation -- --test-threads=1`.
 
+#![allow(clippy::unwrap_used)]
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
