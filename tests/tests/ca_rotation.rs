@@ -397,3 +397,158 @@ fn a_root_rotation_reaches_every_proxy_with_no_failed_request() {
     assert!(ok > 10, "traffic flowed ({ok})");
     assert_eq!(failed, 0, "no request failed across the rotation");
 }
+
+/// A plug-in bundle: `(ca-cert, ca-key, cert-chain, root-cert)` for a new
+/// intermediate under `root` (its PEM and key).
+fn intermediate(root_pem: &str, root_key: &rcgen::KeyPair) -> [String; 4] {
+    let root = common::pki::pem_certs("root", root_pem).unwrap().remove(0);
+    let issuer = rcgen::Issuer::from_ca_cert_der(&root, root_key).unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    let mut params = common::pki::root_ca_params(
+        "cluster.local",
+        now - time::Duration::minutes(5),
+        now + time::Duration::days(30),
+    );
+    let serial = rand_serial();
+    params.serial_number = Some(rcgen::SerialNumber::from_slice(&serial));
+    // A subject of its own: a chain whose intermediate is named like the
+    // root does not build in Envoy.
+    params.distinguished_name.push(
+        rcgen::DnType::CommonName,
+        format!("intermediate {:x}", u64::from_be_bytes(serial)),
+    );
+    let key = common::pki::generate_key(common::pki::KeyType::EcdsaP256).unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap().pem();
+    [
+        cert.clone(),
+        key.serialize_pem(),
+        format!("{cert}{root_pem}"),
+        root_pem.to_string(),
+    ]
+}
+
+fn rand_serial() -> [u8; 8] {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    (nanos | 1 << 62).to_be_bytes()
+}
+
+fn cacerts(bundle: &[String; 4]) -> Value {
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "cacerts", "namespace": "istio-system"},
+        "data": {
+            "ca-cert.pem": b64(&bundle[0]), "ca-key.pem": b64(&bundle[1]),
+            "cert-chain.pem": b64(&bundle[2]), "root-cert.pem": b64(&bundle[3]),
+        }
+    })
+}
+
+/// The certificate chain Envoy of Pod `pod` holds as `default`.
+fn envoy_chain(mesh: &tests::mesh::LocalMesh, pod: &str) -> String {
+    use base64::Engine;
+    let dump = mesh.pod(pod).ns.run(|| {
+        tests::http_get(
+            std::net::SocketAddr::from(([127, 0, 0, 1], 15000)),
+            "/config_dump?resource=dynamic_active_secrets",
+        )
+        .map(|(_, body)| body)
+        .unwrap_or_default()
+    });
+    let dump: Value = serde_json::from_str(&dump).unwrap_or(Value::Null);
+    let empty = vec![];
+    dump["configs"]
+        .as_array()
+        .unwrap_or(&empty)
+        .iter()
+        .find(|c| c["name"] == "default")
+        .and_then(|c| c["secret"]["tls_certificate"]["certificate_chain"]["inline_bytes"].as_str())
+        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+        .map(|pem| String::from_utf8_lossy(&pem).into_owned())
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_changed_cacerts_secret_reaches_every_proxy_with_no_failed_request() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let _mesh = tests::mesh::one_mesh_at_a_time();
+    let tmp = tempfile::tempdir().unwrap();
+    let root_key = common::pki::generate_key(common::pki::KeyType::EcdsaP256).unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    let root = common::pki::root_ca_params(
+        "cluster.local",
+        now - time::Duration::minutes(5),
+        now + time::Duration::days(365),
+    )
+    .self_signed(&root_key)
+    .unwrap()
+    .pem();
+    let first = intermediate(&root, &root_key);
+    let mesh = tests::mesh::LocalMesh::start_kube_with(
+        tmp.path(),
+        &[("SECRET_TTL", "20s")],
+        &[],
+        &[cacerts(&first)],
+    );
+    let api = mesh.kube_api.as_ref().unwrap();
+    assert!(
+        envoy_chain(&mesh, "sleep-1").contains(first[0].trim()) || {
+            wait_for(
+                "sleep-1 holds the first intermediate",
+                Duration::from_secs(30),
+                || {
+                    envoy_chain(&mesh, "sleep-1")
+                        .contains(first[0].trim())
+                        .then_some(true)
+                },
+            )
+        }
+    );
+    let stop = AtomicBool::new(false);
+    let (ok, failed) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                match mesh.app_curl("sleep-1", "http://httpbin:8000/headers") {
+                    Ok((200, _)) => ok.fetch_add(1, Ordering::Relaxed),
+                    other => {
+                        eprintln!("failed request: {other:?}");
+                        failed.fetch_add(1, Ordering::Relaxed)
+                    }
+                };
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            std::thread::sleep(Duration::from_secs(2));
+            let second = intermediate(&root, &root_key);
+            let mut secret = api.get("v1", "Secret", "istio-system", "cacerts").unwrap();
+            secret["data"] = cacerts(&second)["data"].clone();
+            api.update(secret).unwrap();
+            for (pod, ..) in &mesh.pods {
+                wait_for(
+                    &format!("{pod}'s Envoy holds the new intermediate"),
+                    Duration::from_secs(90),
+                    || {
+                        envoy_chain(&mesh, pod)
+                            .contains(second[0].trim())
+                            .then_some(())
+                    },
+                );
+            }
+            std::thread::sleep(Duration::from_secs(3));
+        }));
+        stop.store(true, Ordering::Relaxed);
+        if let Err(e) = result {
+            std::panic::resume_unwind(e);
+        }
+    });
+    let (ok, failed) = (ok.into_inner(), failed.into_inner());
+    println!("requests across the cacerts change: {ok} ok, {failed} failed");
+    assert!(ok > 10, "traffic flowed ({ok})");
+    assert_eq!(failed, 0, "no request failed across the cacerts change");
+}

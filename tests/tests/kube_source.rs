@@ -251,7 +251,9 @@ impl Cluster {
             .get("v1", "Secret", "istio-system", "istio-ca-secret")
             .expect("istiod created istio-ca-secret");
         let b64 = secret["data"]["root-cert.pem"].as_str().unwrap();
-        let pem = base64::engine::general_purpose::STANDARD.decode(b64).unwrap();
+        let pem = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap();
         String::from_utf8(pem).unwrap()
     }
 
