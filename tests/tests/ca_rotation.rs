@@ -495,18 +495,14 @@ fn a_changed_cacerts_secret_reaches_every_proxy_with_no_failed_request() {
         &[cacerts(&first)],
     );
     let api = mesh.kube_api.as_ref().unwrap();
-    assert!(
-        envoy_chain(&mesh, "sleep-1").contains(first[0].trim()) || {
-            wait_for(
-                "sleep-1 holds the first intermediate",
-                Duration::from_secs(30),
-                || {
-                    envoy_chain(&mesh, "sleep-1")
-                        .contains(first[0].trim())
-                        .then_some(true)
-                },
-            )
-        }
+    wait_for(
+        "sleep-1's Envoy holds the first intermediate",
+        Duration::from_secs(30),
+        || {
+            envoy_chain(&mesh, "sleep-1")
+                .contains(first[0].trim())
+                .then_some(())
+        },
     );
     let stop = AtomicBool::new(false);
     let (ok, failed) = (AtomicUsize::new(0), AtomicUsize::new(0));
