@@ -15,10 +15,10 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::ca::authn::{Authenticators, JwtAuthenticator};
+use crate::ca::authority::Authority;
 use crate::ca::kube_jwt::KubeJwtAuthenticator;
-use crate::ca::material::{self, SelfSignedOptions};
 use crate::ca::server::CaServer;
-use crate::ca::{CaBundle, Signer};
+use crate::ca::serving_cert::ServingCert;
 use crate::config::Config;
 use crate::jwks::JwksResolver;
 use crate::mesh::Mesh;
@@ -41,8 +41,8 @@ pub struct Bound {
     /// The CA root bundle (what `istio-ca-root-cert` carries).
     pub root_pem: String,
     shutdown: watch::Sender<bool>,
-    /// Publishes the root to the namespace controller while istiod runs.
-    _root: watch::Sender<String>,
+    /// The CA; publishes the root bundle while istiod runs.
+    _authority: Arc<Authority>,
     tasks: JoinSet<anyhow::Result<()>>,
     shutdown_duration: Duration,
     /// Closes the open xDS streams (after the servers stopped accepting).
@@ -97,74 +97,6 @@ impl Bound {
         self.shutdown().await;
         result
     }
-}
-
-/// The plug-in CA Secret Istio reads (`cacerts`, in istiod's namespace).
-const CACERTS_SECRET: &str = "cacerts";
-
-/// The data of the `cacerts` Secret, `None` when there is none. Waits (and
-/// says so) while the API cannot answer: istiod cannot choose its CA before.
-async fn cacerts_secret(
-    client: &kube::Client,
-    namespace: &str,
-) -> Option<std::collections::BTreeMap<String, Vec<u8>>> {
-    use k8s_openapi::api::core::v1::Secret;
-    let api: kube::Api<Secret> = kube::Api::namespaced(client.clone(), namespace);
-    let mut delay = Duration::from_millis(500);
-    loop {
-        match api.get_opt(CACERTS_SECRET).await {
-            Ok(secret) => {
-                return secret.map(|s| {
-                    s.data
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|(k, v)| (k, v.0))
-                        .collect()
-                });
-            }
-            Err(e) => {
-                tracing::warn!(target: "ca", "cannot read Secret {namespace}/{CACERTS_SECRET}: {e}; retrying in {delay:?}");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(30));
-            }
-        }
-    }
-}
-
-/// Istio's choice of CA material: the plug-in directory, else (on
-/// Kubernetes) the `cacerts` Secret, else the self-signed root.
-async fn load_ca(config: &Arc<Config>, kube: Option<&kube::Client>) -> anyhow::Result<CaBundle> {
-    if !material::has_plugin_ca(&config.ca.root_ca_dir)
-        && let Some(client) = kube
-        && let Some(data) = cacerts_secret(client, &config.mesh.namespace).await
-    {
-        let name = format!("{}/{CACERTS_SECRET}", config.mesh.namespace);
-        let bundle =
-            tokio::task::spawn_blocking(move || material::load_plugin_secret(&name, &data))
-                .await??;
-        tracing::info!(target: "ca", "using the {}", bundle.source);
-        return Ok(bundle);
-    }
-    let config = config.clone();
-    tokio::task::spawn_blocking(move || load_ca_files(&config)).await?
-}
-
-fn load_ca_files(config: &Config) -> anyhow::Result<CaBundle> {
-    if material::has_plugin_ca(&config.ca.root_ca_dir) {
-        let bundle = material::load_plugin(&config.ca.root_ca_dir)?;
-        tracing::info!(target: "ca", "using the plug-in CA in {}", config.ca.root_ca_dir.display());
-        return Ok(bundle);
-    }
-    let bundle = material::load_or_create_self_signed(
-        &config.ca.self_signed_ca_dir,
-        &SelfSignedOptions {
-            trust_domain: config.mesh.trust_domain.clone(),
-            ttl: config.ca.self_signed_ca_ttl,
-            rsa_key_size: config.ca.self_signed_ca_rsa_key_size,
-        },
-    )?;
-    tracing::info!(target: "ca", "using the self-signed root in {}", config.ca.self_signed_ca_dir.display());
-    Ok(bundle)
 }
 
 async fn bind(addr: SocketAddr, what: &str) -> anyhow::Result<TcpListener> {
@@ -243,17 +175,24 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         crate::leaderelection::candidate(&config, kube.as_ref(), shutdown_rx.clone())?,
         shutdown_rx.clone(),
     );
-    let bundle = load_ca(&config, kube.as_ref()).await?;
-    let root_pem = bundle.root_pem.clone();
-    let roots = bundle.roots.clone();
-    let signer = Arc::new(Signer::new(
+    let (bundle, ca_source) = crate::ca::istio_ca::load(&config, kube.as_ref()).await?;
+    let authority = Arc::new(Authority::new(
         bundle,
         config.ca.default_cert_ttl,
         config.ca.max_cert_ttl,
     )?);
+    let root_pem = authority.root_pem();
+    crate::ca::istio_ca::keep_current(
+        &ca_source,
+        &config,
+        kube.as_ref(),
+        &authority,
+        shutdown_rx.clone(),
+    );
 
-    // istiod's own serving certificate for :15012.
-    let (serving_chain, serving_key) = match &config.server.custom_tls {
+    // istiod's own serving certificate for :15012 and :15017, issued again
+    // by the CA whenever its material changes.
+    let custom = match &config.server.custom_tls {
         Some(crate::config::CustomTls { cert, key, .. }) => {
             let chain_pem = std::fs::read_to_string(cert)
                 .with_context(|| format!("--tlsCertFile {}", cert.display()))?;
@@ -264,16 +203,21 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
                 key_pem.as_bytes(),
             )
             .with_context(|| format!("--tlsKeyFile {}: no PEM private key", key.display()))?;
-            (chain, key)
+            Some((chain, key))
         }
-        None => {
-            let (chain_pem, key) = signer
-                .sign_server_cert(&config.server.istiod_sans, config.ca.self_signed_ca_ttl)?;
-            let chain = common::pki::pem_certs("istiod serving certificate", &chain_pem)?;
-            let key = PrivateKeyDer::Pkcs8(key.serialize_der().into());
-            (chain, key)
-        }
+        None => None,
     };
+    let serving = ServingCert::new(
+        &authority,
+        &config.server.istiod_sans,
+        config.ca.self_signed_ca_ttl,
+        custom,
+    )?;
+    tokio::spawn(
+        serving
+            .clone()
+            .follow(authority.clone(), shutdown_rx.clone()),
+    );
     tracing::info!(target: "ca", "istiod serving certificate SANs: {}", config.server.istiod_sans.join(", "));
 
     let jwt = config.ca.jwt_rule.clone().map(|rule| {
@@ -358,15 +302,15 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     );
     let configz = sources.configz.clone();
     let mesh = sources.mesh.clone();
-    // The root every namespace gets, as `istio-ca-root-cert` (fixed while
-    // istiod runs: the signer's material is chosen at start).
-    let (root_tx, root_rx) = watch::channel(root_pem.clone());
+    // The root bundle every namespace gets, as `istio-ca-root-cert`,
+    // following the CA's changes.
     if let Some(client) = &kube {
         // Only the holder of `istio-namespace-controller-election` writes;
         // each new holder starts over from a full list (a deleted ConfigMap
         // is put back).
-        let (client, mesh, synced) = (
+        let (client, root_rx, mesh, synced) = (
             client.clone(),
+            authority.subscribe(),
             sources.mesh.clone(),
             sources.mesh_synced.clone(),
         );
@@ -402,11 +346,14 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     if let Some(addr) = config.server.secure_grpc_addr {
         let listener = bind(addr, "the secure gRPC server (--secureGRPCAddr)").await?;
         secure_grpc_addr = Some(listener.local_addr()?);
-        let tls =
-            crate::grpc::server_config(serving_chain.clone(), serving_key.clone_key(), &roots)?;
+        let tls = serving.grpc_config()?;
         let incoming =
             crate::grpc::tls_incoming(listener, tokio_rustls::TlsAcceptor::from(Arc::new(tls)));
-        let ca = CaServer::new(signer.clone(), authenticators.clone(), ca_metrics.clone());
+        let ca = CaServer::new(
+            authority.clone(),
+            authenticators.clone(),
+            ca_metrics.clone(),
+        );
         let mut builder = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(config.server.keepalive_interval))
             .http2_keepalive_timeout(Some(config.server.keepalive_timeout));
@@ -492,7 +439,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         use crate::webhooks::{inject, patcher, server, validation};
         let listener = bind(addr, "the webhook server (--httpsAddr)").await?;
         https_addr = Some(listener.local_addr()?);
-        let tls = server::tls_config(serving_chain, serving_key)?;
+        let tls = serving.webhook_config()?;
         let listener =
             server::TlsListener::new(listener, tokio_rustls::TlsAcceptor::from(Arc::new(tls)))?;
         let inject_metrics = config
@@ -526,7 +473,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
             patcher::start(
                 client.clone(),
                 &config.webhooks.revision,
-                &root_pem,
+                authority.subscribe(),
                 shutdown_rx.clone(),
             );
         }
@@ -561,7 +508,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     }
 
     Ok(Bound {
-        _root: root_tx,
+        _authority: authority,
         secure_grpc_addr,
         http_addr,
         monitoring_addr,

@@ -1,14 +1,10 @@
 //! istiod's gRPC listeners: TLS is terminated here with our own rustls config
-//! (optional client certificates verified against the CA roots) and the
+//! (`ca::serving_cert`: optional client certificates verified against the CA roots) and the
 //! streams are handed to tonic, which exposes the verified peer chain to
 //! handlers through `Request::peer_certs`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::ServerConfig;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::WebPkiClientVerifier;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
@@ -16,30 +12,6 @@ use tokio_stream::wrappers::ReceiverStream;
 
 /// How long a client has to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The TLS server config of :15012: istiod's serving chain, and client
-/// certificates requested but optional (a caller may use a bearer token).
-pub fn server_config(
-    chain: Vec<CertificateDer<'static>>,
-    key: PrivateKeyDer<'static>,
-    client_roots: &[CertificateDer<'static>],
-) -> Result<ServerConfig, common::tls::TlsError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    for r in client_roots {
-        roots.add(r.clone())?;
-    }
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-        .allow_unauthenticated()
-        .build()
-        .map_err(|e| rustls::Error::General(e.to_string()))?;
-    let mut config = ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(config)
-}
 
 /// Accepts TCP connections and yields completed TLS streams; failed handshakes
 /// are logged and dropped without disturbing other clients.

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod ads;
+pub mod ca_root;
 pub mod fault;
 pub mod gateway_pod;
 pub mod injected;
@@ -315,14 +316,21 @@ impl Istiod {
     /// Starts istiod in the hub namespace on Istio's ports with
     /// `--kubeconfig kubeconfig` (a Kubernetes API) and no config directory.
     pub fn start_hub_kube(ns: &netns::Netns, dir: &Path, kubeconfig: &Path) -> Istiod {
+        Self::start_hub_kube_with(ns, dir, kubeconfig, &[])
+    }
+
+    /// [`Istiod::start_hub_kube`] with extra environment.
+    pub fn start_hub_kube_with(
+        ns: &netns::Netns,
+        dir: &Path,
+        kubeconfig: &Path,
+        env: &[(&str, &str)],
+    ) -> Istiod {
         let kc = kubeconfig.display().to_string();
         let grpc: SocketAddr = "0.0.0.0:15012".parse().unwrap();
-        Self::start_full(
-            dir,
-            grpc,
-            &[("TEST_ISTIOD_KUBECONFIG", &kc)],
-            Some(ns.name.clone()),
-        )
+        let mut env: Vec<(&str, &str)> = env.to_vec();
+        env.push(("TEST_ISTIOD_KUBECONFIG", &kc));
+        Self::start_full(dir, grpc, &env, Some(ns.name.clone()))
     }
 
     /// Like [`Istiod::start_hub`], with the plaintext xDS port `:15010` open too.
@@ -487,8 +495,15 @@ impl Istiod {
         self.wait_ready();
     }
 
-    /// The CA root bundle.
+    /// The CA root bundle: on Kubernetes, from the CA's Secret; else from
+    /// the local self-signed directory.
     pub fn root_pem(&self) -> String {
+        let kubeconfig = self.env.iter().find(|(k, _)| k == "TEST_ISTIOD_KUBECONFIG");
+        if let Some((_, kc)) = kubeconfig
+            && let Some(root) = ca_root::from_kube(Path::new(kc), self.netns.as_deref())
+        {
+            return root;
+        }
         fs::read_to_string(self.dir.join("etc/istio-ca-secret/root-cert.pem")).unwrap()
     }
 

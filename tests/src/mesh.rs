@@ -491,7 +491,7 @@ impl LocalMesh {
     /// Starts the mesh with the given capture, in `dir`, istiod reading the
     /// sample from its config directory.
     pub fn start_with(dir: &Path, capture: Capture, extra_agent_env: &[(&str, &str)]) -> LocalMesh {
-        Self::start_from(dir, capture, extra_agent_env, &[], false, 1)
+        Self::start_from(dir, capture, extra_agent_env, &[], None, 1)
     }
 
     /// [`LocalMesh::start`] with extra environment for istiod too (its
@@ -501,27 +501,38 @@ impl LocalMesh {
         istiod_env: &[(&str, &str)],
         extra_agent_env: &[(&str, &str)],
     ) -> LocalMesh {
-        Self::start_from(
-            dir,
-            Capture::Iptables,
-            extra_agent_env,
-            istiod_env,
-            false,
-            1,
-        )
+        Self::start_from(dir, Capture::Iptables, extra_agent_env, istiod_env, None, 1)
     }
 
     /// Starts the mesh (iptables capture) with istiod on Kubernetes: the
     /// API stand-in, inside the hub, holds the sample's objects and istiod
     /// reads them through `--kubeconfig`, with no config directory.
     pub fn start_kube(dir: &Path) -> LocalMesh {
-        Self::start_from(dir, Capture::Iptables, &[], &[], true, 1)
+        Self::start_from(dir, Capture::Iptables, &[], &[], Some(&[]), 1)
     }
 
     /// [`LocalMesh::start_kube`] with `n` istiods on the one API, each in
     /// its own network namespace ([`crate::replicas`]).
     pub fn start_kube_replicas(dir: &Path, n: usize) -> LocalMesh {
-        Self::start_from(dir, Capture::Iptables, &[], &[], true, n)
+        Self::start_from(dir, Capture::Iptables, &[], &[], Some(&[]), n)
+    }
+
+    /// [`LocalMesh::start_kube`] with extra agent and istiod environment,
+    /// and `objects` created in the API before istiod starts.
+    pub fn start_kube_with(
+        dir: &Path,
+        agent_env: &[(&str, &str)],
+        istiod_env: &[(&str, &str)],
+        objects: &[serde_json::Value],
+    ) -> LocalMesh {
+        Self::start_from(
+            dir,
+            Capture::Iptables,
+            agent_env,
+            istiod_env,
+            Some(objects),
+            1,
+        )
     }
 
     fn start_from(
@@ -529,7 +540,7 @@ impl LocalMesh {
         capture: Capture,
         extra_agent_env: &[(&str, &str)],
         istiod_env: &[(&str, &str)],
-        kube: bool,
+        kube: Option<&[serde_json::Value]>,
         istiods: usize,
     ) -> LocalMesh {
         // The proxy user must reach its Pod's files.
@@ -548,7 +559,7 @@ impl LocalMesh {
         }
         let mut hub = Hub::new();
         let mut replicas = None;
-        let (istiod, kube_api) = if kube {
+        let (istiod, kube_api) = if let Some(objects) = kube {
             // Replicas reach the API from their own namespaces.
             let bind = if istiods > 1 { HUB_IP } else { "127.0.0.1" };
             let listener = hub
@@ -556,12 +567,16 @@ impl LocalMesh {
                 .run(move || std::net::TcpListener::bind((bind, 0)).expect("bind the API"));
             let api = crate::kube_api::KubeApi::start(listener);
             load_into(&api, &config_dir);
-            // istiod's own namespace, as in any cluster (its lock objects
-            // live there).
-            let _ = api.create(serde_json::json!({
-                "apiVersion": "v1", "kind": "Namespace",
-                "metadata": {"name": "istio-system"}
-            }));
+            // istiod's own namespace exists in every cluster (its CA keeps
+            // `istio-ca-secret` and its lock objects there).
+            if api.get("v1", "Namespace", "", "istio-system").is_none() {
+                api.create(serde_json::json!({"apiVersion": "v1", "kind": "Namespace",
+                    "metadata": {"name": "istio-system"}}))
+                    .expect("create the istio-system namespace");
+            }
+            for o in objects {
+                api.create(o.clone()).expect("create a seeded object");
+            }
             let kubeconfig = dir.join("kubeconfig");
             api.kubeconfig(&kubeconfig);
             let istiod = if istiods > 1 {
@@ -569,7 +584,12 @@ impl LocalMesh {
                 replicas = Some(rest);
                 first
             } else {
-                crate::Istiod::start_hub_kube(&hub.ns, &dir.join("istiod"), &kubeconfig)
+                crate::Istiod::start_hub_kube_with(
+                    &hub.ns,
+                    &dir.join("istiod"),
+                    &kubeconfig,
+                    istiod_env,
+                )
             };
             (istiod, Some(api))
         } else {

@@ -243,9 +243,18 @@ impl Cluster {
             .map(String::from)
     }
 
-    /// The CA root istiod created.
+    /// The CA root istiod created (in `istio-ca-secret`, on Kubernetes).
     fn root_pem(&self) -> String {
-        std::fs::read_to_string(self.dir.join("etc/istio-ca-secret/root-cert.pem")).unwrap()
+        use base64::Engine;
+        let secret = self
+            .api
+            .get("v1", "Secret", "istio-system", "istio-ca-secret")
+            .expect("istiod created istio-ca-secret");
+        let b64 = secret["data"]["root-cert.pem"].as_str().unwrap();
+        let pem = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap();
+        String::from_utf8(pem).unwrap()
     }
 
     /// A CSR for demo/sleep with `token`; the certificate's URI SANs or the error.

@@ -46,6 +46,16 @@ pub enum MaterialError {
         /// The missing key.
         missing: String,
     },
+    /// The self-signed CA's Secret lacks a key.
+    #[error(
+        "the self-signed CA in Secret {secret} is incomplete: key {missing} is missing (it needs {CA_CERT_FILE} and {CA_KEY_FILE}; delete the Secret to have istiod make a new root, which every workload must then be given)"
+    )]
+    IncompleteCaSecret {
+        /// The Secret, `namespace/name`.
+        secret: String,
+        /// The missing key.
+        missing: String,
+    },
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
@@ -183,6 +193,47 @@ pub fn load_plugin_secret(
         pems,
         &|key| format!("Secret {secret} key {key}"),
         &format!("plug-in CA from Secret {secret}"),
+    )
+}
+
+/// Loads the self-signed CA kept in Istio's `istio-ca-secret` (`secret`
+/// names it): the root and its key in `ca-cert.pem` and `ca-key.pem`; the
+/// trust bundle is `ca-cert.pem` followed by any other root in
+/// `root-cert.pem` (after a rotation, the previous root).
+pub fn load_ca_secret(
+    secret: &str,
+    data: &BTreeMap<String, Vec<u8>>,
+) -> Result<CaBundle, MaterialError> {
+    let text = |key: &str, required: bool| -> Result<String, MaterialError> {
+        match data.get(key) {
+            None if !required => Ok(String::new()),
+            None => Err(MaterialError::IncompleteCaSecret {
+                secret: secret.to_string(),
+                missing: key.to_string(),
+            }),
+            Some(bytes) => String::from_utf8(bytes.clone()).map_err(|_| MaterialError::Mismatch {
+                path: format!("Secret {secret} key {key}"),
+                reason: "is not PEM text".into(),
+            }),
+        }
+    };
+    let cert = text(CA_CERT_FILE, true)?;
+    let name = |key: &str| format!("Secret {secret} key {key}");
+    let mut roots = pki::pem_certs(&name(CA_CERT_FILE), &cert)?;
+    let listed = text(ROOT_CERT_FILE, false)?;
+    if !listed.trim().is_empty() {
+        roots =
+            super::authority::merge_roots(&roots, &pki::pem_certs(&name(ROOT_CERT_FILE), &listed)?);
+    }
+    load_pems(
+        Pems {
+            cert,
+            key: text(CA_KEY_FILE, true)?,
+            chain: String::new(),
+            root: pki::to_pem(&roots),
+        },
+        &name,
+        &format!("self-signed root in Secret {secret}"),
     )
 }
 
@@ -329,15 +380,7 @@ pub fn load_or_create_self_signed(
         source,
     })?;
     let key = pki::generate_key(KeyType::Rsa(opts.rsa_key_size))?;
-    let now = time::OffsetDateTime::now_utc();
-    let mut params = pki::root_ca_params(
-        &opts.trust_domain,
-        now - time::Duration::minutes(2),
-        now + opts.ttl,
-    );
-    params.serial_number = Some(random_serial());
-    let cert = params.self_signed(&key)?;
-    let cert_pem = cert.pem();
+    let cert_pem = self_signed_root(&key, opts)?;
     write(&dir.join(CA_KEY_FILE), &key.serialize_pem(), 0o600)?;
     write(&dir.join(CA_CERT_FILE), &cert_pem, 0o644)?;
     write(&dir.join(ROOT_CERT_FILE), &cert_pem, 0o644)?;
@@ -348,6 +391,19 @@ pub fn load_or_create_self_signed(
         false,
         &format!("self-signed root in {}", dir.display()),
     )
+}
+
+/// A new self-signed root for `key` (PEM), valid for `opts.ttl` from now
+/// (back-dated two minutes for clock skew, as Istio does).
+pub fn self_signed_root(key: &KeyPair, opts: &SelfSignedOptions) -> Result<String, MaterialError> {
+    let now = time::OffsetDateTime::now_utc();
+    let mut params = pki::root_ca_params(
+        &opts.trust_domain,
+        now - time::Duration::minutes(2),
+        now + opts.ttl,
+    );
+    params.serial_number = Some(random_serial());
+    Ok(params.self_signed(key)?.pem())
 }
 
 /// A random positive 128-bit serial number, as Istio's CA uses.

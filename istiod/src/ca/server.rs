@@ -9,21 +9,22 @@ use proto::istio_ca::{IstioCertificateRequest, IstioCertificateResponse};
 use tonic::{Request, Response, Status};
 
 use super::authn::Authenticators;
-use super::signer::Signer;
+use super::authority::Authority;
 use crate::metrics::CaMetrics;
 
 /// The CA gRPC service.
 pub struct CaServer {
-    signer: Arc<Signer>,
+    authority: Arc<Authority>,
     authn: Authenticators,
     metrics: Arc<CaMetrics>,
 }
 
 impl CaServer {
-    /// A CA service signing with `signer` for callers `authn` accepts.
-    pub fn new(signer: Arc<Signer>, authn: Authenticators, metrics: Arc<CaMetrics>) -> Self {
+    /// A CA service signing with `authority`'s current signer for callers
+    /// `authn` accepts.
+    pub fn new(authority: Arc<Authority>, authn: Authenticators, metrics: Arc<CaMetrics>) -> Self {
         Self {
-            signer,
+            authority,
             authn,
             metrics,
         }
@@ -56,7 +57,7 @@ impl IstioCertificateService for CaServer {
         } else {
             Duration::from_secs(req.validity_duration as u64)
         };
-        let signer = self.signer.clone();
+        let signer = self.authority.signer();
         let identities = caller.identities.clone();
         let csr = req.csr;
         // Signing is CPU work (RSA especially): keep it off the async workers.

@@ -20,6 +20,18 @@ pub const ENV_MAX_WORKLOAD_CERT_TTL: &str = "MAX_WORKLOAD_CERT_TTL";
 pub const ENV_SELF_SIGNED_CA_CERT_TTL: &str = "CITADEL_SELF_SIGNED_CA_CERT_TTL";
 /// `CITADEL_SELF_SIGNED_CA_RSA_KEY_SIZE`: self-signed root key size (2048).
 pub const ENV_SELF_SIGNED_CA_RSA_KEY_SIZE: &str = "CITADEL_SELF_SIGNED_CA_RSA_KEY_SIZE";
+/// `CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL`: how often the self-signed
+/// root is checked (and rotated when in its grace period); 1h, 0 disables.
+pub const ENV_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL: &str =
+    "CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL";
+/// `CITADEL_SELF_SIGNED_ROOT_CERT_GRACE_PERIOD_PERCENTILE`: the share of the
+/// root's lifetime before its expiry in which a new root is made (20).
+pub const ENV_SELF_SIGNED_ROOT_CERT_GRACE_PERIOD_PERCENTILE: &str =
+    "CITADEL_SELF_SIGNED_ROOT_CERT_GRACE_PERIOD_PERCENTILE";
+/// `CITADEL_ENABLE_JITTER_FOR_ROOT_CERT_ROTATOR`: start the rotator after a
+/// random delay below the check interval, so replicas do not check together (true).
+pub const ENV_ENABLE_JITTER_FOR_ROOT_CERT_ROTATOR: &str =
+    "CITADEL_ENABLE_JITTER_FOR_ROOT_CERT_ROTATOR";
 /// `ROOT_CA_DIR`: the plug-in CA directory (`./etc/cacerts`, the `cacerts` Secret's mount).
 pub const ENV_ROOT_CA_DIR: &str = "ROOT_CA_DIR";
 /// Where the self-signed root is kept between restarts. Istio keeps it in the
@@ -39,6 +51,11 @@ pub const DEFAULT_WORKLOAD_CERT_TTL: Duration = Duration::from_secs(24 * 3600);
 pub const DEFAULT_MAX_WORKLOAD_CERT_TTL: Duration = Duration::from_secs(90 * 24 * 3600);
 /// Default for `CITADEL_SELF_SIGNED_CA_CERT_TTL`.
 pub const DEFAULT_SELF_SIGNED_CA_CERT_TTL: Duration = Duration::from_secs(3650 * 24 * 3600);
+
+/// Default for `CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL`.
+pub const DEFAULT_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL: Duration = Duration::from_secs(3600);
+/// Default for `CITADEL_SELF_SIGNED_ROOT_CERT_GRACE_PERIOD_PERCENTILE`.
+pub const DEFAULT_ROOT_CERT_GRACE_PERIOD_PERCENTILE: u32 = 20;
 
 /// Why the CA's settings cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -74,6 +91,12 @@ pub struct CaConfig {
     pub self_signed_ca_ttl: Duration,
     /// `CITADEL_SELF_SIGNED_CA_RSA_KEY_SIZE`.
     pub self_signed_ca_rsa_key_size: usize,
+    /// `CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL` (zero: no rotator).
+    pub root_cert_check_interval: Duration,
+    /// `CITADEL_SELF_SIGNED_ROOT_CERT_GRACE_PERIOD_PERCENTILE`, 0..=100.
+    pub root_cert_grace_percentile: u32,
+    /// `CITADEL_ENABLE_JITTER_FOR_ROOT_CERT_ROTATOR`.
+    pub root_cert_rotator_jitter: bool,
     /// `ROOT_CA_DIR`.
     pub root_ca_dir: PathBuf,
     /// Self-signed root directory.
@@ -128,6 +151,20 @@ pub(super) fn parse(r: &mut Reader<'_>) -> CaConfig {
     let self_signed_ca_ttl =
         r.duration(ENV_SELF_SIGNED_CA_CERT_TTL, DEFAULT_SELF_SIGNED_CA_CERT_TTL);
     let self_signed_ca_rsa_key_size = r.parse(ENV_SELF_SIGNED_CA_RSA_KEY_SIZE, 2048usize);
+    let root_cert_check_interval = r.duration(
+        ENV_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL,
+        DEFAULT_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL,
+    );
+    let root_cert_grace_percentile = r.parse(
+        ENV_SELF_SIGNED_ROOT_CERT_GRACE_PERIOD_PERCENTILE,
+        DEFAULT_ROOT_CERT_GRACE_PERIOD_PERCENTILE,
+    );
+    if root_cert_grace_percentile > 100 {
+        r.error(format!(
+            "{ENV_SELF_SIGNED_ROOT_CERT_GRACE_PERIOD_PERCENTILE}={root_cert_grace_percentile}: a percentile is at most 100"
+        ));
+    }
+    let root_cert_rotator_jitter = r.bool(ENV_ENABLE_JITTER_FOR_ROOT_CERT_ROTATOR, true);
     let root_ca_dir = PathBuf::from(r.string(ENV_ROOT_CA_DIR, "./etc/cacerts"));
     let self_signed_ca_dir = PathBuf::from(
         r.string(
@@ -142,6 +179,9 @@ pub(super) fn parse(r: &mut Reader<'_>) -> CaConfig {
         max_cert_ttl,
         self_signed_ca_ttl,
         self_signed_ca_rsa_key_size,
+        root_cert_check_interval,
+        root_cert_grace_percentile,
+        root_cert_rotator_jitter,
         root_ca_dir,
         self_signed_ca_dir,
         jwt_policy,

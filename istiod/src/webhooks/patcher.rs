@@ -81,7 +81,7 @@ pub fn patch_validating(config: &mut ValidatingWebhookConfiguration, root: &[u8]
 async fn run<K>(
     client: kube::Client,
     revision: String,
-    root: Vec<u8>,
+    mut root: watch::Receiver<String>,
     patch: fn(&mut K, &[u8]) -> bool,
     shutdown: watch::Receiver<bool>,
 ) where
@@ -102,18 +102,36 @@ async fn run<K>(
         let api = api.clone();
         let kind = kind.clone();
         tokio::spawn(async move {
-            while let Some(mut obj) = rx.recv().await {
-                if !patch(&mut obj, &root) {
-                    continue;
-                }
-                let name = obj.meta().name.clone().unwrap_or_default();
-                match api.replace(&name, &Default::default(), &obj).await {
-                    Ok(_) => {
-                        tracing::info!(target: "webhook", "patched the caBundle of {kind} {name}")
+            // The last seen version of each object: a new root re-patches them all.
+            let mut seen: std::collections::BTreeMap<String, K> = Default::default();
+            loop {
+                let batch: Vec<K> = tokio::select! {
+                    obj = rx.recv() => match obj {
+                        Some(obj) => {
+                            seen.insert(obj.meta().name.clone().unwrap_or_default(), obj.clone());
+                            vec![obj]
+                        }
+                        None => break,
+                    },
+                    changed = root.changed() => match changed {
+                        Ok(()) => seen.values().cloned().collect(),
+                        Err(_) => break,
+                    },
+                };
+                let current = root.borrow_and_update().as_bytes().to_vec();
+                for mut obj in batch {
+                    if !patch(&mut obj, &current) {
+                        continue;
                     }
-                    // A conflict means a newer version is on its way as an event.
-                    Err(e) => {
-                        tracing::warn!(target: "webhook", "cannot patch the caBundle of {kind} {name}: {e}")
+                    let name = obj.meta().name.clone().unwrap_or_default();
+                    match api.replace(&name, &Default::default(), &obj).await {
+                        Ok(_) => {
+                            tracing::info!(target: "webhook", "patched the caBundle of {kind} {name}")
+                        }
+                        // A conflict means a newer version is on its way as an event.
+                        Err(e) => {
+                            tracing::warn!(target: "webhook", "cannot patch the caBundle of {kind} {name}: {e}")
+                        }
                     }
                 }
             }
@@ -135,7 +153,8 @@ async fn run<K>(
     let _ = writer.await;
 }
 
-/// Starts patching this revision's webhook configurations with `root_pem`.
+/// Starts patching this revision's webhook configurations with the root
+/// bundle `root` holds, again whenever it changes.
 ///
 /// Not under leader election, as in Istio (its injection patcher runs in
 /// every replica: "different istiod revisions will patch their own cert"):
@@ -146,10 +165,9 @@ async fn run<K>(
 pub fn start(
     client: kube::Client,
     revision: &str,
-    root_pem: &str,
+    root: watch::Receiver<String>,
     shutdown: watch::Receiver<bool>,
 ) {
-    let root = root_pem.as_bytes().to_vec();
     tokio::spawn(run::<MutatingWebhookConfiguration>(
         client.clone(),
         revision.to_string(),
