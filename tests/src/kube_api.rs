@@ -186,6 +186,9 @@ pub struct RequestRecord {
     pub content_type: Option<String>,
     /// The bearer token the client sent, if any.
     pub bearer: Option<String>,
+    /// The status code answered; `None` when the connection was cut
+    /// without an answer (or the answer is still being made).
+    pub status: Option<u16>,
 }
 
 impl RequestRecord {

@@ -14,8 +14,8 @@
 //! DNAT) is not modelled.
 //!
 //! The replicas share the CA root and the token issuer: `istiod-0` starts
-//! first and makes them; the others start from copies (as they would share
-//! `istio-ca-secret` and the cluster's issuer).
+//! first and creates `istio-ca-secret`, which the others read from the API;
+//! they start from a copy of its token issuer (a cluster has one).
 
 use std::path::Path;
 use std::time::Duration;
@@ -77,10 +77,6 @@ pub fn start(hub: &mut Hub, kubeconfig: &Path, dir: &Path, n: usize) -> (Istiod,
         std::fs::create_dir_all(&d).expect("a replica's directory");
         if i > 0 {
             copy_dir(&first_dir.join("issuer"), &d.join("issuer"));
-            copy_dir(
-                &first_dir.join("etc/istio-ca-secret"),
-                &d.join("etc/istio-ca-secret"),
-            );
         }
         let kc = d.join("kubeconfig");
         let own = text.replace(crate::kube_api::TOKEN, &replica_bearer(i));

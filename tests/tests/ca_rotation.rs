@@ -158,16 +158,29 @@ fn two_istiods_create_the_root_once_and_keep_it_across_restarts() {
         api.requests()
             .into_iter()
             .filter(|r| r.path.starts_with(SECRETS) && r.method != "GET")
-            .map(|r| format!("{} {}", r.method, r.path))
+            .map(|r| format!("{} {} {}", r.method, r.path, r.status.unwrap_or(0)))
             .collect::<Vec<_>>()
     };
-    // One create won; a loser's create (409) may be recorded too, nothing else.
+    // One create won (201); a loser's create, if it came, got 409
+    // AlreadyExists; nothing else was written.
     let first = writes(&api);
     assert!(
-        !first.is_empty()
-            && first.len() <= 2
-            && first.iter().all(|w| w == &format!("POST {SECRETS}")),
+        first
+            .iter()
+            .all(|w| w.starts_with(&format!("POST {SECRETS} "))),
         "{first:?}"
+    );
+    assert_eq!(
+        first.iter().filter(|w| w.ends_with(" 201")).count(),
+        1,
+        "exactly one create of istio-ca-secret succeeds: {first:?}"
+    );
+    assert!(
+        first
+            .iter()
+            .filter(|w| !w.ends_with(" 201"))
+            .all(|w| w.ends_with(" 409")),
+        "a losing create gets 409 AlreadyExists: {first:?}"
     );
 
     // Certificates from either istiod chain to that one root, and both hand it out.

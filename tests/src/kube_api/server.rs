@@ -168,12 +168,14 @@ async fn handle(
         content_type: header(&req, CONTENT_TYPE),
         bearer: header(&req, AUTHORIZATION)
             .and_then(|a| a.strip_prefix("Bearer ").map(str::to_string)),
+        status: None,
     };
-    shared
-        .requests
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(record);
+    let (method, path) = (record.method.clone(), record.path.clone());
+    let index = {
+        let mut requests = shared.requests.lock().unwrap_or_else(|e| e.into_inner());
+        requests.push(record);
+        requests.len() - 1
+    };
     let latency = shared.latency();
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
@@ -200,6 +202,17 @@ async fn handle(
     }
     if cut() {
         return Err(unreachable());
+    }
+    // `clear_requests` may have emptied the record meanwhile: the entry at
+    // `index` is this request's only if it is still unanswered and the same.
+    if let Some(r) = shared
+        .requests
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_mut(index)
+        .filter(|r| r.status.is_none() && r.method == method && r.path == path)
+    {
+        r.status = Some(response.status().as_u16());
     }
     Ok(response)
 }
