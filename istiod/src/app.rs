@@ -172,10 +172,17 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         None => None,
     };
     let mut elections = crate::leaderelection::Elections::new(
-        crate::leaderelection::candidate(&config, kube.as_ref(), shutdown_rx.clone())?,
+        crate::leaderelection::candidate(
+            &config.mesh.namespace,
+            &config.server.pod_name,
+            &config.webhooks.revision,
+            kube.as_ref(),
+            shutdown_rx.clone(),
+        )?,
         shutdown_rx.clone(),
     );
-    let (bundle, ca_source) = crate::ca::istio_ca::load(&config, kube.as_ref()).await?;
+    let ca_settings = config.ca_settings();
+    let (bundle, ca_source) = crate::ca::istio_ca::load(&ca_settings, kube.as_ref()).await?;
     let authority = Arc::new(Authority::new(
         bundle,
         config.ca.default_cert_ttl,
@@ -184,7 +191,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     let root_pem = authority.root_pem();
     crate::ca::istio_ca::keep_current(
         &ca_source,
-        &config,
+        &ca_settings,
         kube.as_ref(),
         &authority,
         shutdown_rx.clone(),

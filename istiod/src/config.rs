@@ -101,6 +101,24 @@ impl Config {
         })
     }
 
+    /// What the CA reads: where its material may come from, the self-signed
+    /// root's options and the root rotator's.
+    pub fn ca_settings(&self) -> crate::ca::istio_ca::Settings {
+        crate::ca::istio_ca::Settings {
+            namespace: self.mesh.namespace.clone(),
+            root_ca_dir: self.ca.root_ca_dir.clone(),
+            self_signed_ca_dir: self.ca.self_signed_ca_dir.clone(),
+            self_signed: crate::ca::material::SelfSignedOptions {
+                trust_domain: self.mesh.trust_domain.clone(),
+                ttl: self.ca.self_signed_ca_ttl,
+                rsa_key_size: self.ca.self_signed_ca_rsa_key_size,
+            },
+            root_cert_check_interval: self.ca.root_cert_check_interval,
+            root_cert_grace_percentile: self.ca.root_cert_grace_percentile,
+            root_cert_rotator_jitter: self.ca.root_cert_rotator_jitter,
+        }
+    }
+
     /// What the config sources read: the mesh config istiod starts with
     /// and where else config comes from.
     pub fn source_settings(&self) -> crate::source::Settings {

@@ -529,7 +529,9 @@ impl Elections {
 /// `ENABLE_LEADER_ELECTION` on, its `POD_NAME`, namespace and revision;
 /// otherwise none (every lock held).
 pub fn candidate(
-    config: &crate::config::Config,
+    namespace: &str,
+    pod_name: &str,
+    revision: &str,
     client: Option<&kube::Client>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<Option<Candidate>, common::env::ConfigErrors> {
@@ -540,13 +542,12 @@ pub fn candidate(
         tracing::info!(target: "leader", "{ENV_ENABLE_LEADER_ELECTION}=false: bypassing leader election");
         return Ok(None);
     }
-    let namespace = config.mesh.namespace.clone();
     Ok(Some(Candidate {
-        default_revision: DefaultRevision::watch(client.clone(), &namespace, shutdown),
+        default_revision: DefaultRevision::watch(client.clone(), namespace, shutdown),
         client: client.clone(),
-        namespace,
-        identity: config.server.pod_name.clone(),
-        revision: config.webhooks.revision.clone(),
+        namespace: namespace.to_string(),
+        identity: pod_name.to_string(),
+        revision: revision.to_string(),
     }))
 }
 

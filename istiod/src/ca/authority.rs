@@ -49,19 +49,7 @@ impl std::fmt::Debug for Authority {
     }
 }
 
-/// `roots` then every `extra` root not already in it, in order, once each.
-pub fn merge_roots(
-    roots: &[CertificateDer<'static>],
-    extra: &[CertificateDer<'static>],
-) -> Vec<CertificateDer<'static>> {
-    let mut out: Vec<CertificateDer<'static>> = Vec::with_capacity(roots.len() + extra.len());
-    for c in roots.iter().chain(extra) {
-        if !out.iter().any(|o| o.as_ref() == c.as_ref()) {
-            out.push(c.clone());
-        }
-    }
-    out
-}
+pub use super::material::merge_roots;
 
 /// `bundle` with its root set widened by `extra` (its own roots first).
 fn with_roots(mut bundle: CaBundle, extra: &[CertificateDer<'static>]) -> CaBundle {

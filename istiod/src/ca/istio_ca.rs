@@ -34,7 +34,6 @@ use super::material::{
     self, CA_CERT_FILE, CA_KEY_FILE, CERT_CHAIN_FILE, CaBundle, ROOT_CERT_FILE, SelfSignedOptions,
 };
 use super::self_signed_root_rotator::{self, RotatorSettings};
-use crate::config::Config;
 
 /// The plug-in CA Secret Istio reads (`cacerts`, in istiod's namespace).
 pub const CACERTS_SECRET: &str = "cacerts";
@@ -100,21 +99,33 @@ async fn cacerts_secret(
     }
 }
 
-fn self_signed_options(config: &Config) -> SelfSignedOptions {
-    SelfSignedOptions {
-        trust_domain: config.mesh.trust_domain.clone(),
-        ttl: config.ca.self_signed_ca_ttl,
-        rsa_key_size: config.ca.self_signed_ca_rsa_key_size,
-    }
+/// What choosing and keeping the CA material reads from istiod's config
+/// (built by `Config::ca_settings`).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// istiod's namespace, where `cacerts` and `istio-ca-secret` live.
+    pub namespace: String,
+    /// The plug-in CA directory (`ROOT_CA_DIR`).
+    pub root_ca_dir: PathBuf,
+    /// The self-signed root's directory when not on Kubernetes.
+    pub self_signed_ca_dir: PathBuf,
+    /// The self-signed root's trust domain, lifetime and key size.
+    pub self_signed: SelfSignedOptions,
+    /// `CITADEL_SELF_SIGNED_ROOT_CERT_CHECK_INTERVAL`.
+    pub root_cert_check_interval: Duration,
+    /// `CITADEL_SELF_SIGNED_ROOT_CERT_GRACE_PERIOD_PERCENTILE`.
+    pub root_cert_grace_percentile: u32,
+    /// `CITADEL_ENABLE_JITTER_FOR_ROOT_CERT_ROTATOR`.
+    pub root_cert_rotator_jitter: bool,
 }
 
 /// Loads (or creates) the CA material in Istio's order.
 pub async fn load(
-    config: &Arc<Config>,
+    config: &Settings,
     kube: Option<&kube::Client>,
 ) -> anyhow::Result<(CaBundle, CaSource)> {
-    let namespace = &config.mesh.namespace;
-    let plugin_files = material::has_plugin_ca(&config.ca.root_ca_dir);
+    let namespace = &config.namespace;
+    let plugin_files = material::has_plugin_ca(&config.root_ca_dir);
     let cacerts = match (plugin_files, kube) {
         (false, Some(client)) => cacerts_secret(client, namespace).await,
         _ => None,
@@ -123,8 +134,8 @@ pub async fn load(
         plugin_files,
         kube.is_some(),
         cacerts.is_some(),
-        &config.ca.root_ca_dir,
-        &config.ca.self_signed_ca_dir,
+        &config.root_ca_dir,
+        &config.self_signed_ca_dir,
     );
     let bundle = match (&source, kube) {
         (CaSource::PluginSecret, _) => {
@@ -136,15 +147,15 @@ pub async fn load(
         (CaSource::CaSecret, Some(client)) => {
             let store = KubeSecrets::new(client.clone(), namespace);
             let qualified = store.qualified(ca_secret::CA_SECRET);
-            ca_secret::load_or_create(&store, &qualified, &self_signed_options(config)).await?
+            ca_secret::load_or_create(&store, &qualified, &config.self_signed).await?
         }
         (CaSource::PluginDir(dir), _) => {
             let dir = dir.clone();
             tokio::task::spawn_blocking(move || material::load_plugin(&dir)).await??
         }
         (_, _) => {
-            let dir = config.ca.self_signed_ca_dir.clone();
-            let opts = self_signed_options(config);
+            let dir = config.self_signed_ca_dir.clone();
+            let opts = config.self_signed.clone();
             tokio::task::spawn_blocking(move || material::load_or_create_self_signed(&dir, &opts))
                 .await??
         }
@@ -157,7 +168,7 @@ pub async fn load(
 /// the self-signed root rotator.
 pub fn keep_current(
     source: &CaSource,
-    config: &Config,
+    config: &Settings,
     kube: Option<&kube::Client>,
     authority: &Arc<Authority>,
     shutdown: watch::Receiver<bool>,
@@ -169,19 +180,19 @@ pub fn keep_current(
         (CaSource::PluginSecret, Some(client)) => {
             tokio::spawn(watch_cacerts(
                 client.clone(),
-                config.mesh.namespace.clone(),
+                config.namespace.clone(),
                 authority.clone(),
                 shutdown,
             ));
         }
         (CaSource::CaSecret, Some(client)) => {
-            let store = KubeSecrets::new(client.clone(), &config.mesh.namespace);
+            let store = KubeSecrets::new(client.clone(), &config.namespace);
             let qualified = store.qualified(ca_secret::CA_SECRET);
             let settings = RotatorSettings {
-                check_interval: config.ca.root_cert_check_interval,
-                grace_percentile: config.ca.root_cert_grace_percentile,
-                jitter: config.ca.root_cert_rotator_jitter,
-                root: self_signed_options(config),
+                check_interval: config.root_cert_check_interval,
+                grace_percentile: config.root_cert_grace_percentile,
+                jitter: config.root_cert_rotator_jitter,
+                root: config.self_signed.clone(),
             };
             tokio::spawn(self_signed_root_rotator::run(
                 store,

@@ -222,8 +222,7 @@ pub fn load_ca_secret(
     let mut roots = pki::pem_certs(&name(CA_CERT_FILE), &cert)?;
     let listed = text(ROOT_CERT_FILE, false)?;
     if !listed.trim().is_empty() {
-        roots =
-            super::authority::merge_roots(&roots, &pki::pem_certs(&name(ROOT_CERT_FILE), &listed)?);
+        roots = merge_roots(&roots, &pki::pem_certs(&name(ROOT_CERT_FILE), &listed)?);
     }
     load_pems(
         Pems {
@@ -417,6 +416,20 @@ pub fn random_serial() -> SerialNumber {
 /// The default directory for the self-signed root.
 pub fn default_self_signed_dir() -> PathBuf {
     PathBuf::from("./etc/istio-ca-secret")
+}
+
+/// `roots` then every `extra` root not already in it, in order, once each.
+pub fn merge_roots(
+    roots: &[CertificateDer<'static>],
+    extra: &[CertificateDer<'static>],
+) -> Vec<CertificateDer<'static>> {
+    let mut out: Vec<CertificateDer<'static>> = Vec::with_capacity(roots.len() + extra.len());
+    for c in roots.iter().chain(extra) {
+        if !out.iter().any(|o| o.as_ref() == c.as_ref()) {
+            out.push(c.clone());
+        }
+    }
+    out
 }
 
 #[cfg(test)]
