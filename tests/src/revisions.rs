@@ -223,8 +223,7 @@ impl MeshRevision {
 /// The proxy IDs in `/debug/adsz` of the istiod whose HTTP address is
 /// `http` in network namespace `netns`; empty when it does not answer.
 pub fn adsz_clients(netns: Option<&str>, http: SocketAddr) -> Vec<String> {
-    let Ok((200, body)) = crate::netns::run_in(netns, move || http_get(http, "/debug/adsz"))
-    else {
+    let Ok((200, body)) = crate::netns::run_in(netns, move || http_get(http, "/debug/adsz")) else {
         return Vec::new();
     };
     let v: Value = serde_json::from_str(&body).unwrap_or_default();
