@@ -2,7 +2,9 @@
 //! the default revision (`manifests/istiod`) and of the `canary` overlay
 //! (`manifests/revisions/canary`, rendered with `kubectl kustomize`), and
 //! an istiod of a given `REVISION` that reads its mesh config, injector
-//! ConfigMap and configuration from the API.
+//! ConfigMap and configuration from the API; and [`MeshRevision`], such an
+//! istiod beside the sample mesh, with its own address on the hub that
+//! Pods resolve `istiod-<revision>.istio-system.svc` to.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
