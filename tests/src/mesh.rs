@@ -67,6 +67,9 @@ pub struct Hub {
     /// hosts line each, tried in order): the hub's own, or the replicas'
     /// ([`crate::replicas`]).
     pub istiod_ips: Vec<String>,
+    /// More hosts lines for Pods created afterwards (`<ip> <name>`): a
+    /// revision's `istiod-<rev>.istio-system.svc` ([`crate::revisions`]).
+    pub extra_hosts: Vec<String>,
 }
 
 impl Hub {
@@ -87,6 +90,7 @@ impl Hub {
         Hub {
             ns,
             istiod_ips: vec![HUB_IP.to_string()],
+            extra_hosts: Vec::new(),
         }
     }
 
@@ -134,6 +138,7 @@ impl Hub {
             .istiod_ips
             .iter()
             .map(|ip| format!("{ip} istiod.istio-system.svc\n"))
+            .chain(self.extra_hosts.iter().map(|l| format!("{l}\n")))
             .collect();
         std::fs::write(
             etc.join("hosts"),
@@ -560,8 +565,9 @@ impl LocalMesh {
         let mut hub = Hub::new();
         let mut replicas = None;
         let (istiod, kube_api) = if let Some(objects) = kube {
-            // Replicas reach the API from their own namespaces.
-            let bind = if istiods > 1 { HUB_IP } else { "127.0.0.1" };
+            // Replicas and other revisions' istiods reach the API from
+            // their own namespaces.
+            let bind = HUB_IP;
             let listener = hub
                 .ns
                 .run(move || std::net::TcpListener::bind((bind, 0)).expect("bind the API"));

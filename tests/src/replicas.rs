@@ -47,7 +47,7 @@ pub struct Replicas {
     pub others: Vec<Istiod>,
 }
 
-fn copy_dir(from: &Path, to: &Path) {
+pub(crate) fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).expect("create a replica's directory");
     for e in std::fs::read_dir(from)
         .expect("read a directory to copy")

@@ -2,7 +2,9 @@
 //! the default revision (`manifests/istiod`) and of the `canary` overlay
 //! (`manifests/revisions/canary`, rendered with `kubectl kustomize`), and
 //! an istiod of a given `REVISION` that reads its mesh config, injector
-//! ConfigMap and configuration from the API.
+//! ConfigMap and configuration from the API; and [`MeshRevision`], such an
+//! istiod beside the sample mesh, with its own address on the hub that
+//! Pods resolve `istiod-<revision>.istio-system.svc` to.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -12,7 +14,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::kube_api::KubeApi;
-use crate::{Proc, bin, free_port, http_get, wait_for};
+use crate::mesh::{LocalMesh, PodNet};
+use crate::{Istiod, Proc, bin, free_port, http_get, wait_for};
 
 /// The repository's root.
 fn repo_root() -> PathBuf {
@@ -162,4 +165,76 @@ impl RevisionIstiod {
             },
         );
     }
+}
+
+/// An istiod of another revision beside a [`LocalMesh`] on the stand-in
+/// (started after the mesh's, so it reads the mesh's `istio-ca-secret`
+/// and both share the root): in its own network namespace on the hub with
+/// its own address, which Pods created afterwards resolve
+/// `istiod-<revision>.istio-system.svc` to, as the revision's Service.
+pub struct MeshRevision {
+    /// The istiod.
+    pub istiod: Istiod,
+    /// Its network namespace.
+    pub net: PodNet,
+    /// `REVISION`.
+    pub revision: String,
+}
+
+impl MeshRevision {
+    /// Starts istiod with `REVISION=revision` at `ip` on the mesh's hub,
+    /// reading the mesh's API with the mesh's token issuer.
+    pub fn start(mesh: &mut LocalMesh, revision: &str, ip: &str) -> MeshRevision {
+        let name = format!("istiod-{revision}");
+        let net = mesh.hub.pod(&name, ip);
+        let dir = mesh.dir.join(&name);
+        crate::replicas::copy_dir(&mesh.istiod.issuer_dir, &dir.join("issuer"));
+        let kubeconfig = mesh.dir.join("kubeconfig").display().to_string();
+        let pod_name = format!("{name}-0");
+        let istiod = Istiod::start_full(
+            &dir,
+            "0.0.0.0:15012".parse().expect("an address"),
+            &[
+                ("TEST_ISTIOD_KUBECONFIG", &kubeconfig),
+                ("REVISION", revision),
+                ("POD_NAME", &pod_name),
+            ],
+            Some(net.ns.name.clone()),
+        );
+        mesh.hub
+            .extra_hosts
+            .push(format!("{ip} {}", Self::service_host(revision)));
+        MeshRevision {
+            istiod,
+            net,
+            revision: revision.to_string(),
+        }
+    }
+
+    /// The revision's Service name, as its injection gives it to proxies.
+    pub fn service_host(revision: &str) -> String {
+        format!("istiod-{revision}.istio-system.svc")
+    }
+
+    /// The proxies connected to this istiod (its `/debug/adsz`).
+    pub fn clients(&self) -> Vec<String> {
+        adsz_clients(Some(&self.net.ns.name), self.istiod.http)
+    }
+}
+
+/// The proxy IDs in `/debug/adsz` of the istiod whose HTTP address is
+/// `http` in network namespace `netns`; empty when it does not answer.
+pub fn adsz_clients(netns: Option<&str>, http: SocketAddr) -> Vec<String> {
+    let Ok((200, body)) = crate::netns::run_in(netns, move || http_get(http, "/debug/adsz")) else {
+        return Vec::new();
+    };
+    let v: Value = serde_json::from_str(&body).unwrap_or_default();
+    v["clients"]
+        .as_array()
+        .map(|cs| {
+            cs.iter()
+                .filter_map(|c| c["proxy"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
 }
