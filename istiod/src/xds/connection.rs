@@ -161,6 +161,9 @@ async fn serve<P: Protocol>(
     let mut next = Some(first);
     let ended = server.drain().clone().stream_ended();
     tokio::pin!(ended);
+    // Whether pushes can still come: the push pipeline stops first at
+    // shutdown, and a draining stream then waits for the drain to close it.
+    let mut pushes_open = true;
     loop {
         if let Some(req) = next.take() {
             if let Some(event) = P::health(&req) {
@@ -193,9 +196,13 @@ async fn serve<P: Protocol>(
                     return Ok(());
                 }
             },
-            changed = pushes.changed() => {
+            changed = pushes.changed(), if pushes_open => {
                 if changed.is_err() {
-                    return Ok(());
+                    if !server.drain().drains() {
+                        return Ok(());
+                    }
+                    pushes_open = false;
+                    continue;
                 }
                 let Some(latest) = pushes.borrow_and_update().clone() else { continue };
                 push(server, conn, &mut pushes, &mut seen, latest).await?;

@@ -12,8 +12,9 @@
 //!   spreads ages by ±10 %, so the stream's own limit is spread that way
 //!   (the connection's is not), and whichever comes first ends it.
 //!
-//! At shutdown the push pipeline stops with the rest of istiod, which also
-//! ends the streams; the proxies reconnect either way.
+//! At shutdown the push pipeline stops with the rest of istiod; the open
+//! streams stay until the close above (their proxies meanwhile got the
+//! GOAWAY), then end with `UNAVAILABLE`.
 
 use std::time::Duration;
 
@@ -43,6 +44,12 @@ impl Drain {
             closing: Some(closing),
             max_age,
         }
+    }
+
+    /// Whether istiod closes its streams at shutdown (else a stream ends
+    /// when the push pipeline stops).
+    pub fn drains(&self) -> bool {
+        self.closing.is_some()
     }
 
     /// Whether istiod is closing its streams (new ones are refused).
