@@ -42,9 +42,9 @@ pub fn tls_incoming(
                         let _ = tx.send(Ok(tls)).await;
                     }
                     Ok(Err(e)) => {
-                        tracing::debug!(target: "grpc", %peer, "TLS handshake failed: {e}")
+                        tracing::info!(target: "grpc", %peer, "TLS handshake failed: {e}")
                     }
-                    Err(_) => tracing::debug!(target: "grpc", %peer, "TLS handshake timed out"),
+                    Err(_) => tracing::info!(target: "grpc", %peer, "TLS handshake timed out"),
                 }
             });
         }
