@@ -76,6 +76,23 @@ impl Traffic {
             .clone()
     }
 
+    /// Waits until `n` requests sent at or after `since` have succeeded
+    /// (a bounded poll of the outcomes; panics after `limit`).
+    pub fn wait_successes(&self, n: usize, since: Instant, limit: Duration) {
+        crate::wait_for(
+            &format!("{n} successful requests sent after the mark"),
+            limit,
+            || {
+                let ok = self
+                    .outcomes()
+                    .iter()
+                    .filter(|o| o.at >= since && o.ok())
+                    .count();
+                (ok >= n).then_some(())
+            },
+        );
+    }
+
     /// Stops the traffic and returns every outcome.
     pub fn stop(mut self) -> Vec<Outcome> {
         self.halt();

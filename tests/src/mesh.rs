@@ -856,6 +856,23 @@ impl LocalMesh {
         http_request(&self.pod("sleep-1").ns, addr, "httpbin:8000", "/headers")
     }
 
+    /// `n` calls sleep → httpbin ([`LocalMesh::call_httpbin`]), each of
+    /// which must answer 200: how many each version answered (the sample
+    /// app's `version=` line; `?` without one).
+    pub fn httpbin_versions(&self, n: usize) -> std::collections::BTreeMap<String, usize> {
+        let mut counts = std::collections::BTreeMap::new();
+        for _ in 0..n {
+            let (code, body) = self.call_httpbin().expect("calling httpbin");
+            assert_eq!(code, 200, "{body}");
+            let v = body
+                .lines()
+                .find_map(|l| l.strip_prefix("version="))
+                .unwrap_or("?");
+            *counts.entry(v.to_string()).or_default() += 1;
+        }
+        counts
+    }
+
     /// `curl` run in Pod `pod` as the app user (uid 1000) with the Pod's
     /// resolver: (HTTP status, body), or curl's error.
     pub fn app_curl(&self, pod: &str, url: &str) -> Result<(u16, String), String> {

@@ -10,13 +10,26 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use tests::fault::control_plane::sleep_traffic;
+use tests::fault::{Outcome, failures};
 use tests::kube_api::KubeApi;
 use tests::{ISTIOD_SAN, Istiod, wait_for};
 
 const SECRETS: &str = "/api/v1/namespaces/istio-system/secrets";
+/// The longest the background traffic is waited for.
+const TRAFFIC_WAIT: Duration = Duration::from_secs(60);
+
+/// `(successful, failed)` requests, each failure printed.
+fn tally(outcomes: &[Outcome]) -> (usize, usize) {
+    let failed = failures(outcomes);
+    for f in &failed {
+        eprintln!("failed request: {f}");
+    }
+    (outcomes.len() - failed.len(), failed.len())
+}
 
 fn namespace(name: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
@@ -328,7 +341,6 @@ fn envoy_rootca(mesh: &tests::mesh::LocalMesh, pod: &str) -> String {
 #[test]
 fn a_root_rotation_reaches_every_proxy_with_no_failed_request() {
     use base64::Engine;
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let _mesh = tests::mesh::one_mesh_at_a_time();
     let tmp = tempfile::tempdir().unwrap();
     // A root whose grace period (the last 20% of 1000 s) starts in 45 s.
@@ -360,52 +372,31 @@ fn a_root_rotation_reaches_every_proxy_with_no_failed_request() {
     assert_eq!(code, 200, "{body}");
 
     // Steady traffic sleep → httpbin across the rotation.
-    let stop = AtomicBool::new(false);
-    let (ok, failed) = (AtomicUsize::new(0), AtomicUsize::new(0));
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                match mesh.app_curl("sleep-1", "http://httpbin:8000/headers") {
-                    Ok((200, _)) => ok.fetch_add(1, Ordering::Relaxed),
-                    other => {
-                        eprintln!("failed request: {other:?}");
-                        failed.fetch_add(1, Ordering::Relaxed)
-                    }
-                };
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        });
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let new_root = wait_for("istiod rotates the root", Duration::from_secs(120), || {
-                let ca_cert = secret_key(&secret(api), "ca-cert.pem");
-                (ca_cert != old_root).then_some(ca_cert)
-            });
-            let rotated = std::time::Instant::now();
-            for (pod, ..) in &mesh.pods {
-                wait_for(
-                    &format!("{pod}'s Envoy trusts both roots"),
-                    Duration::from_secs(90),
-                    || {
-                        let bundle = envoy_rootca(&mesh, pod);
-                        (bundle.contains(new_root.trim()) && bundle.contains(old_root.trim()))
-                            .then_some(())
-                    },
-                );
-            }
-            println!(
-                "CA root rotation time to the last proxy ({} proxies): {:?}",
-                mesh.pods.len(),
-                rotated.elapsed()
-            );
-            // A few more requests after every proxy has the new bundle.
-            std::thread::sleep(Duration::from_secs(3));
-        }));
-        stop.store(true, Ordering::Relaxed);
-        if let Err(e) = result {
-            std::panic::resume_unwind(e);
-        }
+    let traffic = sleep_traffic(&mesh);
+    traffic.wait_successes(10, Instant::now(), TRAFFIC_WAIT);
+    let new_root = wait_for("istiod rotates the root", Duration::from_secs(120), || {
+        let ca_cert = secret_key(&secret(api), "ca-cert.pem");
+        (ca_cert != old_root).then_some(ca_cert)
     });
-    let (ok, failed) = (ok.into_inner(), failed.into_inner());
+    let rotated = Instant::now();
+    for (pod, ..) in &mesh.pods {
+        wait_for(
+            &format!("{pod}'s Envoy trusts both roots"),
+            Duration::from_secs(90),
+            || {
+                let bundle = envoy_rootca(&mesh, pod);
+                (bundle.contains(new_root.trim()) && bundle.contains(old_root.trim())).then_some(())
+            },
+        );
+    }
+    println!(
+        "CA root rotation time to the last proxy ({} proxies): {:?}",
+        mesh.pods.len(),
+        rotated.elapsed()
+    );
+    // More requests once every proxy has the new bundle.
+    traffic.wait_successes(20, Instant::now(), TRAFFIC_WAIT);
+    let (ok, failed) = tally(&traffic.stop());
     println!("requests across the rotation: {ok} ok, {failed} failed");
     assert!(ok > 10, "traffic flowed ({ok})");
     assert_eq!(failed, 0, "no request failed across the rotation");
@@ -487,7 +478,6 @@ fn envoy_chain(mesh: &tests::mesh::LocalMesh, pod: &str) -> String {
 
 #[test]
 fn a_changed_cacerts_secret_reaches_every_proxy_with_no_failed_request() {
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let _mesh = tests::mesh::one_mesh_at_a_time();
     let tmp = tempfile::tempdir().unwrap();
     let root_key = common::pki::generate_key(common::pki::KeyType::EcdsaP256).unwrap();
@@ -517,46 +507,26 @@ fn a_changed_cacerts_secret_reaches_every_proxy_with_no_failed_request() {
                 .then_some(())
         },
     );
-    let stop = AtomicBool::new(false);
-    let (ok, failed) = (AtomicUsize::new(0), AtomicUsize::new(0));
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                match mesh.app_curl("sleep-1", "http://httpbin:8000/headers") {
-                    Ok((200, _)) => ok.fetch_add(1, Ordering::Relaxed),
-                    other => {
-                        eprintln!("failed request: {other:?}");
-                        failed.fetch_add(1, Ordering::Relaxed)
-                    }
-                };
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        });
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            std::thread::sleep(Duration::from_secs(2));
-            let second = intermediate(&root, &root_key);
-            let mut secret = api.get("v1", "Secret", "istio-system", "cacerts").unwrap();
-            secret["data"] = cacerts(&second)["data"].clone();
-            api.update(secret).unwrap();
-            for (pod, ..) in &mesh.pods {
-                wait_for(
-                    &format!("{pod}'s Envoy holds the new intermediate"),
-                    Duration::from_secs(90),
-                    || {
-                        envoy_chain(&mesh, pod)
-                            .contains(second[0].trim())
-                            .then_some(())
-                    },
-                );
-            }
-            std::thread::sleep(Duration::from_secs(3));
-        }));
-        stop.store(true, Ordering::Relaxed);
-        if let Err(e) = result {
-            std::panic::resume_unwind(e);
-        }
-    });
-    let (ok, failed) = (ok.into_inner(), failed.into_inner());
+    let traffic = sleep_traffic(&mesh);
+    traffic.wait_successes(10, Instant::now(), TRAFFIC_WAIT);
+    let second = intermediate(&root, &root_key);
+    let mut secret = api.get("v1", "Secret", "istio-system", "cacerts").unwrap();
+    secret["data"] = cacerts(&second)["data"].clone();
+    api.update(secret).unwrap();
+    for (pod, ..) in &mesh.pods {
+        wait_for(
+            &format!("{pod}'s Envoy holds the new intermediate"),
+            Duration::from_secs(90),
+            || {
+                envoy_chain(&mesh, pod)
+                    .contains(second[0].trim())
+                    .then_some(())
+            },
+        );
+    }
+    // More requests once every proxy has the new chain.
+    traffic.wait_successes(20, Instant::now(), TRAFFIC_WAIT);
+    let (ok, failed) = tally(&traffic.stop());
     println!("requests across the cacerts change: {ok} ok, {failed} failed");
     assert!(ok > 10, "traffic flowed ({ok})");
     assert_eq!(failed, 0, "no request failed across the cacerts change");

@@ -11,7 +11,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::json;
@@ -28,20 +27,6 @@ const GATEWAY_ID: &str = "spiffe://cluster.local/ns/istio-system/sa/istio-ingres
 const VM_IP: &str = "198.18.0.40";
 const VM_ENTRY: &str = "vm-198.18.0.40";
 const VM_ID: &str = "spiffe://cluster.local/ns/demo/sa/vm";
-
-fn versions(mesh: &LocalMesh, n: usize) -> BTreeMap<String, usize> {
-    let mut counts = BTreeMap::new();
-    for _ in 0..n {
-        let (code, body) = mesh.call_httpbin().unwrap();
-        assert_eq!(code, 200, "{body}");
-        let v = body
-            .lines()
-            .find_map(|l| l.strip_prefix("version="))
-            .unwrap_or("?");
-        *counts.entry(v.to_string()).or_default() += 1;
-    }
-    counts
-}
 
 #[test]
 fn envoys_follow_the_kubernetes_api() {
@@ -71,7 +56,7 @@ fn envoys_follow_the_kubernetes_api() {
     vs["spec"]["http"][0]["route"][1]["weight"] = 100.into();
     api.update(vs).unwrap();
     tests::wait_for("all traffic to v2", Duration::from_secs(20), || {
-        (versions(&mesh, 20).get("v2") == Some(&20)).then_some(())
+        (mesh.httpbin_versions(20).get("v2") == Some(&20)).then_some(())
     });
 
     // Deleting it removes the route: both versions answer again.
@@ -83,7 +68,7 @@ fn envoys_follow_the_kubernetes_api() {
     )
     .unwrap();
     tests::wait_for("both versions again", Duration::from_secs(20), || {
-        let c = versions(&mesh, 40);
+        let c = mesh.httpbin_versions(40);
         (c.get("v1").copied().unwrap_or(0) > 5 && c.get("v2").copied().unwrap_or(0) > 5)
             .then_some(())
     });
@@ -108,7 +93,7 @@ fn envoys_follow_the_kubernetes_api() {
         .into();
     api.update(slice).unwrap();
     tests::wait_for("only v1 left", Duration::from_secs(20), || {
-        (versions(&mesh, 20).get("v1") == Some(&20)).then_some(())
+        (mesh.httpbin_versions(20).get("v1") == Some(&20)).then_some(())
     });
     assert_eq!(
         mesh.envoy_stat("sleep-1", "cluster_manager.cds.update_success"),

@@ -16,8 +16,15 @@ use tests::kube_api::KubeApi;
 use tokio::sync::watch;
 
 async fn client(api: &KubeApi, dir: &Path) -> kube::Client {
-    let path = dir.join("kubeconfig");
+    client_as(api, dir, tests::kube_api::TOKEN).await
+}
+
+/// A client sending `token` (the stand-in records it with each request).
+async fn client_as(api: &KubeApi, dir: &Path, token: &str) -> kube::Client {
+    let path = dir.join(format!("kubeconfig-{token}"));
     api.kubeconfig(&path);
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replace(tests::kube_api::TOKEN, token)).unwrap();
     let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
     let options = kube::config::KubeConfigOptions::default();
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
@@ -84,12 +91,26 @@ async fn one_holder_at_a_time_and_the_lock_passes_on_release() {
         candidate(&client, "istiod-a", "default"),
     );
     wait_until("istiod-a leads", Duration::from_secs(10), || a.is_leader()).await;
+    let client_b = client_as(&api, tmp.path(), "istiod-b-token").await;
     let (b, _stop_b, _task_b) = start(
         Election::configmap(NAMESPACE_CONTROLLER),
-        candidate(&client, "istiod-b", "default"),
+        candidate(&client_b, "istiod-b", "default"),
     );
-    // b tries (at least twice) and stays a follower while a renews.
-    tokio::time::sleep(RETRY_PERIOD * 2).await;
+    // b tries (twice, as the stand-in's record of its requests for the
+    // lock shows) and stays a follower while a renews.
+    let lock_path = format!("/api/v1/namespaces/istio-system/configmaps/{NAMESPACE_CONTROLLER}");
+    wait_until("istiod-b tries the lock twice", RETRY_PERIOD * 4, || {
+        api.requests()
+            .iter()
+            .filter(|r| {
+                r.bearer.as_deref() == Some("istiod-b-token")
+                    && r.path == lock_path
+                    && r.status.is_some()
+            })
+            .count()
+            >= 2
+    })
+    .await;
     assert!(a.is_leader() && !b.is_leader());
     let r = record(&api, NAMESPACE_CONTROLLER);
     assert_eq!(r["holderIdentity"], "istiod-a");

@@ -639,17 +639,6 @@ fn httpbin_delegate(subset: &str) -> String {
     )
 }
 
-/// `n` requests from sleep to httpbin: the version that answered each.
-fn versions(mesh: &LocalMesh, n: usize) -> BTreeMap<String, usize> {
-    let mut out = BTreeMap::new();
-    for _ in 0..n {
-        let (code, body) = mesh.call_httpbin().unwrap();
-        assert_eq!(code, 200, "{body}");
-        *out.entry(version(&body)).or_default() += 1;
-    }
-    out
-}
-
 /// Istio's delegation: the root VirtualService for httpbin hands `/headers`
 /// to a delegate of another namespace, whose route names the version that
 /// answers; editing the delegate alone moves the traffic.
@@ -665,10 +654,10 @@ fn a_delegate_virtual_service_routes_under_its_root_and_its_edit_alone_moves_tra
     // Ten in a row from v2: the sample's 90/10 route is gone (it would
     // give that with a chance of 1e-10).
     tests::wait_for("the delegate's v2 route", Duration::from_secs(30), || {
-        (versions(&mesh, 10).get("v2") == Some(&10)).then_some(())
+        (mesh.httpbin_versions(10).get("v2") == Some(&10)).then_some(())
     });
     assert_eq!(
-        versions(&mesh, 30),
+        mesh.httpbin_versions(30),
         BTreeMap::from([("v2".to_string(), 30)]),
         "every request by the delegate's route"
     );
@@ -677,10 +666,10 @@ fn a_delegate_virtual_service_routes_under_its_root_and_its_edit_alone_moves_tra
     tests::wait_for(
         "the edited delegate's v1 route",
         Duration::from_secs(30),
-        || (versions(&mesh, 10).get("v1") == Some(&10)).then_some(()),
+        || (mesh.httpbin_versions(10).get("v1") == Some(&10)).then_some(()),
     );
     assert_eq!(
-        versions(&mesh, 30),
+        mesh.httpbin_versions(30),
         BTreeMap::from([("v1".to_string(), 30)]),
         "every request by the edited route"
     );

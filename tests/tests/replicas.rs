@@ -5,15 +5,18 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use tests::fault::control_plane::sleep_traffic;
+use tests::fault::failures;
 use tests::kube_api::{KubeApi, RequestRecord};
-use tests::mesh::{HTTPBIN_VIP, LocalMesh, http_request};
+use tests::mesh::LocalMesh;
 use tests::replicas::{self, replica_bearer, replica_name};
 
 const LOCK: &str = "istio-namespace-controller-election";
 const ROOT_CM: &str = "istio-ca-root-cert";
+/// The longest the background traffic is waited for.
+const TRAFFIC_WAIT: Duration = Duration::from_secs(60);
 
 /// Who holds the namespace controller's lock (empty: no one).
 fn holder(api: &KubeApi) -> String {
@@ -106,23 +109,6 @@ fn only_the_leader_writes_and_the_other_takes_over_after_sigkill() {
     );
 }
 
-/// Calls httpbin from sleep-1 until `stop`; counts calls and failures.
-fn traffic(mesh: &LocalMesh, stop: &AtomicBool, calls: &AtomicUsize, failed: &AtomicUsize) {
-    let ns = &mesh.pods.iter().find(|p| p.0 == "sleep-1").unwrap().1.ns;
-    let addr = format!("{HTTPBIN_VIP}:8000").parse().unwrap();
-    while !stop.load(Ordering::Relaxed) {
-        match http_request(ns, addr, "httpbin:8000", "/headers") {
-            Ok((200, _)) => {}
-            other => {
-                eprintln!("request failed: {other:?}");
-                failed.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        calls.fetch_add(1, Ordering::Relaxed);
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn all_on(mesh: &LocalMesh, i: usize, n: usize) -> bool {
     let istiod = if i == 0 {
         &mesh.istiod
@@ -130,19 +116,6 @@ fn all_on(mesh: &LocalMesh, i: usize, n: usize) -> bool {
         &mesh.replicas.as_ref().unwrap().others[i - 1]
     };
     replicas::clients(mesh.replica_net(i), istiod).len() >= n
-}
-
-fn versions(mesh: &LocalMesh, n: usize) -> Vec<String> {
-    (0..n)
-        .map(|_| {
-            let (code, body) = mesh.call_httpbin().unwrap();
-            assert_eq!(code, 200, "{body}");
-            body.lines()
-                .find_map(|l| l.strip_prefix("version="))
-                .unwrap_or("?")
-                .to_string()
-        })
-        .collect()
 }
 
 #[test]
@@ -154,43 +127,34 @@ fn pods_follow_a_killed_istiod_and_a_rolling_restart_loses_no_request() {
     tests::wait_for("every Pod on istiod-0", Duration::from_secs(30), || {
         all_on(&mesh, 0, pods).then_some(())
     });
-    let (stop, calls, failed) = (
-        AtomicBool::new(false),
-        AtomicUsize::new(0),
-        AtomicUsize::new(0),
-    );
 
     // SIGKILL of the istiod every Pod uses: they reconnect to the other
     // and traffic goes on.
+    let traffic = sleep_traffic(&mesh);
+    traffic.wait_successes(10, Instant::now(), TRAFFIC_WAIT);
     let pid = mesh.istiod.proc.pid();
     let started = Instant::now();
-    std::thread::scope(|s| {
-        let m = &mesh;
-        let t = s.spawn(|| traffic(m, &stop, &calls, &failed));
-        std::thread::sleep(Duration::from_secs(1));
-        #[allow(unsafe_code)]
-        unsafe {
-            libc::kill(pid as i32, libc::SIGKILL);
-        }
-        tests::wait_for("every Pod on istiod-1", Duration::from_secs(60), || {
-            all_on(&mesh, 1, pods).then_some(())
-        });
-        eprintln!(
-            "BENCH {pods} proxies of a killed istiod connected to the other in {:?}",
-            started.elapsed()
-        );
-        std::thread::sleep(Duration::from_secs(2));
-        stop.store(true, Ordering::Relaxed);
-        t.join().unwrap();
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(pid as i32, libc::SIGKILL);
+    }
+    tests::wait_for("every Pod on istiod-1", Duration::from_secs(60), || {
+        all_on(&mesh, 1, pods).then_some(())
     });
+    eprintln!(
+        "BENCH {pods} proxies of a killed istiod connected to the other in {:?}",
+        started.elapsed()
+    );
+    traffic.wait_successes(20, Instant::now(), TRAFFIC_WAIT);
+    let outcomes = traffic.stop();
     // Reaped.
     replicas::kill(&mut mesh.istiod);
     assert_eq!(
-        failed.load(Ordering::Relaxed),
-        0,
+        failures(&outcomes),
+        Vec::<String>::new(),
         "no failed request after SIGKILL"
     );
-    assert!(calls.load(Ordering::Relaxed) > 10);
+    assert!(outcomes.len() > 10);
 
     // A change made now reaches the Pods (through istiod-1).
     {
@@ -208,46 +172,38 @@ fn pods_follow_a_killed_istiod_and_a_rolling_restart_loses_no_request() {
         api.update(vs).unwrap();
     }
     tests::wait_for("all traffic to v2", Duration::from_secs(30), || {
-        versions(&mesh, 20).iter().all(|v| v == "v2").then_some(())
+        (mesh.httpbin_versions(20).get("v2") == Some(&20)).then_some(())
     });
 
     // Rolling restart: istiod-0 back, then istiod-1 stopped (SIGTERM) and
     // back, under steady traffic.
     mesh.replica(0).restart();
-    let (stop, calls, failed) = (
-        AtomicBool::new(false),
-        AtomicUsize::new(0),
-        AtomicUsize::new(0),
-    );
     let mut other = mesh.replicas.take().unwrap();
-    std::thread::scope(|s| {
-        let m = &mesh;
-        let t = s.spawn(|| traffic(m, &stop, &calls, &failed));
-        let begun = Instant::now();
-        other.others[0].stop();
-        let stopped_in = begun.elapsed();
-        eprintln!("istiod-1 exited {stopped_in:?} after SIGTERM");
-        assert!(
-            stopped_in < Duration::from_secs(12),
-            "within --shutdownDuration (10 s)"
-        );
-        tests::wait_for(
-            "every Pod back on istiod-0",
-            Duration::from_secs(60),
-            || (replicas::clients(&other.nets[0], &m.istiod).len() >= pods).then_some(()),
-        );
-        other.others[0].restart();
-        std::thread::sleep(Duration::from_secs(2));
-        stop.store(true, Ordering::Relaxed);
-        t.join().unwrap();
-    });
+    let traffic = sleep_traffic(&mesh);
+    traffic.wait_successes(10, Instant::now(), TRAFFIC_WAIT);
+    let begun = Instant::now();
+    other.others[0].stop();
+    let stopped_in = begun.elapsed();
+    eprintln!("istiod-1 exited {stopped_in:?} after SIGTERM");
+    assert!(
+        stopped_in < Duration::from_secs(12),
+        "within --shutdownDuration (10 s)"
+    );
+    tests::wait_for(
+        "every Pod back on istiod-0",
+        Duration::from_secs(60),
+        || (replicas::clients(&other.nets[0], &mesh.istiod).len() >= pods).then_some(()),
+    );
+    other.others[0].restart();
+    traffic.wait_successes(20, Instant::now(), TRAFFIC_WAIT);
+    let outcomes = traffic.stop();
     mesh.replicas = Some(other);
     assert_eq!(
-        failed.load(Ordering::Relaxed),
-        0,
+        failures(&outcomes),
+        Vec::<String>::new(),
         "no failed request across the rolling restart"
     );
-    assert!(calls.load(Ordering::Relaxed) > 10);
+    assert!(outcomes.len() > 10);
     // Still converged.
-    assert!(versions(&mesh, 10).iter().all(|v| v == "v2"));
+    assert_eq!(mesh.httpbin_versions(10).get("v2"), Some(&10));
 }
