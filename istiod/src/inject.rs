@@ -16,6 +16,7 @@
 pub(crate) mod config;
 mod gateway;
 mod grpc;
+pub mod kube_gateway;
 mod objects;
 mod overrides;
 pub mod patch;
