@@ -295,6 +295,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
     ));
     let (inputs, jwks) = push_inputs(sources.batches, &sources.mesh, shutdown_rx.clone())?;
     let config_snapshots = sources.store.watch();
+    let kube_slice = sources.store.slice(crate::source::kube::SLICE);
     let builder = crate::push::Builder::new(
         sources.store,
         RegistryOptions {
@@ -462,6 +463,16 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
                 mesh.clone(),
                 shutdown_rx.clone(),
             );
+            if let Some(client) = &kube {
+                crate::source::kube::gateway_deployment::start(
+                    client.clone(),
+                    &kube_slice,
+                    state.clone(),
+                    &config,
+                    elections.gateway_deployment(),
+                    shutdown_rx.clone(),
+                );
+            }
             Arc::new(inject::Injector::new(state, metrics).with_config(config_snapshots.clone()))
         });
         let validator = Arc::new(validation::Validator::new(

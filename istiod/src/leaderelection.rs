@@ -510,6 +510,12 @@ impl Elections {
         self.join(e)
     }
 
+    /// The Gateway deployment controller's lock (per revision, as Istio).
+    pub fn gateway_deployment(&mut self) -> Leadership {
+        let e = Election::per_revision(GATEWAY_DEPLOYMENT_CONTROLLER, self.revision());
+        self.join(e)
+    }
+
     /// The ServiceEntry IP auto-allocation controller's lock.
     pub fn ip_autoallocate(&mut self) -> Leadership {
         self.join(Election::configmap(IP_AUTOALLOCATE_CONTROLLER))

@@ -15,6 +15,7 @@
 //! The source has synced (Istio's `HasSynced`) once every kind has completed
 //! its first list; istiod serves nothing before that.
 
+pub(crate) mod gateway_deployment;
 pub(crate) mod informer;
 pub(crate) mod ip_allocate;
 pub(crate) mod kubemesh;

@@ -41,7 +41,17 @@ pub(super) fn gateway(gw: &KubernetesGateway, e: &mut Errors) {
             "is required (Istio's built-in class is istio)",
         );
     }
-    refuse_if("spec.infrastructure", &gw.infrastructure, e);
+    // Honoured by the automated deployment (inject::kube_gateway).
+    if let Some(infra) = &gw.infrastructure {
+        match serde_json::from_value::<crate::inject::kube_gateway::Infrastructure>(infra.clone()) {
+            Ok(i) => {
+                if let Some(p) = i.problem() {
+                    e.add("spec.infrastructure.parametersRef", p);
+                }
+            }
+            Err(err) => e.add("spec.infrastructure", err.to_string()),
+        }
+    }
     refuse_if("spec.allowedListeners", &gw.allowed_listeners, e);
     refuse_if("spec.tls", &gw.tls, e);
     refuse_if("spec.defaultScope", &gw.default_scope, e);
