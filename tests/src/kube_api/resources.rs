@@ -213,6 +213,36 @@ const fn webhook_configurations(
     }
 }
 
+/// A built-in workload resource of `group`/`version`: namespaced, a
+/// `/status` subresource, `generation` bumped on spec changes.
+const fn workload(
+    group: &'static str,
+    version: &'static str,
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+    status: bool,
+    short_names: &'static [&'static str],
+) -> Resource {
+    Resource {
+        group,
+        versions: match version.as_bytes() {
+            b"v2" => &["v2"],
+            _ => &["v1"],
+        },
+        storage: version,
+        plural,
+        singular,
+        kind,
+        namespaced: true,
+        status,
+        generation: true,
+        writable: true,
+        short_names,
+        fields: &[],
+    }
+}
+
 /// Every resource served (TokenReview is handled apart: it is create-only
 /// and stores nothing).
 pub static RESOURCES: &[Resource] = &[
@@ -272,6 +302,10 @@ pub static RESOURCES: &[Resource] = &[
         &["sa"],
         &[],
     ),
+    // What Istio's gateway deployment controller applies.
+    workload("apps", "v1", "deployments", "deployment", "Deployment", true, &["deploy"]),
+    workload("autoscaling", "v2", "horizontalpodautoscalers", "horizontalpodautoscaler", "HorizontalPodAutoscaler", true, &["hpa"]),
+    workload("policy", "v1", "poddisruptionbudgets", "poddisruptionbudget", "PodDisruptionBudget", true, &["pdb"]),
     Resource {
         group: "discovery.k8s.io",
         versions: &["v1"],

@@ -625,6 +625,8 @@ async fn resource(
                 decode(&content_type, &body)?
             };
             let pre = opts.get("preconditions").cloned().unwrap_or(Value::Null);
+            let orphan = opts["propagationPolicy"] == "Orphan"
+                || q.get("propagationPolicy").is_some_and(|p| p == "Orphan");
             if let Ok(old) = store.get(res, version, &ns, &name) {
                 let mut delete_options = opts.clone();
                 if !delete_options.is_object() {
@@ -645,7 +647,7 @@ async fn resource(
             }
             Ok(json_response(
                 200,
-                &one(store.delete(res, version, &ns, &name, &pre)?),
+                &one(store.delete_with(res, version, &ns, &name, &pre, orphan)?),
             ))
         }
         (m, _) => Err(Status::method_not_allowed(m.as_str(), res.plural)),

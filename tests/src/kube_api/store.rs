@@ -197,6 +197,8 @@ pub struct Watch {
 
 type Key = (String, String);
 
+mod gc;
+
 struct State {
     rv: u64,
     objects: HashMap<(&'static str, &'static str), BTreeMap<Key, Value>>,
@@ -729,7 +731,8 @@ impl Store {
         Ok((present(&stored, res, version), false))
     }
 
-    /// DELETE, with the optional uid and resourceVersion preconditions.
+    /// DELETE, with the optional uid and resourceVersion preconditions;
+    /// the object's dependents are garbage collected ([`gc`]).
     pub fn delete(
         &self,
         res: &'static Resource,
@@ -737,6 +740,20 @@ impl Store {
         ns: &str,
         name: &str,
         preconditions: &Value,
+    ) -> Result<Value, Status> {
+        self.delete_with(res, version, ns, name, preconditions, false)
+    }
+
+    /// DELETE; `orphan` (`propagationPolicy: Orphan`) leaves the
+    /// dependents.
+    pub fn delete_with(
+        &self,
+        res: &'static Resource,
+        version: &str,
+        ns: &str,
+        name: &str,
+        preconditions: &Value,
+        orphan: bool,
     ) -> Result<Value, Status> {
         let mut st = self.lock();
         let old = Self::current(&st, res, &(ns.to_string(), name.to_string()))
@@ -749,6 +766,10 @@ impl Store {
             }
         }
         let stored = self.commit(&mut st, res, EventType::Deleted, old.clone(), Some(old));
+        if !orphan && let Some(uid) = meta_str(&stored, "uid") {
+            let uid = uid.to_string();
+            self.collect_dependents(&mut st, &uid);
+        }
         Ok(present(&stored, res, version))
     }
 
