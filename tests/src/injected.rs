@@ -26,6 +26,8 @@
 //! - Only Istio's containers run (`istio-init`, `istio-validation`,
 //!   `istio-proxy`); the app containers are the test's to stand in for.
 //!
+//! - The Pod's network `sysctls` are set in its namespace.
+//!
 //! Nothing is added that the spec lacks; what the harness cannot do
 //! (secrets, host paths, other images' commands) fails the test loudly.
 
@@ -393,6 +395,34 @@ pub fn wait_probe(net: &PodNet, c: &Value, probe: &str, proc: &mut crate::Proc, 
     });
 }
 
+/// The Pod's `securityContext.sysctls`, set in its network namespace as
+/// the kubelet sets them (only the namespaced `net.*` ones can be).
+fn apply_sysctls(net: &PodNet, pod: &Value) {
+    let sysctls = pod
+        .pointer("/spec/securityContext/sysctls")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for sc in sysctls {
+        let (name, value) = (s(&sc, "/name"), s(&sc, "/value"));
+        assert!(
+            name.starts_with("net."),
+            "the harness sets only network sysctls, not {name}"
+        );
+        let out = net
+            .ns
+            .command("sysctl")
+            .args(["-w", &format!("{name}={value}")])
+            .output()
+            .expect("run sysctl");
+        assert!(
+            out.status.success(),
+            "sysctl {name}={value}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// Runs the Istio containers of `pod` (an injected Pod as the API stored
 /// it) on `hub`, in `dir`, with `pilot_agent` standing for the proxy image.
 /// Returns when `istio-proxy` is ready.
@@ -405,6 +435,7 @@ pub fn run(
 ) -> InjectedPod {
     std::fs::create_dir_all(dir).expect("the Pod's directory");
     let net = hub.pod("inj", &facts.ip);
+    apply_sysctls(&net, pod);
     lay_out_volumes(pod, facts, dir);
     let mut running = Vec::new();
     let inits = pod
