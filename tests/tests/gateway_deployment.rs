@@ -88,7 +88,9 @@ fn a_gateway_gets_its_deployment_and_service_and_loses_them_with_it() {
     let uid = gateway["metadata"]["uid"].as_str().unwrap().to_string();
 
     let get = |api_version: &str, kind: &str| api.get(api_version, kind, "demo", "ingress-istio");
-    let deployment = wait_for("the Gateway's Deployment", WAIT, || get("apps/v1", "Deployment"));
+    let deployment = wait_for("the Gateway's Deployment", WAIT, || {
+        get("apps/v1", "Deployment")
+    });
     let service = wait_for("the Gateway's Service", WAIT, || get("v1", "Service"));
     let account = wait_for("the Gateway's ServiceAccount", WAIT, || {
         get("v1", "ServiceAccount")
@@ -99,7 +101,10 @@ fn a_gateway_gets_its_deployment_and_service_and_loses_them_with_it() {
         assert_eq!(owner["name"], "ingress");
         assert_eq!(owner["uid"], uid.as_str());
         let labels = &o["metadata"]["labels"];
-        assert_eq!(labels["gateway.istio.io/managed"], "istio.io-gateway-controller");
+        assert_eq!(
+            labels["gateway.istio.io/managed"],
+            "istio.io-gateway-controller"
+        );
         assert_eq!(labels["gateway.networking.k8s.io/gateway-name"], "ingress");
         assert_eq!(labels["team"], "edge", "infrastructure labels: {o:#}");
     }
@@ -111,14 +116,25 @@ fn a_gateway_gets_its_deployment_and_service_and_loses_them_with_it() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| (p["name"].as_str().unwrap().to_string(), p["port"].as_u64().unwrap()))
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_string(),
+                p["port"].as_u64().unwrap(),
+            )
+        })
         .collect();
-    assert_eq!(ports, [("status-port".to_string(), 15021), ("http".to_string(), 80)]);
+    assert_eq!(
+        ports,
+        [("status-port".to_string(), 15021), ("http".to_string(), 80)]
+    );
     let applied = api.requests().into_iter().any(|r| {
         r.method == "PATCH"
             && r.path.ends_with("/deployments/ingress-istio")
-            && r.content_type.as_deref().is_some_and(|c| c.contains("apply-patch"))
-            && r.query.contains("fieldManager=istio.io%2Fgateway-controller")
+            && r.content_type
+                .as_deref()
+                .is_some_and(|c| c.contains("apply-patch"))
+            && r.query
+                .contains("fieldManager=istio.io%2Fgateway-controller")
             && r.query.contains("force=true")
     });
     assert!(applied, "server-side applied as Istio's controller");
@@ -138,7 +154,10 @@ fn a_gateway_gets_its_deployment_and_service_and_loses_them_with_it() {
         host_ip: HUB_IP.into(),
         configmaps,
         token: Box::new(move |audience| {
-            assert_eq!(audience, "istio-ca", "the template asks for Istio's audience");
+            assert_eq!(
+                audience, "istio-ca",
+                "the template asks for Istio's audience"
+            );
             token.clone()
         }),
     };
@@ -161,14 +180,21 @@ fn a_gateway_gets_its_deployment_and_service_and_loses_them_with_it() {
         let a = gw["status"]["addresses"].clone();
         a.is_array().then_some(a)
     });
-    assert_eq!(addresses, json!([{"type": "IPAddress", "value": GATEWAY_POD_IP}]));
+    assert_eq!(
+        addresses,
+        json!([{"type": "IPAddress", "value": GATEWAY_POD_IP}])
+    );
 
     // A client outside the mesh, through the gateway, to httpbin.
     let client = mesh.plain_pod(CLIENT_IP);
     let target: SocketAddr = format!("{GATEWAY_POD_IP}:80").parse().unwrap();
     let (code, body) = wait_for("httpbin through the deployed gateway", WAIT, || {
         let agent = running.container("istio-proxy");
-        assert!(agent.alive(), "the gateway's agent exited:\n{}", agent.log());
+        assert!(
+            agent.alive(),
+            "the gateway's agent exited:\n{}",
+            agent.log()
+        );
         http_request(&client.ns, target, HOST, "/headers")
             .ok()
             .filter(|(c, _)| *c == 200)

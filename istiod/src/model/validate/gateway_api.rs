@@ -557,6 +557,37 @@ mod tests {
     }
 
     #[test]
+    fn infrastructure_is_accepted_as_istio_reads_it() {
+        let listeners = "listeners: [{name: h, port: 80, protocol: HTTP}]";
+        assert!(
+            errors(
+                "gw.yaml",
+                GW,
+                &format!("{{gatewayClassName: istio, {listeners}, infrastructure: {{labels: {{a: b}}, annotations: {{c: d}}, parametersRef: {{group: '', kind: ConfigMap, name: opts}}}}}}")
+            )
+            .is_empty()
+        );
+        let e = errors(
+            "gw.yaml",
+            GW,
+            &format!(
+                "{{gatewayClassName: istio, {listeners}, infrastructure: {{parametersRef: {{group: example.com, kind: Params, name: p}}}}}}"
+            ),
+        );
+        refused(
+            &e,
+            "spec.infrastructure.parametersRef",
+            "only a core ConfigMap",
+        );
+        let e = errors(
+            "gw.yaml",
+            GW,
+            &format!("{{gatewayClassName: istio, {listeners}, infrastructure: {{bogus: 1}}}}"),
+        );
+        refused(&e, "spec.infrastructure", "unknown field");
+    }
+
+    #[test]
     fn tls_and_other_protocols_are_refused_by_name() {
         let e = errors(
             "gw.yaml",

@@ -72,7 +72,9 @@ mod tests {
             .collect();
         let obj = json!({"apiVersion": api_version, "kind": kind,
             "metadata": {"name": name, "namespace": "demo", "ownerReferences": refs}});
-        let created = store.create(res, version, "demo", obj, Scope::Whole).unwrap();
+        let created = store
+            .create(res, version, "demo", obj, Scope::Whole)
+            .unwrap();
         meta_str(&created, "uid").unwrap().to_string()
     }
 
@@ -91,7 +93,9 @@ mod tests {
         make(&store, "ServiceAccount", "v1", "shared", &[&owner, &other]);
         make(&store, "ServiceAccount", "v1", "kept", &[&owner]);
         let (res, version) = by_kind("v1", "ConfigMap").unwrap();
-        store.delete(res, version, "demo", "owner", &Value::Null).unwrap();
+        store
+            .delete(res, version, "demo", "owner", &Value::Null)
+            .unwrap();
         assert!(!exists(&store, "apps/v1", "Deployment", "dep"));
         assert!(!exists(&store, "v1", "Service", "grandchild"));
         assert!(!exists(&store, "v1", "ServiceAccount", "kept"));
