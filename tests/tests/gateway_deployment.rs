@@ -205,6 +205,24 @@ fn a_gateway_gets_its_deployment_and_service_and_loses_them_with_it() {
         "httpbin saw the gateway's identity over mTLS: {body}"
     );
 
+    // Only the holder of the per-revision Lease writes.
+    let lease = api
+        .get(
+            "coordination.k8s.io/v1",
+            "Lease",
+            "istio-system",
+            "istio-gateway-deployment-default",
+        )
+        .expect("the controller's Lease");
+    assert!(
+        lease["spec"]["holderIdentity"]
+            .as_str()
+            .is_some_and(|h| !h.is_empty()),
+        "{lease:#}"
+    );
+
+    customized_and_manual_gateways(api);
+
     // Deleting the Gateway deletes what it owns.
     api.delete(GW_API, "Gateway", "demo", "ingress").unwrap();
     wait_for("the Gateway's objects removed", WAIT, || {
@@ -213,4 +231,77 @@ fn a_gateway_gets_its_deployment_and_service_and_loses_them_with_it() {
             && get("v1", "ServiceAccount").is_none())
         .then_some(())
     });
+}
+
+/// A Gateway customized by annotation and `parametersRef` ConfigMap, and
+/// one deployed by hand (a `Hostname` address), which gets nothing.
+fn customized_and_manual_gateways(api: &tests::kube_api::KubeApi) {
+    api.create(yaml(
+        r#"apiVersion: v1
+kind: ConfigMap
+metadata: {name: gw-options, namespace: demo}
+data:
+  deployment: |
+    spec:
+      replicas: 2
+  service: |
+    metadata:
+      annotations: {example.com/lb: internal}
+"#,
+    ))
+    .unwrap();
+    api.create(yaml(
+        r#"apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: manual, namespace: demo}
+spec:
+  gatewayClassName: istio
+  addresses: [{type: Hostname, value: httpbin.demo.svc.cluster.local}]
+  listeners: [{name: http, port: 8081, protocol: HTTP}]
+"#,
+    ))
+    .unwrap();
+    api.create(yaml(
+        r#"apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata:
+  name: custom
+  namespace: demo
+  annotations: {networking.istio.io/service-type: ClusterIP}
+spec:
+  gatewayClassName: istio
+  infrastructure:
+    parametersRef: {group: "", kind: ConfigMap, name: gw-options}
+  listeners: [{name: web, port: 8080, protocol: HTTP}]
+"#,
+    ))
+    .unwrap();
+    let deployment = wait_for("the customized Deployment", WAIT, || {
+        api.get("apps/v1", "Deployment", "demo", "custom-istio")
+    });
+    assert_eq!(deployment["spec"]["replicas"], 2, "{deployment:#}");
+    let service = wait_for("the customized Service", WAIT, || {
+        api.get("v1", "Service", "demo", "custom-istio")
+    });
+    assert_eq!(service["spec"]["type"], "ClusterIP");
+    assert_eq!(
+        service["metadata"]["annotations"]["example.com/lb"],
+        "internal"
+    );
+    // Not a load balancer: the status reports the Service's host name.
+    let addresses = wait_for("the customized Gateway's addresses", WAIT, || {
+        let a = api.get(GW_API, "Gateway", "demo", "custom")?["status"]["addresses"].clone();
+        a.is_array().then_some(a)
+    });
+    assert_eq!(
+        addresses,
+        json!([{"type": "Hostname", "value": "custom-istio.demo.svc.cluster.local"}])
+    );
+    // Both Gateways were reconciled in the same passes: the manual one got
+    // nothing.
+    assert!(
+        api.get("apps/v1", "Deployment", "demo", "manual-istio")
+            .is_none()
+    );
+    assert!(api.get("v1", "Service", "demo", "manual-istio").is_none());
 }
