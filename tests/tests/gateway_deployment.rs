@@ -236,6 +236,21 @@ fn a_gateway_gets_its_deployment_and_service_and_loses_them_with_it() {
 /// A Gateway customized by annotation and `parametersRef` ConfigMap, and
 /// one deployed by hand (a `Hostname` address), which gets nothing.
 fn customized_and_manual_gateways(api: &tests::kube_api::KubeApi) {
+    // Class-wide customizations, in istiod's namespace.
+    api.create(yaml(
+        r#"apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: istio-class-defaults
+  namespace: istio-system
+  labels: {gateway.istio.io/defaults-for-class: istio}
+data:
+  serviceAccount: |
+    metadata:
+      annotations: {example.com/from: class-defaults}
+"#,
+    ))
+    .unwrap();
     api.create(yaml(
         r#"apiVersion: v1
 kind: ConfigMap
@@ -284,6 +299,14 @@ spec:
         api.get("v1", "Service", "demo", "custom-istio")
     });
     assert_eq!(service["spec"]["type"], "ClusterIP");
+    let account = wait_for("the class defaults on the ServiceAccount", WAIT, || {
+        api.get("v1", "ServiceAccount", "demo", "custom-istio")
+            .filter(|a| a["metadata"]["annotations"]["example.com/from"] == "class-defaults")
+    });
+    assert_eq!(
+        account["metadata"]["labels"]["gateway.istio.io/managed"],
+        "istio.io-gateway-controller"
+    );
     assert_eq!(
         service["metadata"]["annotations"]["example.com/lb"],
         "internal"

@@ -206,13 +206,26 @@ async fn reconcile_while(
             .collect();
         written.objects.retain(|k, _| ours.contains(k));
         written.addresses.retain(|k, _| ours.contains(k));
+        let defaults = match class_defaults(&client, &settings.system_namespace).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(target: "gateway", "listing the class defaults ConfigMaps failed: {e}; retrying");
+                continue;
+            }
+        };
+        let pass = Pass {
+            client: &client,
+            snapshot: &snapshot,
+            state: &state,
+            settings: &settings,
+            defaults: &defaults,
+        };
         for key in &ours {
             let Some(gw) = snapshot.get_typed::<KubernetesGateway>(&key.namespace, &key.name)
             else {
                 continue;
             };
-            if let Err(e) = reconcile(&client, &snapshot, gw, &state, &settings, &mut written).await
-            {
+            if let Err(e) = reconcile(&pass, gw, &mut written).await {
                 tracing::warn!(target: "gateway", "{key}: reconciling its deployment failed: {e}");
                 written.objects.remove(key);
             }
@@ -280,14 +293,23 @@ fn resource(api_version: &str, kind: &str) -> ApiResource {
     }
 }
 
+/// What one reconciliation pass reads.
+struct Pass<'a> {
+    client: &'a kube::Client,
+    snapshot: &'a Snapshot,
+    state: &'a InjectorState,
+    settings: &'a Settings,
+    /// Class name to its defaults' ConfigMap data.
+    defaults: &'a BTreeMap<String, BTreeMap<String, String>>,
+}
+
 async fn reconcile(
-    client: &kube::Client,
-    snapshot: &Snapshot,
+    pass: &Pass<'_>,
     gw: crate::model::Typed<'_, KubernetesGateway>,
-    state: &InjectorState,
-    settings: &Settings,
     written: &mut Written,
 ) -> Result<(), DeploymentError> {
+    let (client, snapshot, state, settings) =
+        (pass.client, pass.snapshot, pass.state, pass.settings);
     let key = gw.object.key();
     let facts = facts(gw);
     if class_controller(snapshot, &facts.class).as_deref() != Some(CONTROLLER_NAME) {
@@ -302,7 +324,7 @@ async fn reconcile(
         tracing::debug!(target: "gateway", "{key}: managed by another controller version, skipping");
         return Ok(());
     }
-    let overlays = overlays(client, &facts, settings).await?;
+    let overlays = overlays(client, &facts, pass.defaults).await?;
     let derived = kube_gateway::derive(&facts, settings.copy_labels_annotations);
     let labels = BTreeMap::from([(
         kube_gateway::GATEWAY_NAME_LABEL.to_string(),
@@ -342,21 +364,20 @@ async fn reconcile(
     write_addresses(client, &key, &service_name, &settings.domain, written).await
 }
 
-/// The class defaults' ConfigMap data (the oldest labelled for the class in
-/// istiod's namespace), then the `parametersRef` ConfigMap's.
-async fn overlays(
+/// The class defaults' ConfigMaps in istiod's namespace (labelled
+/// [`CLASS_DEFAULTS_LABEL`] with the class): for each class, the oldest's
+/// data.
+async fn class_defaults(
     client: &kube::Client,
-    gw: &GatewayFacts,
-    settings: &Settings,
-) -> Result<Vec<BTreeMap<String, String>>, DeploymentError> {
-    let mut out = Vec::new();
+    namespace: &str,
+) -> Result<BTreeMap<String, BTreeMap<String, String>>, kube::Error> {
     let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
-        Api::namespaced(client.clone(), &settings.system_namespace);
-    let mut defaults = cms
-        .list(&ListParams::default().labels(&format!("{CLASS_DEFAULTS_LABEL}={}", gw.class)))
+        Api::namespaced(client.clone(), namespace);
+    let mut all = cms
+        .list(&ListParams::default().labels(CLASS_DEFAULTS_LABEL))
         .await?
         .items;
-    defaults.sort_by(|a, b| {
+    all.sort_by(|a, b| {
         (
             a.metadata.creation_timestamp.as_ref().map(|t| t.0),
             &a.metadata.name,
@@ -366,9 +387,30 @@ async fn overlays(
                 &b.metadata.name,
             ))
     });
-    if let Some(d) = defaults.into_iter().next() {
-        out.push(d.data.unwrap_or_default());
+    let mut out = BTreeMap::new();
+    for cm in all {
+        let class = cm
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(CLASS_DEFAULTS_LABEL))
+            .cloned()
+            .unwrap_or_default();
+        out.entry(class)
+            .or_insert_with(|| cm.data.unwrap_or_default());
     }
+    Ok(out)
+}
+
+/// The class defaults' ConfigMap data, then the `parametersRef`
+/// ConfigMap's.
+async fn overlays(
+    client: &kube::Client,
+    gw: &GatewayFacts,
+    defaults: &BTreeMap<String, BTreeMap<String, String>>,
+) -> Result<Vec<BTreeMap<String, String>>, DeploymentError> {
+    let mut out: Vec<BTreeMap<String, String>> =
+        defaults.get(&gw.class).cloned().into_iter().collect();
     if let Some(p) = gw
         .infrastructure
         .as_ref()
