@@ -221,6 +221,13 @@ fn a_gateway_gets_its_deployment_and_service_and_loses_them_with_it() {
         "{lease:#}"
     );
 
+    // A generated object deleted by hand comes back.
+    api.delete("apps/v1", "Deployment", "demo", "ingress-istio")
+        .unwrap();
+    wait_for("the Deployment applied again", WAIT, || {
+        get("apps/v1", "Deployment")
+    });
+
     customized_and_manual_gateways(api);
 
     // Deleting the Gateway deletes what it owns.

@@ -26,8 +26,10 @@
 //!
 //! Istio reacts to changes of the generated objects and ConfigMaps through
 //! informers; this controller reads them when it reconciles, on every change
-//! of the config store or the injector's settings and every
-//! [`RESYNC`].
+//! of the config store or the injector's settings and every [`RESYNC`]:
+//! each pass lists the managed ServiceAccounts, Deployments and Services
+//! (one list per kind) and applies a Gateway's objects again when its
+//! rendering changed or one of them was deleted or changed by another.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -168,6 +170,57 @@ pub async fn run(
 struct Written {
     objects: HashMap<ObjectKey, Vec<Value>>,
     addresses: HashMap<ObjectKey, Value>,
+    /// The resourceVersion each applied object had after the apply.
+    versions: HashMap<ObjRef, String>,
+}
+
+/// A generated object: kind, namespace, name.
+type ObjRef = (String, String, String);
+
+/// The kinds whose objects are listed every pass: one deleted or changed
+/// by someone else is applied again (Istio reacts to their events).
+const TRACKED: [(&str, &str); 3] = [
+    ("v1", "ServiceAccount"),
+    ("apps/v1", "Deployment"),
+    ("v1", "Service"),
+];
+
+/// The managed objects that exist, as one pass lists them.
+#[derive(Default)]
+struct Existing {
+    versions: HashMap<ObjRef, String>,
+    services: HashMap<(String, String), Value>,
+}
+
+async fn existing(client: &kube::Client) -> Result<Existing, kube::Error> {
+    let mut out = Existing::default();
+    let selector = format!("{MANAGED_LABEL}={}", kube_gateway::MANAGED_VALUE);
+    for (api_version, kind) in TRACKED {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource(api_version, kind));
+        for o in api.list(&ListParams::default().labels(&selector)).await? {
+            let ns = o.metadata.namespace.clone().unwrap_or_default();
+            let name = o.metadata.name.clone().unwrap_or_default();
+            let rv = o.metadata.resource_version.clone().unwrap_or_default();
+            out.versions
+                .insert((kind.to_string(), ns.clone(), name.clone()), rv);
+            if kind == "Service" {
+                out.services
+                    .insert((ns, name), serde_json::to_value(&o).unwrap_or_default());
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn obj_ref(namespace: &str, o: &Value) -> ObjRef {
+    (
+        o["kind"].as_str().unwrap_or_default().to_string(),
+        namespace.to_string(),
+        o["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    )
 }
 
 async fn reconcile_while(
@@ -205,6 +258,10 @@ async fn reconcile_while(
             .map(|o| o.key())
             .collect();
         written.objects.retain(|k, _| ours.contains(k));
+        written.versions.retain(|(_, ns, name), _| {
+            ours.iter()
+                .any(|k| &k.namespace == ns && name.starts_with(k.name.as_str()))
+        });
         written.addresses.retain(|k, _| ours.contains(k));
         let defaults = match class_defaults(&client, &settings.system_namespace).await {
             Ok(d) => d,
@@ -213,7 +270,15 @@ async fn reconcile_while(
                 continue;
             }
         };
+        let existing = match existing(&client).await {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(target: "gateway", "listing the managed gateway objects failed: {e}; retrying");
+                continue;
+            }
+        };
         let pass = Pass {
+            existing: &existing,
             client: &client,
             snapshot: &snapshot,
             state: &state,
@@ -301,6 +366,8 @@ struct Pass<'a> {
     settings: &'a Settings,
     /// Class name to its defaults' ConfigMap data.
     defaults: &'a BTreeMap<String, BTreeMap<String, String>>,
+    /// The managed objects that exist.
+    existing: &'a Existing,
 }
 
 async fn reconcile(
@@ -354,14 +421,25 @@ async fn reconcile(
         proxy_config: &proxy_config,
     };
     let objects = kube_gateway::render_with_overlays(&input, &overlays)?;
-    if written.objects.get(&key) != Some(&objects) {
+    let tracked = |o: &&Value| TRACKED.iter().any(|(_, k)| o["kind"] == *k);
+    let stale = objects.iter().filter(tracked).any(|o| {
+        let r = obj_ref(&facts.namespace, o);
+        pass.existing.versions.get(&r) != written.versions.get(&r)
+    });
+    if stale || written.objects.get(&key) != Some(&objects) {
         for o in &objects {
-            apply(client, &facts.namespace, o).await?;
+            if let Some(rv) = apply(client, &facts.namespace, o).await? {
+                written.versions.insert(obj_ref(&facts.namespace, o), rv);
+            }
         }
         tracing::info!(target: "gateway", "{key}: gateway deployment applied ({} objects)", objects.len());
         written.objects.insert(key.clone(), objects);
     }
-    write_addresses(client, &key, &service_name, &settings.domain, written).await
+    let service = pass
+        .existing
+        .services
+        .get(&(facts.namespace.clone(), service_name));
+    write_addresses(client, &key, service, &settings.domain, written).await
 }
 
 /// The class defaults' ConfigMaps in istiod's namespace (labelled
@@ -433,7 +511,12 @@ async fn overlays(
 
 /// Server-side applies one object, unless it exists without the managed
 /// label (Istio's `canManage`).
-async fn apply(client: &kube::Client, namespace: &str, o: &Value) -> Result<(), DeploymentError> {
+/// Returns the applied object's resourceVersion; `None` when skipped.
+async fn apply(
+    client: &kube::Client,
+    namespace: &str,
+    o: &Value,
+) -> Result<Option<String>, DeploymentError> {
     let kind = o["kind"].as_str().unwrap_or_default();
     let name = o["metadata"]["name"].as_str().unwrap_or_default();
     let res = resource(o["apiVersion"].as_str().unwrap_or_default(), kind);
@@ -446,11 +529,11 @@ async fn apply(client: &kube::Client, namespace: &str, o: &Value) -> Result<(), 
             .is_some_and(|l| l.contains_key(MANAGED_LABEL))
     {
         tracing::debug!(target: "gateway", "{kind} {namespace}/{name} exists and is not managed by istiod, skipping");
-        return Ok(());
+        return Ok(None);
     }
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    api.patch(name, &params, &Patch::Apply(o)).await?;
-    Ok(())
+    let applied = api.patch(name, &params, &Patch::Apply(o)).await?;
+    Ok(applied.metadata.resource_version)
 }
 
 /// The addresses the Gateway's status reports for its Service `svc`.
@@ -485,16 +568,14 @@ pub fn service_addresses(svc: &Value, domain: &str) -> Vec<Value> {
 async fn write_addresses(
     client: &kube::Client,
     key: &ObjectKey,
-    service: &str,
+    service: Option<&Value>,
     domain: &str,
     written: &mut Written,
 ) -> Result<(), DeploymentError> {
-    let services: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &key.namespace, &resource("v1", "Service"));
-    let Some(svc) = services.get_opt(service).await? else {
+    let Some(svc) = service else {
         return Ok(());
     };
-    let addresses = service_addresses(&serde_json::to_value(&svc).unwrap_or_default(), domain);
+    let addresses = service_addresses(svc, domain);
     // Istio never removes an address once reported.
     if addresses.is_empty() {
         return Ok(());
