@@ -6,8 +6,16 @@
 //! httpbin Pods with the gateway's own upstream mTLS settings (copied from
 //! its generated cluster, certificates from the same agent over SDS) and
 //! only the router filter. The client is a Pod outside the mesh; keep-alive
-//! connections, one request in flight each. The gateway round runs first
-//! and again last, so drift in the machine's load shows.
+//! connections, one request in flight each.
+//!
+//! The same gateway Pod is also measured configured by the Gateway API: the
+//! sample's Istio `Gateway` and `VirtualService` are taken out of the config
+//! directory and a `Gateway` (class `istio`, bound to the sample gateway's
+//! Service by a `Hostname` address, one listener on the same port and
+//! hostname) with an `HTTPRoute` carrying the same route are put in. Each
+//! round starts once the gateway's config dump shows that configuration
+//! (and the route answers 200). The Istio-config round runs first and again
+//! last, so drift in the machine's load shows.
 //!
 //! What the ratio measures: what istiod's generated listener, routes and
 //! filters (fault, CORS, Istio's stats prefixes, XFCC and
@@ -43,6 +51,143 @@ const HTTPBIN_CLUSTER: &str = "outbound|8000||httpbin.demo.svc.cluster.local";
 /// The sample's httpbin Pods and their port (`istiod/samples/mesh/`).
 const HTTPBIN_PODS: [&str; 2] = ["198.18.0.3", "198.18.0.4"];
 const HTTPBIN_POD_PORT: u16 = 8080;
+
+/// The sample file holding the Istio `Gateway` and `VirtualService`.
+const SAMPLE_FILE: &str = "ingress.yaml";
+/// The Gateway API objects, in their own file of the config directory.
+const GATEWAY_API_FILE: &str = "gateway-api.yaml";
+/// The sample's route as the Gateway API writes it: the listener on the
+/// sample Gateway's port and host, bound to the sample gateway's Service.
+const GATEWAY_API: &str = r#"apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: httpbin-gateway, namespace: istio-system}
+spec:
+  gatewayClassName: istio
+  addresses: [{type: Hostname, value: istio-ingressgateway.istio-system.svc.cluster.local}]
+  listeners:
+  - name: http
+    port: 80
+    protocol: HTTP
+    hostname: httpbin.example.com
+    allowedRoutes: {namespaces: {from: All}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: httpbin, namespace: demo}
+spec:
+  parentRefs: [{name: httpbin-gateway, namespace: istio-system, sectionName: http}]
+  hostnames: [httpbin.example.com]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /}}]
+    backendRefs: [{name: httpbin, port: 8000}]
+"#;
+/// The prefix of the Envoy route names istiod gives the HTTPRoute's rules
+/// (`<namespace>.<name>.<rule>.<match>`); the VirtualService's are unnamed.
+const GATEWAY_API_ROUTE: &str = "demo.httpbin.";
+
+/// Which objects configure the gateway.
+#[derive(Clone, Copy, PartialEq)]
+enum Config {
+    /// The sample's Istio `Gateway` + `VirtualService`.
+    Istio,
+    /// [`GATEWAY_API`].
+    GatewayApi,
+}
+
+fn write_atomically(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp~");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// Puts `config` in the config directory, taking the other out.
+fn configure(mesh: &LocalMesh, config: Config) {
+    let sample =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../istiod/samples/ingress/ingress.yaml");
+    let sample = std::fs::read_to_string(sample).unwrap();
+    let api_file = mesh.config_dir.join(GATEWAY_API_FILE);
+    match config {
+        Config::Istio => {
+            write_atomically(&mesh.config_dir.join(SAMPLE_FILE), &sample);
+            if api_file.exists() {
+                std::fs::remove_file(api_file).unwrap();
+            }
+        }
+        Config::GatewayApi => {
+            write_atomically(&api_file, GATEWAY_API);
+            let without: Vec<&str> = sample
+                .split("\n---\n")
+                .filter(|doc| {
+                    !doc.contains("kind: Gateway\n") && !doc.contains("kind: VirtualService\n")
+                })
+                .collect();
+            assert_eq!(without.len() + 2, sample.split("\n---\n").count());
+            write_atomically(&mesh.config_dir.join(SAMPLE_FILE), &without.join("\n---\n"));
+        }
+    }
+}
+
+/// The names of the gateway Envoy's routes in the sample host's virtual host.
+fn sample_host_routes(gw: &GatewayPod) -> Vec<String> {
+    let dump = gateway_admin(gw, "/config_dump");
+    let configs = dump["configs"].as_array().unwrap();
+    let Some(routes) = configs.iter().find(|c| {
+        c["@type"]
+            .as_str()
+            .unwrap_or("")
+            .ends_with("RoutesConfigDump")
+    }) else {
+        return Vec::new();
+    };
+    let mut names = Vec::new();
+    for rc in routes["dynamic_route_configs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        for vh in rc["route_config"]["virtual_hosts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if vh["domains"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|d| d == HOST)
+            {
+                for r in vh["routes"].as_array().into_iter().flatten() {
+                    names.push(r["name"].as_str().unwrap_or("").to_string());
+                }
+            }
+        }
+    }
+    names
+}
+
+/// Switches the gateway to `config` and waits until its Envoy has exactly
+/// that configuration's routes for the sample host and they answer 200.
+fn switch(mesh: &LocalMesh, gw: &GatewayPod, client: &tests::netns::Netns, config: Config) {
+    configure(mesh, config);
+    let what = match config {
+        Config::Istio => "the gateway's routes from the Istio Gateway and VirtualService",
+        Config::GatewayApi => "the gateway's routes from the Gateway API Gateway and HTTPRoute",
+    };
+    wait_for(what, Duration::from_secs(60), || {
+        let names = sample_host_routes(gw);
+        let api = names
+            .iter()
+            .filter(|n| n.starts_with(GATEWAY_API_ROUTE))
+            .count();
+        let applied = match config {
+            Config::Istio => !names.is_empty() && api == 0,
+            Config::GatewayApi => !names.is_empty() && api == names.len(),
+        };
+        applied.then_some(())
+    });
+    let gateway: SocketAddr = format!("{GATEWAY_IP}:{GATEWAY_PORT}").parse().unwrap();
+    wait_serving(client, gateway, what);
+}
 
 /// The gateway Envoy's admin API, from inside its Pod.
 fn gateway_admin(gw: &GatewayPod, path: &'static str) -> Value {
@@ -183,11 +328,27 @@ fn main() {
     wait_serving(&client.ns, baseline, "the static Envoy");
 
     let mut rows = Vec::new();
-    for (name, addr) in [
-        ("gateway (istiod)", gateway),
-        ("static file", baseline),
-        ("gateway (istiod), again", gateway),
+    for (name, addr, config) in [
+        (
+            "gateway (istiod, Istio Gateway + VirtualService)",
+            gateway,
+            Some(Config::Istio),
+        ),
+        ("static file", baseline, None),
+        (
+            "gateway (istiod, Gateway API Gateway + HTTPRoute)",
+            gateway,
+            Some(Config::GatewayApi),
+        ),
+        (
+            "gateway (istiod, Istio Gateway + VirtualService), again",
+            gateway,
+            Some(Config::Istio),
+        ),
     ] {
+        if let Some(config) = config {
+            switch(&mesh, &gw, &client.ns, config);
+        }
         let target = Target::Plain(addr);
         let r = warm_round(&client.ns, &target, HOST, "/", CONNECTIONS, length);
         rows.push((name.to_string(), r));
@@ -195,4 +356,5 @@ fn main() {
     static_envoy.terminate(Duration::from_secs(5));
     println!("load average at end: {}", machine_load());
     println!("\n{}", table("HTTP through", "÷ static", &rows, 1));
+    println!("{}", table("HTTP through", "÷ Istio config", &rows, 0));
 }
