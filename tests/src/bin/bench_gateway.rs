@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tests::gateway_pod::{GatewayPod, GatewaySpec};
-use tests::load::{Target, machine_load, table, warm_round};
+use tests::load::{Target, machine_load, pct, table, warm_round};
 use tests::mesh::{LocalMesh, http_request};
 use tests::{Proc, envoy_bin, http_get, wait_for};
 
@@ -135,7 +135,7 @@ fn sample_host_routes(gw: &GatewayPod) -> Vec<String> {
         c["@type"]
             .as_str()
             .unwrap_or("")
-            .ends_with("RoutesConfigDump")
+            .ends_with(".RoutesConfigDump")
     }) else {
         return Vec::new();
     };
@@ -173,8 +173,13 @@ fn switch(mesh: &LocalMesh, gw: &GatewayPod, client: &tests::netns::Netns, confi
         Config::Istio => "the gateway's routes from the Istio Gateway and VirtualService",
         Config::GatewayApi => "the gateway's routes from the Gateway API Gateway and HTTPRoute",
     };
+    let mut seen = None;
     wait_for(what, Duration::from_secs(60), || {
         let names = sample_host_routes(gw);
+        if seen.as_ref() != Some(&names) {
+            println!("routes for {HOST} at the gateway: {names:?}");
+            seen = Some(names.clone());
+        }
         let api = names
             .iter()
             .filter(|n| n.starts_with(GATEWAY_API_ROUTE))
@@ -357,4 +362,10 @@ fn main() {
     println!("load average at end: {}", machine_load());
     println!("\n{}", table("HTTP through", "÷ static", &rows, 1));
     println!("{}", table("HTTP through", "÷ Istio config", &rows, 0));
+    let p99 = |i: usize| pct(&rows[i].1.latencies, 0.99).as_secs_f64();
+    println!(
+        "Gateway API ÷ mean of the two Istio-config rounds: requests/s {:.2}, p99 {:.2}",
+        rows[2].1.rps / ((rows[0].1.rps + rows[3].1.rps) / 2.0),
+        p99(2) / ((p99(0) + p99(3)) / 2.0)
+    );
 }
