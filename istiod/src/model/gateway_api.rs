@@ -8,6 +8,9 @@
 
 pub mod conditions;
 pub mod convert;
+pub mod gateway_collection;
+pub mod http_route;
+pub mod route_collections;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
