@@ -85,7 +85,7 @@ mod tests {
     use super::*;
 
     fn listener(yaml: &str) -> Listener {
-        serde_yaml::from_str(yaml).unwrap()
+        serde_yaml_ng::from_str(yaml).unwrap()
     }
 
     #[test]

@@ -211,7 +211,7 @@ mod tests {
     use super::*;
 
     fn grants(ns: &str, yaml: &str) -> ReferenceGrants {
-        let spec: ReferenceGrant = serde_yaml::from_str(yaml).unwrap();
+        let spec: ReferenceGrant = serde_yaml_ng::from_str(yaml).unwrap();
         ReferenceGrants {
             grants: ReferenceGrants::flatten(ns, &spec),
         }
