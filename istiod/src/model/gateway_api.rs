@@ -8,9 +8,13 @@
 
 pub mod conditions;
 pub mod convert;
+pub mod gateway_collection;
+pub mod http_route;
 pub mod listener_protocol;
 pub mod listener_tls;
 pub mod references;
+pub mod route_collections;
+pub mod tcp_route;
 pub mod tls_types;
 
 use serde::{Deserialize, Serialize};
