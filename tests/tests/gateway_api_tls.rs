@@ -374,7 +374,9 @@ fn gateway_api_tls_listeners_and_layer_4_routes() {
         "{gw_status}"
     );
     assert!(
-        gw_status.contains("listener https (1 routes): Programmed=False (Invalid): Bad TLS configuration"),
+        gw_status.contains(
+            "listener https (1 routes): Programmed=False (Invalid): Bad TLS configuration"
+        ),
         "{gw_status}"
     );
     let https = |root: &str| {

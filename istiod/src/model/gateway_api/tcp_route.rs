@@ -21,8 +21,8 @@ use super::conditions::Condition;
 use super::references::{RefFrom, RefTo, ReferenceGrants};
 use super::tls_types::{BackendRef, L4RouteRule};
 use crate::model::istio::{
-    Destination, PortSelector, RouteDestination, TcpRoute as IstioTcpRoute,
-    TlsMatchAttributes, TlsRoute as IstioTlsRoute,
+    Destination, PortSelector, RouteDestination, TcpRoute as IstioTcpRoute, TlsMatchAttributes,
+    TlsRoute as IstioTlsRoute,
 };
 use crate::model::kube::Service;
 use crate::model::service::host_matches;
@@ -294,5 +294,171 @@ mod tests {
             tls_hosts(&["*.example.com".into()], Some("a.example.com")),
             ["a.example.com"]
         );
+    }
+}
+
+/// One route of either kind, as the collection reads it.
+struct L4Route<'a> {
+    key: crate::model::ObjectKey,
+    name: &'a str,
+    ns: &'a str,
+    parent_refs: &'a [super::ParentReference],
+    hostnames: &'a [String],
+    rules: &'a [L4RouteRule],
+}
+
+/// The TCPRoutes and TLSRoutes of `snapshot` attached to `parents`: their
+/// VirtualServices and status, into `out`.
+pub(super) fn l4_routes(
+    snapshot: &Snapshot,
+    domain: &str,
+    parents: &mut [super::gateway_collection::ParentListener<'_>],
+    out: &mut super::convert::Output,
+) {
+    let grants = ReferenceGrants::new(snapshot);
+    let mut routes: Vec<(L4Kind, L4Route<'_>)> = Vec::new();
+    for r in snapshot.list::<super::tls_types::TcpRoute>() {
+        routes.push((
+            L4Kind::Tcp,
+            L4Route {
+                key: r.object.key(),
+                name: &r.object.metadata.name,
+                ns: &r.object.metadata.namespace,
+                parent_refs: &r.spec.parent_refs,
+                hostnames: &[],
+                rules: &r.spec.rules,
+            },
+        ));
+    }
+    for r in snapshot.list::<super::tls_types::TlsRoute>() {
+        routes.push((
+            L4Kind::Tls,
+            L4Route {
+                key: r.object.key(),
+                name: &r.object.metadata.name,
+                ns: &r.object.metadata.namespace,
+                parent_refs: &r.spec.parent_refs,
+                hostnames: &r.spec.hostnames,
+                rules: &r.spec.rules,
+            },
+        ));
+    }
+    for (kind, r) in routes {
+        l4_route(kind, &r, snapshot, domain, &grants, parents, out);
+    }
+}
+
+fn l4_route(
+    kind: L4Kind,
+    r: &L4Route<'_>,
+    snapshot: &Snapshot,
+    domain: &str,
+    grants: &ReferenceGrants,
+    parents: &mut [super::gateway_collection::ParentListener<'_>],
+    out: &mut super::convert::Output,
+) {
+    use super::conditions::{ObjectStatus, RouteParentStatus};
+    use super::route_collections::{Denied, Refusal, accepted, attach};
+    use crate::model::istio::VirtualService;
+    use crate::model::{Kind, ObjectKey};
+
+    let (tcp, tls, resolved) = match kind {
+        L4Kind::Tcp => {
+            let c = tcp_rules(r.rules, r.ns, domain, snapshot, grants);
+            (c.routes, Vec::new(), c.resolved)
+        }
+        L4Kind::Tls => {
+            let c = tls_rules(r.rules, r.hostnames, r.ns, domain, snapshot, grants);
+            (Vec::new(), c.routes, c.resolved)
+        }
+    };
+    let mut parent_status = Vec::new();
+    // (listener index, hosts) of every listener the route binds to.
+    let mut bound_to: Vec<(usize, Vec<String>)> = Vec::new();
+    for p in r.parent_refs {
+        let gw_ns = p.namespace.as_deref().unwrap_or(r.ns);
+        let candidates: Vec<usize> = parents
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.gw_namespace == gw_ns && l.gw_name == p.name)
+            .map(|(i, _)| i)
+            .collect();
+        if candidates.is_empty() {
+            let gw_key = ObjectKey::new(Kind::KubernetesGateway, gw_ns, &p.name);
+            if snapshot
+                .objects(Kind::KubernetesGateway)
+                .any(|o| o.key() == gw_key)
+            {
+                // Another controller's Gateway: not Istio's to report.
+                continue;
+            }
+            parent_status.push(RouteParentStatus {
+                parent_ref: p.clone(),
+                conditions: vec![
+                    Condition::new(
+                        "Accepted",
+                        false,
+                        Denied::NotAccepted.reason(),
+                        format!("parent gateway {gw_ns}/{} not found", p.name),
+                    ),
+                    resolved.clone(),
+                ],
+            });
+            continue;
+        }
+        let mut bound = 0;
+        let mut denied: Vec<Refusal> = Vec::new();
+        for i in candidates {
+            match attach(&parents[i], kind.kind(), p, r.hostnames, r.ns) {
+                Err(d) => denied.push(d),
+                Ok(_) => {
+                    bound += 1;
+                    parents[i].attached += 1;
+                    let hosts = match kind {
+                        L4Kind::Tcp => vec!["*".to_string()],
+                        L4Kind::Tls => {
+                            tls_hosts(r.hostnames, parents[i].listener.hostname.as_deref())
+                        }
+                    };
+                    bound_to.push((i, hosts));
+                }
+            }
+        }
+        parent_status.push(RouteParentStatus {
+            parent_ref: p.clone(),
+            conditions: vec![accepted(bound, &denied), resolved.clone()],
+        });
+    }
+    if !parent_status.is_empty() {
+        out.status
+            .insert(r.key.clone(), ObjectStatus::HttpRoute(parent_status));
+    }
+    // Istio numbers the VirtualServices in the order of the listeners'
+    // generated Gateway names.
+    bound_to.sort_by_key(|(i, _)| parents[*i].internal_ref());
+    bound_to.dedup_by_key(|(i, _)| *i);
+    let mut count = 0;
+    for (i, hosts) in bound_to {
+        for host in hosts {
+            out.virtual_services.push(super::convert::Generated {
+                namespace: r.ns.to_string(),
+                name: format!(
+                    "{}~{}~{count}~{}",
+                    r.name,
+                    kind.infix(),
+                    super::GENERATED_SUFFIX
+                ),
+                annotations: route_annotations(kind, r.name, r.ns),
+                spec: VirtualService {
+                    hosts: vec![host],
+                    gateways: vec![parents[i].internal_ref()],
+                    tcp: tcp.clone(),
+                    tls: tls.clone(),
+                    gateway_semantics: true,
+                    ..Default::default()
+                },
+            });
+            count += 1;
+        }
     }
 }
