@@ -166,7 +166,6 @@ const LISTENERS: &str = "TLS listeners, TCPRoute/TLSRoute, ListenerSet and Backe
 const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[
     ("*", ".status.addresses", ADDRESSES),
     ("*", ".spec.selector", SELECTOR),
-    ("*", "supportedKinds", GRPC),
     ("http", "nfpool", INFERENCE),
     ("http", "nferencePool", INFERENCE),
     ("http", "nferencepool", INFERENCE),

@@ -10,7 +10,13 @@ pub mod conditions;
 pub mod convert;
 pub mod gateway_collection;
 pub mod http_route;
+pub mod listener;
+pub mod listener_protocol;
+pub mod listener_tls;
+pub mod references;
 pub mod route_collections;
+pub mod tcp_route;
+pub mod tls_types;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -58,9 +64,9 @@ pub struct KubernetesGateway {
     /// Refused (not implemented).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allowed_listeners: Option<Value>,
-    /// Refused (gateway TLS is not served for the Gateway API yet).
+    /// Frontend client-certificate validation of the TLS listeners.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls: Option<Value>,
+    pub tls: Option<tls_types::GatewayTls>,
     /// Refused (not implemented).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub default_scope: Option<Value>,
@@ -77,11 +83,11 @@ pub struct Listener {
     pub hostname: Option<String>,
     /// The port.
     pub port: u32,
-    /// `HTTP` (others are refused for now).
+    /// `HTTP`, `HTTPS`, `TLS` or `TCP`.
     pub protocol: String,
-    /// Refused (gateway TLS is not served for the Gateway API yet).
+    /// TLS termination or passthrough (HTTPS and TLS listeners).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls: Option<Value>,
+    pub tls: Option<tls_types::ListenerTls>,
     /// Which routes may attach.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allowed_routes: Option<AllowedRoutes>,

@@ -91,6 +91,7 @@ pub fn convert(snapshot: &Snapshot, domain: &str) -> Output {
     let (mut parents, gateway_status) =
         super::gateway_collection::gateways(snapshot, domain, &mut out);
     super::route_collections::http_routes(snapshot, domain, &mut parents, &mut out);
+    super::tcp_route::l4_routes(snapshot, domain, &mut parents, &mut out);
     super::gateway_collection::gateway_status(&parents, gateway_status, &mut out);
     out
 }

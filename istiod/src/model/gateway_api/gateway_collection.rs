@@ -41,6 +41,10 @@ pub(super) struct ParentListener<'a> {
     pub(super) allowed: Option<Vec<String>>,
     /// How many routes attached.
     pub(super) attached: u32,
+    /// The route kinds it takes.
+    pub(super) kinds: Vec<&'static str>,
+    /// Its conditions (Istio's `buildListener`).
+    pub(super) conditions: Vec<Condition>,
 }
 
 impl ParentListener<'_> {
@@ -97,6 +101,7 @@ pub(super) fn gateways<'a>(
     gateways.sort_by_key(|g| g.object.key());
     let mut parents: Vec<ParentListener<'_>> = Vec::new();
     let mut gateway_status: Vec<(ObjectKey, Vec<Condition>)> = Vec::new();
+    let grants = super::references::ReferenceGrants::new(snapshot);
     for g in gateways {
         let ns = g.object.metadata.namespace.as_str();
         let name = g.object.metadata.name.as_str();
@@ -110,6 +115,7 @@ pub(super) fn gateways<'a>(
             ],
         ));
         for l in &g.spec.listeners {
+            let built = super::listener::build(snapshot, &grants, g.spec, ns, l);
             let internal = internal_gateway_name(name, &l.name);
             let allowed = allowed_namespaces(l, ns, &namespaces);
             let host = l.hostname.as_deref().unwrap_or("*");
@@ -136,25 +142,30 @@ pub(super) fn gateways<'a>(
                     d.service_account.clone(),
                 ),
             ]);
-            out.gateways.push(Generated {
-                namespace: ns.to_string(),
-                name: internal.clone(),
-                annotations,
-                spec: Gateway {
-                    selector: d.selector.clone(),
-                    servers: vec![Server {
-                        // One server per Gateway: Istio names every port `default`.
-                        port: Some(ServerPort {
-                            number: l.port,
-                            protocol: "HTTP".into(),
-                            name: "default".into(),
-                            target_port: None,
-                        }),
-                        hosts,
-                        ..Default::default()
-                    }],
-                },
-            });
+            // A listener that is not programmed gets no Gateway (Istio's
+            // `GatewayConfigs` keeps only valid ones): nothing is served.
+            if built.programmed {
+                out.gateways.push(Generated {
+                    namespace: ns.to_string(),
+                    name: internal.clone(),
+                    annotations,
+                    spec: Gateway {
+                        selector: d.selector.clone(),
+                        servers: vec![Server {
+                            // One server per Gateway: Istio names every port `default`.
+                            port: Some(ServerPort {
+                                number: l.port,
+                                protocol: built.protocol.clone(),
+                                name: "default".into(),
+                                target_port: None,
+                            }),
+                            hosts,
+                            tls: built.tls.clone(),
+                            ..Default::default()
+                        }],
+                    },
+                });
+            }
             parents.push(ParentListener {
                 gw_namespace: ns,
                 gw_name: name,
@@ -162,6 +173,8 @@ pub(super) fn gateways<'a>(
                 internal,
                 allowed,
                 attached: 0,
+                kinds: built.kinds,
+                conditions: built.conditions,
             });
         }
     }
@@ -182,12 +195,8 @@ pub(super) fn gateway_status(
             .map(|l| ListenerStatus {
                 name: l.listener.name.clone(),
                 attached_routes: l.attached,
-                conditions: vec![
-                    Condition::ok("Accepted", "No errors found"),
-                    Condition::new("Conflicted", false, "NoConflicts", "No errors found"),
-                    Condition::ok("Programmed", "No errors found"),
-                    Condition::ok("ResolvedRefs", "No errors found"),
-                ],
+                supported_kinds: l.kinds.clone(),
+                conditions: l.conditions.clone(),
             })
             .collect();
         out.status.insert(

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use super::conditions::{Condition, ObjectStatus, RouteParentStatus};
 use super::convert::{Generated, Output, PARENTS_ANNOTATION, ROUTE_SEMANTICS_ANNOTATION};
 use super::gateway_collection::ParentListener;
-use super::{HttpRoute, ParentReference};
+use super::{GROUP, HttpRoute, ParentReference};
 use crate::model::istio::{StringMatch, VirtualService};
 use crate::model::service::host_matches;
 use crate::model::store::{Snapshot, Typed};
@@ -89,7 +89,7 @@ pub(super) fn http_routes(
             let mut denied: Vec<Refusal> = Vec::new();
             for i in candidates {
                 let banned = banned_hostnames(parents, i);
-                match attach(&parents[i], p, &r.spec.hostnames, route_ns, &banned) {
+                match attach(&parents[i], "HTTPRoute", p, &r.spec.hostnames, route_ns, &banned) {
                     Err(d) => denied.push(d),
                     Ok(hosts) => {
                         bound += 1;
@@ -147,14 +147,14 @@ pub(super) fn http_routes(
 /// Why a route does not attach to a listener (Istio's `ParentError`), in
 /// Istio's order of precedence when reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Denied {
+pub(super) enum Denied {
     NotAllowed,
     NoHostname,
     NotAccepted,
 }
 
 impl Denied {
-    fn reason(self) -> &'static str {
+    pub(super) fn reason(self) -> &'static str {
         match self {
             Denied::NotAllowed => "NotAllowedByListeners",
             Denied::NoHostname => "NoMatchingListenerHostname",
@@ -166,7 +166,7 @@ impl Denied {
 /// Why a route does not attach to one listener, with the message its
 /// `Accepted` condition carries.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-enum Refusal {
+pub(super) enum Refusal {
     /// The parent's `sectionName` is not this listener.
     #[error("sectionName {0:?} not found")]
     NoSection(String),
@@ -189,6 +189,9 @@ enum Refusal {
         /// The route's namespace.
         route_ns: String,
     },
+    /// The listener does not take routes of this kind.
+    #[error("kind {GROUP}/v1/{0} is not allowed")]
+    Kind(&'static str),
 }
 
 impl Refusal {
@@ -197,7 +200,7 @@ impl Refusal {
         match self {
             Refusal::NoSection(_) | Refusal::NoPort(_) => Denied::NotAccepted,
             Refusal::NoHostname { .. } => Denied::NoHostname,
-            Refusal::NotAllowed { .. } => Denied::NotAllowed,
+            Refusal::NotAllowed { .. } | Refusal::Kind(_) => Denied::NotAllowed,
         }
     }
 }
@@ -221,7 +224,7 @@ fn banned_hostnames<'a>(parents: &[ParentListener<'a>], i: usize) -> Vec<&'a str
 
 /// A route parent's `Accepted`: valid when bound to any listener, else the
 /// most relevant reason with its messages joined (Istio's `createRouteStatus`).
-fn accepted(bound: usize, denied: &[Refusal]) -> Condition {
+pub(super) fn accepted(bound: usize, denied: &[Refusal]) -> Condition {
     if bound > 0 {
         let message = if bound > 1 {
             format!("Route was valid, bound to {bound} parents")
@@ -246,8 +249,9 @@ fn accepted(bound: usize, denied: &[Refusal]) -> Condition {
 /// Whether a route's parent reference attaches to a listener, and with
 /// which hosts (Istio's `referenceAllowed`: section and port first, then
 /// hostnames, then namespaces).
-fn attach(
+pub(super) fn attach(
     l: &ParentListener<'_>,
+    kind: &'static str,
     p: &ParentReference,
     hostnames: &[String],
     route_ns: &str,
@@ -280,6 +284,10 @@ fn attach(
             listener_host: listener_host.to_string(),
             route_ns: route_ns.to_string(),
         });
+    }
+    // Istio checks the kind last.
+    if !l.kinds.contains(&kind) {
+        return Err(Refusal::Kind(kind));
     }
     // The VirtualService's hosts are the route's own (the listener's server
     // hosts narrow them), less those a more exact listener of the same port

@@ -43,7 +43,9 @@ pub(super) fn gateway(gw: &KubernetesGateway, e: &mut Errors) {
     }
     refuse_if("spec.infrastructure", &gw.infrastructure, e);
     refuse_if("spec.allowedListeners", &gw.allowed_listeners, e);
-    refuse_if("spec.tls", &gw.tls, e);
+    if let Some(tls) = &gw.tls {
+        super::gateway_api_l4::gateway_tls(tls, e);
+    }
     refuse_if("spec.defaultScope", &gw.default_scope, e);
     for (i, a) in gw.addresses.iter().enumerate() {
         let field = format!("spec.addresses[{i}]");
@@ -89,21 +91,7 @@ fn listener(field: &str, l: &Listener, e: &mut Errors) {
         );
     }
     check_port(&format!("{field}.port"), l.port, e);
-    match l.protocol.as_str() {
-        "HTTP" => {}
-        "HTTPS" | "TLS" | "TCP" | "UDP" => e.add(
-            format!("{field}.protocol"),
-            format!(
-                "{} listeners are not implemented by this istiod yet for the Gateway API (use HTTP)",
-                l.protocol
-            ),
-        ),
-        other => e.add(
-            format!("{field}.protocol"),
-            format!("unknown protocol {other:?} (use HTTP)"),
-        ),
-    }
-    refuse_if(&format!("{field}.tls"), &l.tls, e);
+    super::gateway_api_l4::listener_tls(field, l, e);
     if let Some(h) = &l.hostname {
         check_hostname(&format!("{field}.hostname"), h, e);
     }
@@ -113,11 +101,12 @@ fn listener(field: &str, l: &Listener, e: &mut Errors) {
                 .group
                 .as_deref()
                 .unwrap_or(crate::model::gateway_api::GROUP);
-            if group != crate::model::gateway_api::GROUP || kind.kind != "HTTPRoute" {
+            let known = ["HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute"];
+            if group != crate::model::gateway_api::GROUP || !known.contains(&kind.kind.as_str()) {
                 e.add(
                     format!("{field}.allowedRoutes.kinds[{k}]"),
                     format!(
-                        "route kind {group}/{} is not implemented by this istiod (only HTTPRoute)",
+                        "route kind {group}/{} is not implemented by this istiod (HTTPRoute, GRPCRoute, TCPRoute or TLSRoute)",
                         kind.kind
                     ),
                 );
