@@ -25,9 +25,11 @@ pub(super) fn rules(
     domain: &str,
     snapshot: &Snapshot,
     grants: &ReferenceGrants,
+    enforce_grants: bool,
 ) -> (Vec<crate::model::istio::HttpRoute>, Condition) {
     let ns = r.object.metadata.namespace.as_str();
     let mut backends = Backends::new("HTTPRoute", ns, domain, snapshot, grants);
+    backends.enforce_grants = enforce_grants;
     let mut out = Vec::new();
     for (i, rule) in r.spec.rules.iter().enumerate() {
         let mut base = rule_route(rule, &mut backends);
@@ -151,6 +153,9 @@ pub(super) struct Backends<'a> {
     domain: &'a str,
     snapshot: &'a Snapshot,
     grants: &'a ReferenceGrants,
+    /// Whether another namespace's backend needs a grant (gateway routes;
+    /// mesh routes do not).
+    pub(super) enforce_grants: bool,
     /// The last error (Istio reports the last), and a mirror's.
     error: Option<(&'static str, String)>,
     mirror_error: Option<(&'static str, String)>,
@@ -171,6 +176,7 @@ impl<'a> Backends<'a> {
             domain,
             snapshot,
             grants,
+            enforce_grants: true,
             error: None,
             mirror_error: None,
         }
@@ -202,7 +208,7 @@ impl<'a> Backends<'a> {
         let group = b.group.as_deref().unwrap_or("");
         let kind = b.kind.as_deref().unwrap_or("Service");
         let ns = b.namespace.as_deref().unwrap_or(self.ns);
-        if ns != self.ns {
+        if self.enforce_grants && ns != self.ns {
             let from = RefFrom {
                 group: super::GROUP,
                 kind: self.kind,
