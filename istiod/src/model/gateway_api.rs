@@ -13,6 +13,7 @@ pub mod http_route;
 pub mod listener;
 pub mod listener_protocol;
 pub mod listener_tls;
+pub mod output;
 pub mod references;
 pub mod route_collections;
 pub mod route_types;

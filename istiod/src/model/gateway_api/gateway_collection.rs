@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::conditions::{Condition, ListenerStatus, ObjectStatus};
-use super::convert::{
+use super::output::{
     GATEWAY_SEMANTICS_ANNOTATION, GATEWAY_SERVICE_ANNOTATION, Generated, Output,
     PARENTS_ANNOTATION, SERVICE_ACCOUNT_ANNOTATION,
 };

@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 
 use super::conditions::{Condition, ObjectStatus, RouteParentStatus};
-use super::convert::{Generated, Output, PARENTS_ANNOTATION, ROUTE_SEMANTICS_ANNOTATION};
 use super::gateway_collection::ParentListener;
+use super::output::{Generated, Output, PARENTS_ANNOTATION, ROUTE_SEMANTICS_ANNOTATION};
 use super::{GROUP, HttpRoute, ParentReference};
 use crate::model::istio::{StringMatch, VirtualService};
 use crate::model::service::host_matches;

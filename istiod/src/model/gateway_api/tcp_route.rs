@@ -268,11 +268,11 @@ pub fn tls_hosts(route: &[String], listener: Option<&str>) -> Vec<String> {
 pub fn route_annotations(kind: L4Kind, name: &str, ns: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         (
-            super::convert::PARENTS_ANNOTATION.to_string(),
+            super::output::PARENTS_ANNOTATION.to_string(),
             format!("{}/{name}.{ns}", kind.kind()),
         ),
         (
-            super::convert::ROUTE_SEMANTICS_ANNOTATION.to_string(),
+            super::output::ROUTE_SEMANTICS_ANNOTATION.to_string(),
             "gateway".to_string(),
         ),
     ])
@@ -313,7 +313,7 @@ pub(super) fn l4_routes(
     snapshot: &Snapshot,
     domain: &str,
     parents: &mut [super::gateway_collection::ParentListener<'_>],
-    out: &mut super::convert::Output,
+    out: &mut super::output::Output,
 ) {
     let grants = ReferenceGrants::new(snapshot);
     let mut routes: Vec<(L4Kind, L4Route<'_>)> = Vec::new();
@@ -355,7 +355,7 @@ fn l4_route(
     domain: &str,
     grants: &ReferenceGrants,
     parents: &mut [super::gateway_collection::ParentListener<'_>],
-    out: &mut super::convert::Output,
+    out: &mut super::output::Output,
 ) {
     use super::conditions::{ObjectStatus, RouteParentStatus};
     use super::route_collections::{Denied, Refusal, accepted, attach};
@@ -440,7 +440,7 @@ fn l4_route(
     let mut count = 0;
     for (i, hosts) in bound_to {
         for host in hosts {
-            out.virtual_services.push(super::convert::Generated {
+            out.virtual_services.push(super::output::Generated {
                 namespace: r.ns.to_string(),
                 name: format!(
                     "{}~{}~{count}~{}",
