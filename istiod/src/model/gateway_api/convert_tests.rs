@@ -128,7 +128,7 @@ fn each_listener_becomes_an_istio_gateway_selecting_the_deployment_label() {
     );
     assert!(
         gw.iter()
-            .any(|l| l.starts_with("Programmed=False (AddressNotAssigned)")
+            .any(|l| l.starts_with("Programmed=False (AddressNotUsable)")
                 && l.contains("ingress-istio.demo.svc.cluster.local")),
         "{gw:?}"
     );

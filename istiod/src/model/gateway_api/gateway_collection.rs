@@ -108,7 +108,11 @@ pub(super) fn gateways<'a>(
         let d = deployment(snapshot, g.spec, ns, name, domain);
         gateway_status.push((
             g.object.key(),
-            vec![Condition::ok("Accepted", "Resource accepted"), d.programmed],
+            vec![
+                Condition::ok("Accepted", "Resource accepted"),
+                d.programmed,
+                Condition::ok("ResolvedRefs", "All references resolved"),
+            ],
         ));
         for l in &g.spec.listeners {
             let built = super::listener::build(snapshot, &grants, g.spec, ns, l);
@@ -148,15 +152,15 @@ pub(super) fn gateways<'a>(
                     spec: Gateway {
                         selector: d.selector.clone(),
                         servers: vec![Server {
+                            // One server per Gateway: Istio names every port `default`.
                             port: Some(ServerPort {
                                 number: l.port,
                                 protocol: built.protocol.clone(),
-                                name: l.name.clone(),
+                                name: "default".into(),
                                 target_port: None,
                             }),
                             hosts,
                             tls: built.tls.clone(),
-                            name: l.name.clone(),
                             ..Default::default()
                         }],
                     },
@@ -221,7 +225,7 @@ struct Deployment {
 /// The workloads a Gateway selects and its `Programmed` condition: a
 /// `Hostname` address names the Service of a gateway deployed by hand (its
 /// Pods are selected); otherwise the Pods of Istio's automated deployment,
-/// whose Service is `<name>-istio`. Istio reports `AddressNotAssigned`
+/// whose Service is `<name>-istio`. Istio reports `AddressNotUsable`
 /// while that Service does not exist (it still configures the Pods).
 fn deployment(
     snapshot: &Snapshot,
@@ -258,10 +262,7 @@ fn deployment(
             } else {
                 label
             },
-            programmed: Condition::ok(
-                "Programmed",
-                format!("Resource programmed, assigned to service(s) {host}"),
-            ),
+            programmed: programmed(&host, gw, &svc.spec.spec.ports),
             service_host: host,
             service_account,
         },
@@ -270,12 +271,70 @@ fn deployment(
             programmed: Condition::new(
                 "Programmed",
                 false,
-                "AddressNotAssigned",
+                "AddressNotUsable",
                 format!("Failed to assign to any requested addresses: hostname {host:?} not found"),
             ),
             service_host: host,
             service_account,
         },
+    }
+}
+
+/// `Programmed` for a gateway whose Service exists: each listener's port
+/// must be one of the Service's (Istio's `ResolveGatewayInstances`, with
+/// the Service's ports standing for its endpoints).
+fn programmed(
+    host: &str,
+    gw: &KubernetesGateway,
+    ports: &[crate::model::kube::ServicePort],
+) -> Condition {
+    let wanted: std::collections::BTreeSet<u32> = gw.listeners.iter().map(|l| l.port).collect();
+    let (found, missing): (Vec<u32>, Vec<u32>) = wanted
+        .into_iter()
+        .partition(|p| ports.iter().any(|sp| sp.port == *p));
+    let internal = human_join(
+        &found
+            .iter()
+            .map(|p| format!("{host}:{p}"))
+            .collect::<Vec<_>>(),
+    );
+    let warnings: Vec<String> = missing
+        .iter()
+        .map(|p| format!("port {p} not found for hostname {host:?}"))
+        .collect();
+    match (internal.is_empty(), warnings.is_empty()) {
+        (_, true) => Condition::ok(
+            "Programmed",
+            format!("Resource programmed, assigned to service(s) {internal}"),
+        ),
+        (true, false) => Condition::new(
+            "Programmed",
+            false,
+            "AddressNotUsable",
+            format!(
+                "Failed to assign to any requested addresses: {}",
+                warnings.join("; ")
+            ),
+        ),
+        (false, false) => Condition::new(
+            "Programmed",
+            false,
+            "AddressNotUsable",
+            format!(
+                "Assigned to service(s) {internal}, but failed to assign to all requested addresses: {}",
+                warnings.join("; ")
+            ),
+        ),
+    }
+}
+
+/// `a`, `a and b`, `a, b, and c` (Istio's `HumanReadableJoin`).
+fn human_join(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [a] => a.clone(),
+        [a, b] => format!("{a} and {b}"),
+        [rest @ .., last] => format!("{}, and {last}", rest.join(", ")),
     }
 }
 

@@ -99,6 +99,10 @@ fn rule_route(
             headers: None,
         });
     }
+    if let [only] = h.route.as_mut_slice() {
+        // One destination takes every request: Istio leaves its weight out.
+        only.weight = None;
+    }
     if h.route.is_empty() {
         // No backend (or only zero weights): the Gateway API's 500.
         h.direct_response = Some(HttpDirectResponse {

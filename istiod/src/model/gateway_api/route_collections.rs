@@ -88,7 +88,15 @@ pub(super) fn http_routes(
             let mut bound = 0;
             let mut denied: Vec<Refusal> = Vec::new();
             for i in candidates {
-                match attach(&parents[i], "HTTPRoute", p, &r.spec.hostnames, route_ns) {
+                let banned = banned_hostnames(parents, i);
+                match attach(
+                    &parents[i],
+                    "HTTPRoute",
+                    p,
+                    &r.spec.hostnames,
+                    route_ns,
+                    &banned,
+                ) {
                     Err(d) => denied.push(d),
                     Ok(hosts) => {
                         bound += 1;
@@ -204,6 +212,23 @@ impl Refusal {
     }
 }
 
+/// The hostnames of the other listeners of listener `i`'s Gateway on the
+/// same port (Istio's `BannedHostnames`).
+fn banned_hostnames<'a>(parents: &[ParentListener<'a>], i: usize) -> Vec<&'a str> {
+    let l = &parents[i];
+    parents
+        .iter()
+        .enumerate()
+        .filter(|(j, o)| {
+            *j != i
+                && o.gw_namespace == l.gw_namespace
+                && o.gw_name == l.gw_name
+                && o.listener.port == l.listener.port
+        })
+        .filter_map(|(_, o)| o.listener.hostname.as_deref())
+        .collect()
+}
+
 /// A route parent's `Accepted`: valid when bound to any listener, else the
 /// most relevant reason with its messages joined (Istio's `createRouteStatus`).
 pub(super) fn accepted(bound: usize, denied: &[Refusal]) -> Condition {
@@ -237,6 +262,7 @@ pub(super) fn attach(
     p: &ParentReference,
     hostnames: &[String],
     route_ns: &str,
+    banned: &[&str],
 ) -> Result<Vec<String>, Refusal> {
     if let Some(section) = &p.section_name
         && *section != l.listener.name
@@ -249,23 +275,11 @@ pub(super) fn attach(
         return Err(Refusal::NoPort(port));
     }
     let listener_host = l.listener.hostname.as_deref().unwrap_or("*");
-    let hosts: Vec<String> = if hostnames.is_empty() {
-        vec![listener_host.to_string()]
-    } else {
-        hostnames
+    let intersects = hostnames.is_empty()
+        || hostnames
             .iter()
-            .filter_map(|h| {
-                if host_matches(listener_host, h) {
-                    Some(h.clone())
-                } else if host_matches(h, listener_host) {
-                    Some(listener_host.to_string())
-                } else {
-                    None
-                }
-            })
-            .collect()
-    };
-    if hosts.is_empty() {
+            .any(|h| host_matches(listener_host, h) || host_matches(h, listener_host));
+    if !intersects {
         return Err(Refusal::NoHostname {
             listener_host: listener_host.to_string(),
         });
@@ -282,7 +296,33 @@ pub(super) fn attach(
     if !l.kinds.contains(&kind) {
         return Err(Refusal::Kind(kind));
     }
-    Ok(hosts)
+    // The VirtualService's hosts are the route's own (the listener's server
+    // hosts narrow them), less those a more exact listener of the same port
+    // owns (Istio's `hostnameAllowedByIsolation`).
+    let route_hosts: Vec<String> = if hostnames.is_empty() {
+        vec!["*".to_string()]
+    } else {
+        hostnames.to_vec()
+    };
+    Ok(route_hosts
+        .into_iter()
+        .filter(|h| isolated(listener_host, h, banned))
+        .collect())
+}
+
+/// Whether a route host stays on a listener (Istio's
+/// `hostnameAllowedByIsolation`): only a wildcard listener is narrowed, to
+/// hosts it matches that no more exact listener of the same port covers.
+fn isolated(listener_host: &str, route_host: &str, banned: &[&str]) -> bool {
+    if !listener_host.starts_with('*') {
+        return true;
+    }
+    if !(host_matches(listener_host, route_host) || host_matches(route_host, listener_host)) {
+        return false;
+    }
+    !banned
+        .iter()
+        .any(|other| listener_host.len() <= other.len() && host_matches(other, route_host))
 }
 
 /// Istio's `sortHTTPRoutes` order as a key (smaller first): exact before

@@ -409,7 +409,7 @@ fn l4_route(
         let mut bound = 0;
         let mut denied: Vec<Refusal> = Vec::new();
         for i in candidates {
-            match attach(&parents[i], kind.kind(), p, r.hostnames, r.ns) {
+            match attach(&parents[i], kind.kind(), p, r.hostnames, r.ns, &[]) {
                 Err(d) => denied.push(d),
                 Ok(_) => {
                     bound += 1;
