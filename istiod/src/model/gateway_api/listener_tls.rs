@@ -147,13 +147,16 @@ fn terminate(
     for r in &tls.certificate_refs {
         let cred_ns = r.namespace.as_deref().unwrap_or(ns);
         if cred_ns != ns && !grants.granted(RefFrom::gateway(ns), RefTo::secret(cred_ns, &r.name)) {
-            errors.push(TlsError::new(
-                "RefNotPermitted",
-                format!(
+            // Istio reports a reference not permitted as it does a CA's:
+            // the listener is not accepted either.
+            errors.push(TlsError {
+                reason: "RefNotPermitted",
+                message: format!(
                     "certificateRef {}/{cred_ns} not accessible to a Gateway in namespace {ns:?} (missing a ReferenceGrant?)",
                     r.name
                 ),
-            ));
+                ca: true,
+            });
             continue;
         }
         match secret_reference(snapshot, r, cred_ns) {
@@ -270,14 +273,30 @@ fn validation(
             ),
         ));
     }
-    if !secret {
+    let configmap = matches!(r.group.as_str(), "" | "core") && r.kind == "ConfigMap";
+    // Go's `%v` of the reference, as Istio's messages print it.
+    let shown = format!(
+        "{}/{}/{}.{}",
+        r.group,
+        r.kind,
+        r.name,
+        r.namespace.as_deref().unwrap_or("")
+    );
+    if !secret && !configmap {
+        return Err(ca_err(
+            "InvalidCACertificateKind",
+            format!(
+                "invalid CA certificate reference {shown}, only secret and configmap are allowed"
+            ),
+        ));
+    }
+    if configmap {
         // ConfigMaps are not among the kinds this istiod reads, so a CA
         // there could not be served: refused in status, not ignored.
         return Err(ca_err(
             "InvalidCACertificateRef",
             format!(
-                "caCertificateRef {ca_ns}/{} of kind {}/{} is not served by this istiod (use a Secret with ca.crt)",
-                r.name, r.group, r.kind
+                "invalid CA certificate reference {shown}, ConfigMaps are not read by this istiod (put the CA in a Secret, key ca.crt)"
             ),
         ));
     }
@@ -288,7 +307,7 @@ fn validation(
     if let Err(e) = found {
         return Err(ca_err(
             "InvalidCACertificateRef",
-            format!("invalid CA certificate reference {ca_ns}/{}, {e}", r.name),
+            format!("invalid CA certificate reference {shown}, {e}"),
         ));
     }
     out.ca_cert_credential_name = format!(
