@@ -388,9 +388,9 @@ fn normalise(v: &mut Value) {
             // too: a server TLS mode PASSTHROUGH, protocol version TLS_AUTO);
             // so does the comparison.
             m.retain(|k, x| {
-                !is_default(x)
-                    && !(k == "mode" && *x == "PASSTHROUGH")
-                    && !(k.ends_with("ProtocolVersion") && *x == "TLS_AUTO")
+                let enum_zero = (k == "mode" && *x == "PASSTHROUGH")
+                    || (k.ends_with("ProtocolVersion") && *x == "TLS_AUTO");
+                !is_default(x) && !enum_zero
             });
             // Conditions compare by type, not by position.
             if let Some(Value::Array(cs)) = m.get_mut("conditions") {
