@@ -15,6 +15,7 @@ pub mod listener_protocol;
 pub mod listener_tls;
 pub mod references;
 pub mod route_collections;
+pub mod route_types;
 pub mod tcp_route;
 pub mod tls_types;
 
@@ -254,9 +255,9 @@ pub struct HttpRouteRule {
     /// Timeouts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeouts: Option<HttpRouteTimeouts>,
-    /// Refused (not implemented).
+    /// Retries, as Istio maps them.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub retry: Option<Value>,
+    pub retry: Option<route_types::HttpRouteRetry>,
     /// Refused (not implemented).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session_persistence: Option<Value>,
@@ -323,15 +324,15 @@ pub struct HttpRouteFilter {
     /// For `URLRewrite`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub url_rewrite: Option<UrlRewrite>,
-    /// Refused (not implemented).
+    /// For `RequestMirror`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub request_mirror: Option<Value>,
+    pub request_mirror: Option<route_types::RequestMirror>,
     /// Refused (not implemented).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub extension_ref: Option<Value>,
-    /// Refused (not implemented).
+    /// For `CORS`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cors: Option<Value>,
+    pub cors: Option<route_types::CorsFilter>,
     /// Refused (not implemented).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub external_auth: Option<Value>,

@@ -400,3 +400,111 @@ fn derived_objects_carry_istio_names_and_internal_annotations() {
         "gateway"
     );
 }
+
+#[test]
+fn a_backend_of_another_namespace_needs_a_reference_grant() {
+    let route = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: echo, namespace: other}
+spec:
+  clusterIP: 198.19.0.21
+  ports: [{name: http, port: 80}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: cross, namespace: demo}
+spec:
+  parentRefs: [{name: ingress, sectionName: http}]
+  rules:
+  - backendRefs: [{name: echo, namespace: other, port: 80}]
+"#;
+    let out = output(route);
+    let status = route_status(&out, "cross");
+    assert!(
+        status
+            .iter()
+            .any(|l| l.contains("ResolvedRefs=False (RefNotPermitted)")
+                && l.contains("missing a ReferenceGrant")),
+        "{status:?}"
+    );
+    let vs = out
+        .virtual_services
+        .iter()
+        .find(|v| v.namespace == "demo")
+        .unwrap();
+    assert_eq!(
+        vs.spec.http[0].route[0].destination.host, "",
+        "no destination without a grant"
+    );
+
+    let granted = format!(
+        "{route}---\n{}",
+        r#"apiVersion: gateway.networking.k8s.io/v1beta1
+kind: ReferenceGrant
+metadata: {name: allow-demo, namespace: other}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: demo}]
+  to: [{group: "", kind: Service}]
+"#
+    );
+    let out = output(&granted);
+    let status = route_status(&out, "cross");
+    assert!(
+        status.iter().any(|l| l.contains("ResolvedRefs=True")),
+        "{status:?}"
+    );
+    let vs = out
+        .virtual_services
+        .iter()
+        .find(|v| v.namespace == "demo")
+        .unwrap();
+    assert_eq!(
+        vs.spec.http[0].route[0].destination.host,
+        "echo.other.svc.cluster.local"
+    );
+}
+
+#[test]
+fn mirrors_retries_and_prefix_rewrites_are_mapped_as_istio_does() {
+    let out = output(
+        r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: extras, namespace: demo}
+spec:
+  parentRefs: [{name: ingress, sectionName: http}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /old}}]
+    filters:
+    - {type: RequestMirror, requestMirror: {backendRef: {name: httpbin-v2, port: 8000}, fraction: {numerator: 1, denominator: 4}}}
+    - {type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /new/}}}
+    backendRefs: [{name: httpbin-v1, port: 8000}]
+    retry: {attempts: 3, codes: [503]}
+    timeouts: {backendRequest: 2s}
+"#,
+    );
+    let vs = out
+        .virtual_services
+        .iter()
+        .find(|v| v.namespace == "demo")
+        .unwrap();
+    let h = &vs.spec.http[0];
+    assert_eq!(
+        h.mirrors[0].destination.host,
+        "httpbin-v2.demo.svc.cluster.local"
+    );
+    assert_eq!(h.mirrors[0].percentage.as_ref().unwrap().value, 25.0);
+    assert_eq!(h.rewrite.as_ref().unwrap().uri, "/new");
+    let r = h.retries.as_ref().unwrap();
+    assert_eq!(r.attempts, 3);
+    assert_eq!(
+        r.retry_on,
+        "connect-failure,refused-stream,unavailable,cancelled,503"
+    );
+    assert_eq!(r.per_try_timeout, Some(std::time::Duration::from_secs(2)));
+    assert_eq!(
+        h.timeout, None,
+        "with retries the backend timeout is per try"
+    );
+}

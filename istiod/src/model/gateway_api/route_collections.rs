@@ -51,11 +51,12 @@ pub(super) fn http_routes(
         };
         key(a).cmp(&key(b))
     });
+    let grants = super::references::ReferenceGrants::new(snapshot);
     let mut buckets: BTreeMap<(String, String), Bucket> = BTreeMap::new();
     for (order, r) in routes.iter().enumerate() {
         let route_ns = r.object.metadata.namespace.as_str();
         let parent_name = format!("HTTPRoute/{}.{route_ns}", r.object.metadata.name);
-        let (http, resolved) = super::http_route::rules(r, domain, snapshot);
+        let (http, resolved) = super::http_route::rules(r, domain, snapshot, &grants);
         let mut parent_status = Vec::new();
         for p in &r.spec.parent_refs {
             let gw_ns = p.namespace.as_deref().unwrap_or(route_ns);

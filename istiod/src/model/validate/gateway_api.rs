@@ -188,7 +188,6 @@ pub(super) fn http_route(r: &HttpRoute, namespace: &str, e: &mut Errors) {
 }
 
 fn http_rule(field: &str, rule: &HttpRouteRule, namespace: &str, e: &mut Errors) {
-    refuse_if(&format!("{field}.retry"), &rule.retry, e);
     refuse_if(
         &format!("{field}.sessionPersistence"),
         &rule.session_persistence,
@@ -205,7 +204,8 @@ fn http_rule(field: &str, rule: &HttpRouteRule, namespace: &str, e: &mut Errors)
         filter(&ff, f, e);
         redirect |= f.r#type == "RequestRedirect";
         rewrite |= f.r#type == "URLRewrite";
-        if !seen.insert(f.r#type.as_str()) {
+        // A rule may mirror to several backends.
+        if f.r#type != "RequestMirror" && !seen.insert(f.r#type.as_str()) {
             e.add(
                 format!("{ff}.type"),
                 format!(
@@ -310,7 +310,9 @@ fn filter(field: &str, f: &HttpRouteFilter, e: &mut Errors) {
         ),
         "RequestRedirect" => ("requestRedirect", f.request_redirect.is_some()),
         "URLRewrite" => ("urlRewrite", f.url_rewrite.is_some()),
-        "RequestMirror" | "ExtensionRef" | "CORS" | "ExternalAuth" => {
+        "RequestMirror" => ("requestMirror", f.request_mirror.is_some()),
+        "CORS" => ("cors", f.cors.is_some()),
+        "ExtensionRef" | "ExternalAuth" => {
             e.add(
                 format!("{field}.type"),
                 format!(
@@ -391,6 +393,29 @@ fn filter(field: &str, f: &HttpRouteFilter, e: &mut Errors) {
             path_modifier(&format!("{rf}.path"), p, e);
         }
     }
+    if let Some(m) = &f.request_mirror {
+        let mf = format!("{field}.requestMirror");
+        backend_object(&format!("{mf}.backendRef"), &m.backend_ref, "", e);
+        if m.percent.is_some() && m.fraction.is_some() {
+            e.add(
+                format!("{mf}.percent"),
+                "percent and fraction are exclusive (keep one)",
+            );
+        }
+        if let Some(p) = m.percent
+            && p > 100
+        {
+            e.add(format!("{mf}.percent"), format!("{p} is above 100"));
+        }
+        if let Some(fr) = &m.fraction
+            && (fr.denominator == Some(0) || fr.numerator > fr.denominator.unwrap_or(100))
+        {
+            e.add(
+                format!("{mf}.fraction"),
+                "the numerator must not exceed a denominator above 0",
+            );
+        }
+    }
     if let Some(r) = &f.url_rewrite {
         if let Some(h) = &r.hostname {
             check_hostname(&format!("{field}.urlRewrite.hostname"), h, e);
@@ -398,6 +423,51 @@ fn filter(field: &str, f: &HttpRouteFilter, e: &mut Errors) {
         if let Some(p) = &r.path {
             path_modifier(&format!("{field}.urlRewrite.path"), p, e);
         }
+    }
+}
+
+/// A backend reference: a core Service (another namespace's needs a
+/// ReferenceGrant, checked when routes are translated) or, as Istio
+/// reads it, a `networking.istio.io` `Hostname` (a ServiceEntry host).
+fn backend_object(
+    field: &str,
+    b: &crate::model::gateway_api::route_types::BackendObjectReference,
+    _namespace: &str,
+    e: &mut Errors,
+) {
+    let group = b.group.as_deref().unwrap_or("");
+    let kind = b.kind.as_deref().unwrap_or("Service");
+    match (group, kind) {
+        ("", "Service") => {
+            if b.name.is_empty() || b.name.contains('.') {
+                e.add(
+                    format!("{field}.name"),
+                    format!("{:?}: name the Service (not its host name)", b.name),
+                );
+            }
+        }
+        ("networking.istio.io", "Hostname") => {
+            if b.namespace.is_some() {
+                e.add(
+                    format!("{field}.namespace"),
+                    "may not be set with kind Hostname (remove it)",
+                );
+            }
+            check_hostname(&format!("{field}.name"), &b.name, e);
+        }
+        _ => e.add(
+            format!("{field}.kind"),
+            format!(
+                "backend {group}/{kind} is not implemented by this istiod (core Services, or networking.istio.io Hostname)"
+            ),
+        ),
+    }
+    match b.port {
+        None => e.add(
+            format!("{field}.port"),
+            "is required for a Service or Hostname backend",
+        ),
+        Some(p) => check_port(&format!("{field}.port"), p, e),
     }
 }
 
@@ -414,16 +484,21 @@ fn path_modifier(field: &str, p: &PathModifier, e: &mut Errors) {
                 "is required for type ReplaceFullPath",
             ),
         },
-        // Istio writes a redirect's prefix replacement with Envoy's
-        // `%PREFIX()%`, and a rewrite to `/` with a regex; neither is built
-        // here yet.
-        "ReplacePrefixMatch" => e.add(
-            format!("{field}.type"),
-            "ReplacePrefixMatch is not implemented by this istiod yet (use ReplaceFullPath)",
-        ),
+        // Empty removes the matched prefix.
+        "ReplacePrefixMatch" => match &p.replace_prefix_match {
+            Some(v) if v.is_empty() || v.starts_with('/') => {}
+            Some(v) => e.add(
+                format!("{field}.replacePrefixMatch"),
+                format!("{v:?} must start with /"),
+            ),
+            None => e.add(
+                format!("{field}.replacePrefixMatch"),
+                "is required for type ReplacePrefixMatch",
+            ),
+        },
         other => e.add(
             format!("{field}.type"),
-            format!("unknown path modifier {other:?} (use ReplaceFullPath)"),
+            format!("unknown path modifier {other:?} (use ReplaceFullPath or ReplacePrefixMatch)"),
         ),
     }
 }
@@ -461,37 +536,14 @@ fn header_filter(field: &str, h: &HeaderFilter, e: &mut Errors) {
 }
 
 fn backend_ref(field: &str, b: &HttpBackendRef, namespace: &str, e: &mut Errors) {
-    let group = b.group.as_deref().unwrap_or("");
-    let kind = b.kind.as_deref().unwrap_or("Service");
-    if !group.is_empty() || kind != "Service" {
-        e.add(
-            format!("{field}.kind"),
-            format!(
-                "backend {group}/{kind} is not implemented by this istiod (only core Services)"
-            ),
-        );
-    }
-    if b.name.is_empty() || b.name.contains('.') {
-        e.add(
-            format!("{field}.name"),
-            format!("{:?}: name the Service (not its host name)", b.name),
-        );
-    }
-    if let Some(ns) = &b.namespace
-        && ns != namespace
-    {
-        e.add(
-            format!("{field}.namespace"),
-            "a backend in another namespace needs a ReferenceGrant, which this istiod does not implement yet (use a Service of the route's namespace)",
-        );
-    }
-    match b.port {
-        None => e.add(
-            format!("{field}.port"),
-            "is required when the backend is a Service",
-        ),
-        Some(p) => check_port(&format!("{field}.port"), p, e),
-    }
+    let target = crate::model::gateway_api::route_types::BackendObjectReference {
+        group: b.group.clone(),
+        kind: b.kind.clone(),
+        name: b.name.clone(),
+        namespace: b.namespace.clone(),
+        port: b.port,
+    };
+    backend_object(field, &target, namespace, e);
     if let Some(w) = b.weight
         && w > 1_000_000
     {
@@ -598,31 +650,30 @@ mod tests {
         let e = errors(
             "r.yaml",
             ROUTE,
-            r#"{parentRefs: [{name: gw, kind: Service, group: ""}], rules: [{filters: [{type: RequestMirror, requestMirror: {backendRef: {name: m, port: 80}}}, {type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /}}}], backendRefs: [{name: a, namespace: other, port: 80}, {name: b}, {name: c, port: 80, filters: [{type: RequestHeaderModifier}]}], retry: {attempts: 2}}]}"#,
+            r#"{parentRefs: [{name: gw, kind: Service, group: ""}], rules: [{filters: [{type: RequestMirror, requestMirror: {backendRef: {name: m, port: 80}, percent: 50}}, {type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /}}}, {type: ExtensionRef, extensionRef: {group: x, kind: y, name: z}}], backendRefs: [{name: a, namespace: other, port: 80}, {name: b}, {name: c, port: 80, filters: [{type: RequestHeaderModifier}]}, {group: networking.istio.io, kind: Hostname, name: example.com, namespace: other, port: 80}], retry: {attempts: 2, codes: [503]}}]}"#,
         );
         refused(&e, "spec.parentRefs[0].kind", "only Gateways");
-        refused(
-            &e,
-            "spec.rules[0].filters[0].type",
-            "RequestMirror filters are not implemented",
-        );
-        refused(
-            &e,
-            "spec.rules[0].filters[1].urlRewrite.path.type",
-            "ReplacePrefixMatch",
-        );
-        refused(
-            &e,
-            "spec.rules[0].backendRefs[0].namespace",
-            "ReferenceGrant",
-        );
+        refused(&e, "spec.rules[0].filters[2].type", "ExtensionRef filters");
         refused(&e, "spec.rules[0].backendRefs[1].port", "is required");
         refused(
             &e,
             "spec.rules[0].backendRefs[2].filters",
             "not implemented",
         );
-        refused(&e, "spec.rules[0].retry", "not implemented");
+        refused(&e, "spec.rules[0].backendRefs[3].namespace", "Hostname");
+        // Mirrors, prefix rewrites, retries and backends of another
+        // namespace (granted or not at translation) are served.
+        for field in [
+            "spec.rules[0].filters[0]",
+            "spec.rules[0].filters[1]",
+            "spec.rules[0].retry",
+            "spec.rules[0].backendRefs[0]",
+        ] {
+            assert!(
+                !e.iter().any(|x| x.starts_with(field)),
+                "{field} refused: {e:?}"
+            );
+        }
     }
 
     #[test]
