@@ -205,8 +205,6 @@ const SELECTOR: &str = "istiod binds a generated Gateway to its Pods by a select
 const GRPC: &str = "GRPCRoute: in progress on this branch (step 4)";
 const INFERENCE: &str = "Gateway API inference extension (InferencePool): not in this project";
 const DURATION: &str = "the same duration, written in Go's form rather than protobuf's seconds";
-const FILTERS: &str =
-    "HTTPRoute mirror, CORS, prefix rewrite and retries: in progress on this branch (step 3)";
 const MESH: &str = "mesh routes (Service parents): in progress on this branch (step 5); TCPRoute/TLSRoute are the listeners branch's";
 const SERVICE_ENTRY: &str = "ServiceEntry parents and Hostname backends: in progress on this branch (step 3); TCPRoute/TLSRoute are the listeners branch's";
 const STATUS_MERGE: &str = "other controllers' parent entries and foreign condition types already on a route are kept at write time by source/kube/status.rs (appended after Istio's), not by the translation this test runs";
