@@ -25,9 +25,11 @@ pub(super) fn rules(
     domain: &str,
     snapshot: &Snapshot,
     grants: &ReferenceGrants,
+    enforce_grants: bool,
 ) -> (Vec<crate::model::istio::HttpRoute>, Condition) {
     let ns = r.object.metadata.namespace.as_str();
     let mut backends = Backends::new("HTTPRoute", ns, domain, snapshot, grants);
+    backends.enforce_grants = enforce_grants;
     let mut out = Vec::new();
     for (i, rule) in r.spec.rules.iter().enumerate() {
         let mut base = rule_route(rule, &mut backends);
@@ -143,6 +145,21 @@ fn retry(r: &HttpRouteRetry) -> HttpRetry {
     }
 }
 
+/// Why a backend reference does not resolve: the `ResolvedRefs` reason
+/// (`BackendNotFound`, `RefNotPermitted`, `InvalidKind`) and message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub(super) struct BackendError {
+    reason: &'static str,
+    message: String,
+}
+
+impl BackendError {
+    fn new(reason: &'static str, message: String) -> Self {
+        Self { reason, message }
+    }
+}
+
 /// Resolves backend references of one route, collecting the
 /// `ResolvedRefs` errors as Istio reports them.
 pub(super) struct Backends<'a> {
@@ -151,9 +168,12 @@ pub(super) struct Backends<'a> {
     domain: &'a str,
     snapshot: &'a Snapshot,
     grants: &'a ReferenceGrants,
+    /// Whether another namespace's backend needs a grant (gateway routes;
+    /// mesh routes do not).
+    pub(super) enforce_grants: bool,
     /// The last error (Istio reports the last), and a mirror's.
-    error: Option<(&'static str, String)>,
-    mirror_error: Option<(&'static str, String)>,
+    error: Option<BackendError>,
+    mirror_error: Option<BackendError>,
 }
 
 impl<'a> Backends<'a> {
@@ -171,6 +191,7 @@ impl<'a> Backends<'a> {
             domain,
             snapshot,
             grants,
+            enforce_grants: true,
             error: None,
             mirror_error: None,
         }
@@ -198,11 +219,11 @@ impl<'a> Backends<'a> {
     fn resolve(
         &self,
         b: &BackendObjectReference,
-    ) -> Result<(Destination, Option<(&'static str, String)>), (&'static str, String)> {
+    ) -> Result<(Destination, Option<BackendError>), BackendError> {
         let group = b.group.as_deref().unwrap_or("");
         let kind = b.kind.as_deref().unwrap_or("Service");
         let ns = b.namespace.as_deref().unwrap_or(self.ns);
-        if ns != self.ns {
+        if self.enforce_grants && ns != self.ns {
             let from = RefFrom {
                 group: super::GROUP,
                 kind: self.kind,
@@ -215,7 +236,7 @@ impl<'a> Backends<'a> {
                 name: &b.name,
             };
             if !self.grants.allowed(from, to) {
-                return Err((
+                return Err(BackendError::new(
                     "RefNotPermitted",
                     format!(
                         "backendRef {}/{ns} not accessible to a {} in namespace {:?} (missing a ReferenceGrant?)",
@@ -241,7 +262,7 @@ impl<'a> Backends<'a> {
                 }),
             ),
             _ => {
-                return Err((
+                return Err(BackendError::new(
                     "InvalidKind",
                     format!("referencing unsupported backendRef: group {group:?} kind {kind:?}"),
                 ));
@@ -252,23 +273,24 @@ impl<'a> Backends<'a> {
             port: b.port.map(|number| PortSelector { number }),
             ..Default::default()
         };
-        let error = (!exists).then(|| ("BackendNotFound", format!("backend({host}) not found")));
+        let error = (!exists)
+            .then(|| BackendError::new("BackendNotFound", format!("backend({host}) not found")));
         Ok((destination, error))
     }
 
     /// The `ResolvedRefs` condition.
     pub(super) fn resolved(&self) -> Condition {
-        let errors: Vec<&(&'static str, String)> =
+        let errors: Vec<&BackendError> =
             self.error.iter().chain(self.mirror_error.iter()).collect();
         match errors.first() {
             None => Condition::ok("ResolvedRefs", "All references resolved"),
-            Some((reason, _)) => Condition::new(
+            Some(first) => Condition::new(
                 "ResolvedRefs",
                 false,
-                *reason,
+                first.reason,
                 errors
                     .iter()
-                    .map(|(_, m)| m.as_str())
+                    .map(|e| e.message.as_str())
                     .collect::<Vec<_>>()
                     .join("; "),
             ),

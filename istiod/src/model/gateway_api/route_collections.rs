@@ -21,6 +21,8 @@ use crate::model::{Kind, ObjectKey};
 /// namespace of the oldest route and the routes it came from.
 #[derive(Default)]
 struct Bucket {
+    /// The VirtualService's gateway: a generated Gateway, or `mesh`.
+    gateway: String,
     namespace: String,
     parents: Vec<String>,
     routes: Vec<(SortKey, crate::model::istio::HttpRoute)>,
@@ -56,9 +58,34 @@ pub(super) fn http_routes(
     for (order, r) in routes.iter().enumerate() {
         let route_ns = r.object.metadata.namespace.as_str();
         let parent_name = format!("HTTPRoute/{}.{route_ns}", r.object.metadata.name);
-        let (http, resolved) = super::http_route::rules(r, domain, snapshot, &grants);
+        let (http, resolved) = super::http_route::rules(r, domain, snapshot, &grants, true);
+        // Mesh routes are not held to ReferenceGrants (as in Istio).
+        let (mesh_http, mesh_resolved) = if r.spec.parent_refs.iter().any(is_service_parent) {
+            super::http_route::rules(r, domain, snapshot, &grants, false)
+        } else {
+            (Vec::new(), resolved.clone())
+        };
         let mut parent_status = Vec::new();
         for p in &r.spec.parent_refs {
+            if is_service_parent(p) {
+                // A mesh route (GAMMA): sidecars calling the Service.
+                let (key, host) = mesh_key(p, route_ns, domain);
+                let bucket = buckets.entry((key, host)).or_default();
+                add_to_bucket(
+                    bucket,
+                    "mesh",
+                    route_ns,
+                    &parent_name,
+                    &mesh_http,
+                    order,
+                    p.port,
+                );
+                parent_status.push(RouteParentStatus {
+                    parent_ref: p.clone(),
+                    conditions: vec![accepted(1, &[]), mesh_resolved.clone()],
+                });
+                continue;
+            }
             let gw_ns = p.namespace.as_deref().unwrap_or(route_ns);
             let gw_key = ObjectKey::new(Kind::KubernetesGateway, gw_ns, &p.name);
             let candidates: Vec<usize> = parents
@@ -103,18 +130,17 @@ pub(super) fn http_routes(
                         bound += 1;
                         parents[i].attached += 1;
                         for host in hosts {
-                            let bucket = buckets
-                                .entry((parents[i].internal_ref(), host))
-                                .or_default();
-                            if bucket.parents.is_empty() {
-                                bucket.namespace = route_ns.to_string();
-                            }
-                            if !bucket.parents.contains(&parent_name) {
-                                bucket.parents.push(parent_name.clone());
-                            }
-                            for h in &http {
-                                bucket.routes.push((sort_key(h, order), h.clone()));
-                            }
+                            let gateway = parents[i].internal_ref();
+                            let bucket = buckets.entry((gateway.clone(), host)).or_default();
+                            add_to_bucket(
+                                bucket,
+                                &gateway,
+                                route_ns,
+                                &parent_name,
+                                &http,
+                                order,
+                                None,
+                            );
                         }
                     }
                 }
@@ -125,15 +151,20 @@ pub(super) fn http_routes(
             });
         }
         if !parent_status.is_empty() {
+            // Istio lists new parents by their reference, descending.
+            parent_status.sort_by_cached_key(|s| {
+                std::cmp::Reverse(parent_ref_string(&s.parent_ref, route_ns))
+            });
             out.status
                 .insert(r.object.key(), ObjectStatus::HttpRoute(parent_status));
         }
     }
-    for ((gateway, host), mut bucket) in buckets {
+    for ((key, host), mut bucket) in buckets {
         bucket.routes.sort_by_key(|(k, _)| *k);
+        let gateway = bucket.gateway;
         out.virtual_services.push(Generated {
             namespace: bucket.namespace,
-            name: format!("{gateway}/{host}").replace('/', "~"),
+            name: format!("{key}/{host}").replace('/', "~"),
             annotations: BTreeMap::from([
                 (PARENTS_ANNOTATION.to_string(), bucket.parents.join(",")),
                 (
@@ -210,6 +241,69 @@ impl Refusal {
             Refusal::NoHostname { .. } => Denied::NoHostname,
             Refusal::NotAllowed { .. } | Refusal::Kind(_) => Denied::NotAllowed,
         }
+    }
+}
+
+/// A parent reference as Istio keys it (`parentRefString`).
+pub(super) fn parent_ref_string(p: &ParentReference, route_ns: &str) -> String {
+    format!(
+        "{}/{}/{}/{}/{}.{}",
+        p.group.as_deref().unwrap_or(super::GROUP),
+        p.kind.as_deref().unwrap_or("Gateway"),
+        p.name,
+        p.section_name.as_deref().unwrap_or(""),
+        p.port.unwrap_or(0),
+        p.namespace.as_deref().unwrap_or(route_ns)
+    )
+}
+
+/// Whether a parent is a Service (a mesh route, GAMMA).
+fn is_service_parent(p: &ParentReference) -> bool {
+    p.group.as_deref() == Some("") && p.kind.as_deref() == Some("Service")
+}
+
+/// A mesh route's VirtualService key (Istio's: the route's namespace, and
+/// the parent's port when it names one) and host (the Service's).
+fn mesh_key(p: &ParentReference, route_ns: &str, domain: &str) -> (String, String) {
+    let svc_ns = p.namespace.as_deref().unwrap_or(route_ns);
+    let key = match p.port {
+        Some(port) => format!("{route_ns}/{port}"),
+        None => route_ns.to_string(),
+    };
+    (key, format!("{}.{svc_ns}.svc.{domain}", p.name))
+}
+
+/// Adds a route's rules to a VirtualService's bucket (the oldest route
+/// names its namespace); a parent's port narrows each match to it
+/// (Istio's `augmentPortMatch`).
+fn add_to_bucket(
+    bucket: &mut Bucket,
+    gateway: &str,
+    route_ns: &str,
+    parent_name: &str,
+    http: &[crate::model::istio::HttpRoute],
+    order: usize,
+    port: Option<u32>,
+) {
+    if bucket.parents.is_empty() {
+        bucket.namespace = route_ns.to_string();
+        bucket.gateway = gateway.to_string();
+    }
+    if !bucket.parents.iter().any(|p| p == parent_name) {
+        bucket.parents.push(parent_name.to_string());
+    }
+    for h in http {
+        let mut h = h.clone();
+        if let Some(port) = port {
+            if h.r#match.is_empty() {
+                h.r#match
+                    .push(crate::model::istio::HttpMatchRequest::default());
+            }
+            for m in &mut h.r#match {
+                m.port = Some(port);
+            }
+        }
+        bucket.routes.push((sort_key(&h, order), h));
     }
 }
 

@@ -165,11 +165,12 @@ pub(super) fn http_route(r: &HttpRoute, namespace: &str, e: &mut Errors) {
     }
     for (i, p) in r.parent_refs.iter().enumerate() {
         let field = format!("spec.parentRefs[{i}]");
-        if !p.is_gateway() {
+        let service = p.group.as_deref() == Some("") && p.kind.as_deref() == Some("Service");
+        if !p.is_gateway() && !service {
             e.add(
                 format!("{field}.kind"),
                 format!(
-                    "parent {}/{} is not implemented by this istiod (only Gateways of gateway.networking.k8s.io)",
+                    "parent {}/{} is not implemented by this istiod (only Gateways of gateway.networking.k8s.io, or core Services for mesh routes)",
                     p.group.as_deref().unwrap_or(""),
                     p.kind.as_deref().unwrap_or("")
                 ),
@@ -650,7 +651,7 @@ mod tests {
         let e = errors(
             "r.yaml",
             ROUTE,
-            r#"{parentRefs: [{name: gw, kind: Service, group: ""}], rules: [{filters: [{type: RequestMirror, requestMirror: {backendRef: {name: m, port: 80}, percent: 50}}, {type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /}}}, {type: ExtensionRef, extensionRef: {group: x, kind: y, name: z}}], backendRefs: [{name: a, namespace: other, port: 80}, {name: b}, {name: c, port: 80, filters: [{type: RequestHeaderModifier}]}, {group: networking.istio.io, kind: Hostname, name: example.com, namespace: other, port: 80}], retry: {attempts: 2, codes: [503]}}]}"#,
+            r#"{parentRefs: [{name: gw, kind: ServiceEntry, group: networking.istio.io}], rules: [{filters: [{type: RequestMirror, requestMirror: {backendRef: {name: m, port: 80}, percent: 50}}, {type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /}}}, {type: ExtensionRef, extensionRef: {group: x, kind: y, name: z}}], backendRefs: [{name: a, namespace: other, port: 80}, {name: b}, {name: c, port: 80, filters: [{type: RequestHeaderModifier}]}, {group: networking.istio.io, kind: Hostname, name: example.com, namespace: other, port: 80}], retry: {attempts: 2, codes: [503]}}]}"#,
         );
         refused(&e, "spec.parentRefs[0].kind", "only Gateways");
         refused(&e, "spec.rules[0].filters[2].type", "ExtensionRef filters");
