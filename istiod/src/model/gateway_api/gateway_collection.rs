@@ -114,8 +114,10 @@ pub(super) fn gateways<'a>(
                 Condition::ok("ResolvedRefs", "All references resolved"),
             ],
         ));
+        let mut valid_listeners = 0;
         for l in &g.spec.listeners {
             let built = super::listener::build(snapshot, &grants, g.spec, ns, l);
+            valid_listeners += usize::from(built.valid);
             let internal = internal_gateway_name(name, &l.name);
             let allowed = allowed_namespaces(l, ns, &namespaces);
             let host = l.hostname.as_deref().unwrap_or("*");
@@ -176,6 +178,9 @@ pub(super) fn gateways<'a>(
                 kinds: built.kinds,
                 conditions: built.conditions,
             });
+        }
+        if let Some((_, conditions)) = gateway_status.last_mut() {
+            super::listener::gateway_accepted(conditions, valid_listeners, g.spec.listeners.len());
         }
     }
     (parents, gateway_status)

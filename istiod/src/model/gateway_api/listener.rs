@@ -26,6 +26,8 @@ pub struct BuiltListener {
     pub kinds: Vec<&'static str>,
     /// Whether its Istio Gateway is generated.
     pub programmed: bool,
+    /// Whether it counts as valid for the Gateway's `Accepted`.
+    pub valid: bool,
 }
 
 const OK: &str = "No errors found";
@@ -95,5 +97,36 @@ pub fn build(
         conditions: vec![accepted, conflicted, programmed, resolved],
         kinds,
         programmed: ok && has_server,
+        valid: ok,
     }
+}
+
+/// A Gateway's `Accepted` with some listeners invalid (Istio's
+/// `reportGatewayStatus`): still accepted with reason `ListenersNotValid`
+/// while one is valid, refused when none is.
+pub fn gateway_accepted(conditions: &mut [Condition], valid: usize, total: usize) {
+    if total == 0 || valid >= total {
+        return;
+    }
+    let Some(accepted) = conditions.iter_mut().find(|c| c.r#type == "Accepted") else {
+        return;
+    };
+    if !accepted.status {
+        return;
+    }
+    *accepted = if valid == 0 {
+        Condition::new(
+            "Accepted",
+            false,
+            "ListenersNotValid",
+            "None of the Gateway's listeners are valid",
+        )
+    } else {
+        Condition::new(
+            "Accepted",
+            true,
+            "ListenersNotValid",
+            "One or more of the Gateway's listeners are invalid",
+        )
+    };
 }

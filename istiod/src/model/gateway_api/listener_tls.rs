@@ -147,13 +147,16 @@ fn terminate(
     for r in &tls.certificate_refs {
         let cred_ns = r.namespace.as_deref().unwrap_or(ns);
         if cred_ns != ns && !grants.granted(RefFrom::gateway(ns), RefTo::secret(cred_ns, &r.name)) {
-            errors.push(TlsError::new(
-                "RefNotPermitted",
-                format!(
+            // Istio reports a reference not permitted as it does a CA's:
+            // the listener is not accepted either.
+            errors.push(TlsError {
+                reason: "RefNotPermitted",
+                message: format!(
                     "certificateRef {}/{cred_ns} not accessible to a Gateway in namespace {ns:?} (missing a ReferenceGrant?)",
                     r.name
                 ),
-            ));
+                ca: true,
+            });
             continue;
         }
         match secret_reference(snapshot, r, cred_ns) {
@@ -270,14 +273,30 @@ fn validation(
             ),
         ));
     }
-    if !secret {
+    let configmap = matches!(r.group.as_str(), "" | "core") && r.kind == "ConfigMap";
+    // Go's `%v` of the reference, as Istio's messages print it.
+    let shown = format!(
+        "{}/{}/{}.{}",
+        r.group,
+        r.kind,
+        r.name,
+        r.namespace.as_deref().unwrap_or("")
+    );
+    if !secret && !configmap {
+        return Err(ca_err(
+            "InvalidCACertificateKind",
+            format!(
+                "invalid CA certificate reference {shown}, only secret and configmap are allowed"
+            ),
+        ));
+    }
+    if configmap {
         // ConfigMaps are not among the kinds this istiod reads, so a CA
         // there could not be served: refused in status, not ignored.
         return Err(ca_err(
             "InvalidCACertificateRef",
             format!(
-                "caCertificateRef {ca_ns}/{} of kind {}/{} is not served by this istiod (use a Secret with ca.crt)",
-                r.name, r.group, r.kind
+                "invalid CA certificate reference {shown}, ConfigMaps are not read by this istiod (put the CA in a Secret, key ca.crt)"
             ),
         ));
     }
@@ -288,7 +307,7 @@ fn validation(
     if let Err(e) = found {
         return Err(ca_err(
             "InvalidCACertificateRef",
-            format!("invalid CA certificate reference {ca_ns}/{}, {e}", r.name),
+            format!("invalid CA certificate reference {shown}, {e}"),
         ));
     }
     out.ca_cert_credential_name = format!(
@@ -345,4 +364,144 @@ pub fn references_secret(snapshot: &Snapshot, ns: &str, name: &str) -> bool {
             .any(|r| r.name == name && r.namespace.as_deref().unwrap_or(gw_ns) == ns);
         certs || cas
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::model::{ConfigStore, Update, parse_file};
+
+    fn snapshot(yaml: &str) -> Arc<crate::model::store::Snapshot> {
+        let store = ConfigStore::new();
+        let parsed = parse_file("t.yaml", yaml).unwrap();
+        store.apply(
+            parsed
+                .objects
+                .into_iter()
+                .map(|o| Update::Upsert(Arc::new(o))),
+        );
+        store.snapshot()
+    }
+
+    fn secret(ns: &str, name: &str) -> String {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["a.example.com".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let block = |pem: &str| {
+            pem.lines()
+                .map(|l| format!("    {l}\n"))
+                .collect::<String>()
+        };
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: {ns}}}\nstringData:\n  tls.crt: |\n{}  tls.key: |\n{}  ca.crt: |\n{}",
+            block(&cert.pem()),
+            block(&key.serialize_pem()),
+            block(&cert.pem())
+        )
+    }
+
+    const GATEWAY: &str = r#"apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw, namespace: istio-system}
+spec:
+  gatewayClassName: istio
+  tls:
+    frontend:
+      default:
+        validation:
+          caCertificateRefs: [{group: "", kind: Secret, name: client-ca, namespace: ca}]
+      perPort:
+      - port: 8444
+        tls: {}
+  listeners:
+  - name: mtls
+    port: 8443
+    protocol: HTTPS
+    tls: {certificateRefs: [{name: server}]}
+  - name: simple
+    port: 8444
+    protocol: HTTPS
+    tls: {certificateRefs: [{name: server}]}
+"#;
+
+    const CA_GRANT: &str = r#"apiVersion: gateway.networking.k8s.io/v1
+kind: ReferenceGrant
+metadata: {name: g, namespace: ca}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: Gateway, namespace: istio-system}]
+  to: [{group: "", kind: Secret}]
+"#;
+
+    fn built(yaml: &str, listener: usize) -> Result<Option<ServerTlsSettings>, TlsError> {
+        let s = snapshot(yaml);
+        let gw = s
+            .get_typed::<KubernetesGateway>("istio-system", "gw")
+            .unwrap();
+        let grants = ReferenceGrants::new(&s);
+        build(
+            &s,
+            &grants,
+            gw.spec,
+            "istio-system",
+            &gw.spec.listeners[listener],
+        )
+    }
+
+    #[test]
+    fn frontend_validation_makes_the_server_mutual_with_the_granted_ca() {
+        let base = format!(
+            "{}---\n{}---\n{GATEWAY}",
+            secret("istio-system", "server"),
+            secret("ca", "client-ca")
+        );
+        // Without a grant for the CA's namespace: refused, the listener not accepted.
+        let e = built(&base, 0).unwrap_err();
+        assert_eq!(e.reason, "RefNotPermitted");
+        assert!(e.ca, "{e:?}");
+        let tls = built(&format!("{base}---\n{CA_GRANT}"), 0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(tls.mode, ServerTlsMode::Mutual);
+        assert_eq!(
+            tls.credential_name,
+            "kubernetes-gateway://istio-system/server"
+        );
+        assert_eq!(
+            tls.ca_cert_credential_name,
+            "kubernetes-gateway://ca/client-ca-cacert"
+        );
+        assert_eq!(tls.insecure_skip_verify, Some(false));
+        // The port with its own (empty) settings stays SIMPLE.
+        let tls = built(&format!("{base}---\n{CA_GRANT}"), 1)
+            .unwrap()
+            .unwrap();
+        assert_eq!(tls.mode, ServerTlsMode::Simple);
+        assert!(tls.ca_cert_credential_name.is_empty());
+    }
+
+    #[test]
+    fn a_missing_or_unusable_secret_is_an_invalid_certificate_ref() {
+        let e = built(GATEWAY, 1).unwrap_err();
+        assert_eq!(e.reason, "InvalidCertificateRef");
+        assert!(
+            e.message.contains("secret istio-system/server not found"),
+            "{e:?}"
+        );
+        let no_key = "apiVersion: v1\nkind: Secret\nmetadata: {name: server, namespace: istio-system}\nstringData: {other: x}\n";
+        let e = built(&format!("{no_key}---\n{GATEWAY}"), 1).unwrap_err();
+        assert_eq!(e.reason, "InvalidCertificateRef");
+        assert!(references_secret(
+            &snapshot(GATEWAY),
+            "istio-system",
+            "server"
+        ));
+        assert!(references_secret(&snapshot(GATEWAY), "ca", "client-ca"));
+        assert!(!references_secret(&snapshot(GATEWAY), "ca", "server"));
+    }
 }

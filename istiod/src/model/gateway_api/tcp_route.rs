@@ -278,25 +278,6 @@ pub fn route_annotations(kind: L4Kind, name: &str, ns: &str) -> BTreeMap<String,
     ])
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hostnames_intersect_with_the_listener() {
-        let route = vec!["foo.wild.example.com".to_string(), "x.other".to_string()];
-        assert_eq!(
-            tls_hosts(&route, Some("*.wild.example.com")),
-            ["foo.wild.example.com"]
-        );
-        assert_eq!(tls_hosts(&[], None), ["*"]);
-        assert_eq!(
-            tls_hosts(&["*.example.com".into()], Some("a.example.com")),
-            ["a.example.com"]
-        );
-    }
-}
-
 /// One route of either kind, as the collection reads it.
 struct L4Route<'a> {
     key: crate::model::ObjectKey,
@@ -460,5 +441,24 @@ fn l4_route(
             });
             count += 1;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostnames_intersect_with_the_listener() {
+        let route = vec!["foo.wild.example.com".to_string(), "x.other".to_string()];
+        assert_eq!(
+            tls_hosts(&route, Some("*.wild.example.com")),
+            ["foo.wild.example.com"]
+        );
+        assert_eq!(tls_hosts(&[], None), ["*"]);
+        assert_eq!(
+            tls_hosts(&["*.example.com".into()], Some("a.example.com")),
+            ["a.example.com"]
+        );
     }
 }

@@ -589,25 +589,54 @@ mod tests {
     }
 
     #[test]
-    fn tls_and_other_protocols_are_refused_by_name() {
+    fn listener_protocols_and_tls_follow_the_crd_rules() {
+        let ok = errors(
+            "gw.yaml",
+            GW,
+            "{gatewayClassName: istio, listeners: [{name: https, port: 443, protocol: HTTPS, tls: {certificateRefs: [{name: cert}]}}, {name: tcp, port: 9000, protocol: TCP}, {name: tls, port: 9443, protocol: TLS, tls: {mode: Passthrough}}]}",
+        );
+        assert!(ok.is_empty(), "{ok:?}");
         let e = errors(
             "gw.yaml",
             GW,
-            "{gatewayClassName: istio, listeners: [{name: https, port: 443, protocol: HTTPS, tls: {certificateRefs: [{name: cert}]}}, {name: tcp, port: 9000, protocol: TCP}]}",
+            "{gatewayClassName: istio, listeners: [{name: https, port: 443, protocol: HTTPS}, {name: tcp, port: 9000, protocol: TCP, hostname: a.example.com, tls: {mode: Passthrough}}, {name: u, port: 53, protocol: UDP}, {name: p, port: 8443, protocol: TLS, tls: {mode: Passthrough, certificateRefs: [{name: c}]}}, {name: t, port: 7443, protocol: TLS, tls: {mode: Terminate}}]}",
         );
         refused(
             &e,
-            "spec.listeners[0].protocol",
-            "HTTPS listeners are not implemented",
+            "spec.listeners[0].tls",
+            "is required for protocol HTTPS",
         );
-        refused(&e, "spec.listeners[0].tls", "not implemented");
-        refused(&e, "spec.listeners[1].protocol", "TCP listeners");
+        refused(
+            &e,
+            "spec.listeners[1].tls",
+            "must not be set for protocol TCP",
+        );
+        refused(
+            &e,
+            "spec.listeners[1].hostname",
+            "must not be set for protocol TCP",
+        );
+        refused(
+            &e,
+            "spec.listeners[2].protocol",
+            "UDP listeners are not implemented",
+        );
+        refused(
+            &e,
+            "spec.listeners[3].tls.certificateRefs",
+            "must be empty when mode is Passthrough",
+        );
+        refused(
+            &e,
+            "spec.listeners[4].tls.certificateRefs",
+            "is required when mode is Terminate",
+        );
         let e = errors(
             "gw.yaml",
             GW,
-            "{gatewayClassName: istio, listeners: [{name: h, port: 80, protocol: HTTP, allowedRoutes: {kinds: [{kind: GRPCRoute}]}}], addresses: [{value: 10.0.0.1}]}",
+            "{gatewayClassName: istio, listeners: [{name: h, port: 80, protocol: HTTP, allowedRoutes: {kinds: [{kind: UDPRoute}]}}], addresses: [{value: 10.0.0.1}]}",
         );
-        refused(&e, "spec.listeners[0].allowedRoutes.kinds[0]", "GRPCRoute");
+        refused(&e, "spec.listeners[0].allowedRoutes.kinds[0]", "UDPRoute");
         refused(&e, "spec.addresses[0].type", "not implemented");
         let e = errors(
             "gw.yaml",

@@ -199,10 +199,15 @@ fn parents(refs: &[ParentReference], e: &mut Errors) {
 }
 
 fn rules(rules: &[L4RouteRule], e: &mut Errors) {
-    if rules.len() != 1 {
+    // One rule at v1, up to 16 at v1alpha2/v1alpha3 (each becomes one
+    // Istio route, in order, as Istio converts them).
+    if rules.is_empty() || rules.len() > 16 {
         e.add(
             "spec.rules",
-            format!("has {} rules; the v1 CRD takes exactly one", rules.len()),
+            format!(
+                "has {} rules; the CRDs take 1 (v1) to 16 (v1alpha2)",
+                rules.len()
+            ),
         );
     }
     for (i, r) in rules.iter().enumerate() {
@@ -247,5 +252,47 @@ fn backend(field: &str, b: &BackendRef, e: &mut Errors) {
             format!("{field}.weight"),
             format!("{w} is above the maximum 1000000"),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn errors(f: impl Fn(&mut Errors)) -> Vec<String> {
+        let mut e = Errors::default();
+        f(&mut e);
+        e.0.iter()
+            .map(|x| format!("{}: {}", x.field, x.message))
+            .collect()
+    }
+
+    #[test]
+    fn layer_4_routes_and_grants_are_checked_by_field() {
+        let r: TlsRoute = serde_yaml_ng::from_str(
+            "{parentRefs: [{name: gw, kind: Service, group: \"\"}], hostnames: [\"10.0.0.1\"], rules: [{backendRefs: [{name: a.b, kind: ServiceImport, group: multicluster.x-k8s.io}]}]}",
+        )
+        .unwrap();
+        let e = errors(|e| tls_route(&r, e));
+        for want in [
+            "spec.parentRefs[0].kind",
+            "spec.hostnames[0]",
+            "spec.rules[0].backendRefs[0].kind",
+            "spec.rules[0].backendRefs[0].name",
+            "spec.rules[0].backendRefs[0].port",
+        ] {
+            assert!(e.iter().any(|l| l.starts_with(want)), "{want}: {e:?}");
+        }
+        let ok: TcpRoute =
+            serde_yaml_ng::from_str("{parentRefs: [{name: gw}], rules: [{backendRefs: [{name: a, port: 9000}]}, {backendRefs: [{name: b, port: 9000}]}]}")
+                .unwrap();
+        assert!(errors(|e| tcp_route(&ok, e)).is_empty());
+        let g: ReferenceGrant =
+            serde_yaml_ng::from_str("{from: [], to: [{group: \"\", kind: \"\"}]}").unwrap();
+        let e = errors(|e| reference_grant(&g, e));
+        assert!(e.iter().any(|l| l.starts_with("spec.from:")), "{e:?}");
+        assert!(e.iter().any(|l| l.starts_with("spec.to[0].kind")), "{e:?}");
     }
 }
