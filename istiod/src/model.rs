@@ -20,7 +20,7 @@ pub(crate) mod envoy_filter;
 pub(crate) mod error;
 pub mod features;
 pub(crate) mod gateway;
-pub(crate) mod gateway_api;
+pub mod gateway_api;
 pub(crate) mod ingress;
 pub(crate) mod ip_allocate;
 pub mod istio;

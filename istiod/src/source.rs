@@ -197,15 +197,17 @@ pub async fn start(
             .collect();
         // The Gateway API's status (written back on Kubernetes; a file has
         // no status to write, so this is where its conditions show).
-        let gateway_api: serde_json::Map<String, Value> =
-            crate::model::gateway_api::convert::convert(&snapshot, &domain)
-                .status
-                .iter()
-                .map(|(k, s)| (k.to_string(), json!(s.lines())))
-                .collect();
+        let derived = crate::model::gateway_api::convert::convert(&snapshot, &domain);
+        let gateway_api: serde_json::Map<String, Value> = derived
+            .status
+            .iter()
+            .map(|(k, s)| (k.to_string(), json!(s.lines())))
+            .collect();
         json!({
             "version": snapshot.version(),
             "gatewayApiStatus": gateway_api,
+            // The Gateway API's derived Istio objects, as in Istio's store.
+            "derived": derived.documents(),
             "objects": kinds.iter().flat_map(|k| snapshot.objects(*k).map(|o| o.key().to_string()).collect::<Vec<_>>()).collect::<Vec<_>>(),
             "errors": errors,
             "unimplemented": unimplemented,

@@ -957,6 +957,8 @@ fn rbac_grants_what_istiod_uses_to_its_service_account() {
         "gatewayclasses/status",
         "gateways/status",
         "httproutes/status",
+        "tcproutes/status",
+        "tlsroutes/status",
     ] {
         for verb in ["update", "patch"] {
             assert!(
@@ -981,7 +983,13 @@ fn rbac_grants_what_istiod_uses_to_its_service_account() {
                         | ["mutatingwebhookconfigurations"]
                         | ["validatingwebhookconfigurations"]
                         // The Gateway API status istiod writes back.
-                        | ["gatewayclasses/status", "gateways/status", "httproutes/status"]
+                        | [
+                            "gatewayclasses/status",
+                            "gateways/status",
+                            "httproutes/status",
+                            "tcproutes/status",
+                            "tlsroutes/status"
+                        ]
                         // Auto-registered VMs' WorkloadEntries and their health.
                         | ["workloadentries"]
                         | ["workloadentries/status"]

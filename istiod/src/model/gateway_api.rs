@@ -8,6 +8,17 @@
 
 pub mod conditions;
 pub mod convert;
+pub mod gateway_collection;
+pub mod http_route;
+pub mod listener;
+pub mod listener_protocol;
+pub mod listener_tls;
+pub mod output;
+pub mod references;
+pub mod route_collections;
+pub mod route_types;
+pub mod tcp_route;
+pub mod tls_types;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -55,9 +66,9 @@ pub struct KubernetesGateway {
     /// Refused (not implemented).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allowed_listeners: Option<Value>,
-    /// Refused (gateway TLS is not served for the Gateway API yet).
+    /// Frontend client-certificate validation of the TLS listeners.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls: Option<Value>,
+    pub tls: Option<tls_types::GatewayTls>,
     /// Refused (not implemented).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub default_scope: Option<Value>,
@@ -74,11 +85,11 @@ pub struct Listener {
     pub hostname: Option<String>,
     /// The port.
     pub port: u32,
-    /// `HTTP` (others are refused for now).
+    /// `HTTP`, `HTTPS`, `TLS` or `TCP`.
     pub protocol: String,
-    /// Refused (gateway TLS is not served for the Gateway API yet).
+    /// TLS termination or passthrough (HTTPS and TLS listeners).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tls: Option<Value>,
+    pub tls: Option<tls_types::ListenerTls>,
     /// Which routes may attach.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allowed_routes: Option<AllowedRoutes>,
@@ -245,9 +256,9 @@ pub struct HttpRouteRule {
     /// Timeouts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeouts: Option<HttpRouteTimeouts>,
-    /// Refused (not implemented).
+    /// Retries, as Istio maps them.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub retry: Option<Value>,
+    pub retry: Option<route_types::HttpRouteRetry>,
     /// Refused (not implemented).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session_persistence: Option<Value>,
@@ -314,15 +325,15 @@ pub struct HttpRouteFilter {
     /// For `URLRewrite`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub url_rewrite: Option<UrlRewrite>,
-    /// Refused (not implemented).
+    /// For `RequestMirror`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub request_mirror: Option<Value>,
+    pub request_mirror: Option<route_types::RequestMirror>,
     /// Refused (not implemented).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub extension_ref: Option<Value>,
-    /// Refused (not implemented).
+    /// For `CORS`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cors: Option<Value>,
+    pub cors: Option<route_types::CorsFilter>,
     /// Refused (not implemented).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub external_auth: Option<Value>,

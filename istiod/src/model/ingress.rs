@@ -124,6 +124,7 @@ fn gateway(ingress: &Typed<'_, Ingress>) -> Generated<Gateway> {
     Generated {
         namespace: INGRESS_NAMESPACE.into(),
         name: gateway_name(name, namespace),
+        annotations: Default::default(),
         spec: Gateway {
             selector: selector(),
             servers,
@@ -300,6 +301,7 @@ pub fn convert(snapshot: &Snapshot, domain: &str) -> Output {
         let first = &rules[0].ingress;
         out.virtual_services.push(Generated {
             namespace: first.namespace().to_string(),
+            annotations: Default::default(),
             name: format!(
                 "{}-{}-{GENERATED_SUFFIX}",
                 host.replace('.', "-"),

@@ -464,6 +464,10 @@ pub struct HeaderOperations {
 pub struct HttpRedirect {
     /// Replacement path.
     pub uri: String,
+    /// Replacement of the matched path prefix (Istio's `prefixRewrite`; the
+    /// Gateway API's `ReplacePrefixMatch`).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub prefix_rewrite: String,
     /// Replacement authority.
     pub authority: String,
     /// Replacement port.

@@ -9,6 +9,8 @@ use serde::{Deserialize, Serialize};
 
 use super::envoy_filter::EnvoyFilter;
 use super::gateway::Gateway;
+use super::gateway_api::references::ReferenceGrant;
+use super::gateway_api::tls_types::{TcpRoute, TlsRoute};
 use super::gateway_api::{GatewayClass, HttpRoute, KubernetesGateway};
 use super::ingress::spec::{Ingress, IngressClass};
 use super::istio::{
@@ -91,11 +93,17 @@ pub enum Kind {
     Ingress,
     /// Kubernetes `networking.k8s.io/v1` IngressClass (cluster-scoped).
     IngressClass,
+    /// Gateway API `ReferenceGrant`: cross-namespace references allowed.
+    ReferenceGrant,
+    /// Gateway API `TCPRoute`.
+    TcpRoute,
+    /// Gateway API `TLSRoute`.
+    TlsRoute,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 24] = [
+    pub const ALL: [Kind; 27] = [
         Kind::ServiceEntry,
         Kind::WorkloadEntry,
         Kind::WorkloadGroup,
@@ -120,6 +128,9 @@ impl Kind {
         Kind::ProxyConfig,
         Kind::Ingress,
         Kind::IngressClass,
+        Kind::ReferenceGrant,
+        Kind::TcpRoute,
+        Kind::TlsRoute,
     ];
 
     /// The kind's name as written in `kind:`.
@@ -149,6 +160,9 @@ impl Kind {
             Kind::ProxyConfig => "ProxyConfig",
             Kind::Ingress => "Ingress",
             Kind::IngressClass => "IngressClass",
+            Kind::ReferenceGrant => "ReferenceGrant",
+            Kind::TcpRoute => "TCPRoute",
+            Kind::TlsRoute => "TLSRoute",
         }
     }
 
@@ -170,7 +184,12 @@ impl Kind {
             Kind::Telemetry => TELEMETRY_GROUP,
             Kind::EndpointSlice => DISCOVERY_GROUP,
             Kind::Ingress | Kind::IngressClass => K8S_NETWORKING_GROUP,
-            Kind::GatewayClass | Kind::KubernetesGateway | Kind::HttpRoute => GATEWAY_API_GROUP,
+            Kind::GatewayClass
+            | Kind::KubernetesGateway
+            | Kind::HttpRoute
+            | Kind::ReferenceGrant
+            | Kind::TcpRoute
+            | Kind::TlsRoute => GATEWAY_API_GROUP,
             Kind::Service | Kind::Pod | Kind::Namespace | Kind::Node | Kind::Secret => "",
         }
     }
@@ -180,6 +199,12 @@ impl Kind {
         if self == Kind::EnvoyFilter {
             // Istio serves EnvoyFilter at v1alpha3 only.
             return &["v1alpha3"];
+        }
+        match self {
+            // The experimental channel's versions, as its CRDs serve them.
+            Kind::TcpRoute => return &["v1", "v1alpha2"],
+            Kind::TlsRoute => return &["v1", "v1alpha3", "v1alpha2"],
+            _ => {}
         }
         if self == Kind::ProxyConfig {
             // Istio serves ProxyConfig at v1beta1 only.
@@ -430,6 +455,12 @@ pub enum Spec {
     Ingress(Ingress),
     /// An IngressClass (its `spec`).
     IngressClass(IngressClass),
+    /// A ReferenceGrant's `spec`.
+    ReferenceGrant(ReferenceGrant),
+    /// A TCPRoute's `spec`.
+    TcpRoute(TcpRoute),
+    /// A TLSRoute's `spec`.
+    TlsRoute(TlsRoute),
 }
 
 impl Spec {
@@ -460,6 +491,9 @@ impl Spec {
             Spec::ProxyConfig(_) => Kind::ProxyConfig,
             Spec::Ingress(_) => Kind::Ingress,
             Spec::IngressClass(_) => Kind::IngressClass,
+            Spec::ReferenceGrant(_) => Kind::ReferenceGrant,
+            Spec::TcpRoute(_) => Kind::TcpRoute,
+            Spec::TlsRoute(_) => Kind::TlsRoute,
         }
     }
 }
@@ -575,6 +609,9 @@ kind_spec!(
     ProxyConfig,
     Ingress,
     IngressClass,
+    ReferenceGrant,
+    TcpRoute,
+    TlsRoute,
 );
 
 #[cfg(test)]

@@ -238,6 +238,9 @@ fn decode_body(kind: Kind, map: Map<String, Value>) -> Result<Spec, FieldError> 
         Kind::ProxyConfig => Spec::ProxyConfig(istio(body)?),
         Kind::Ingress => Spec::Ingress(typed(body)?),
         Kind::IngressClass => Spec::IngressClass(typed(body)?),
+        Kind::ReferenceGrant => Spec::ReferenceGrant(istio(body)?),
+        Kind::TcpRoute => Spec::TcpRoute(istio(body)?),
+        Kind::TlsRoute => Spec::TlsRoute(istio(body)?),
     })
 }
 

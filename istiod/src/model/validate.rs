@@ -22,6 +22,7 @@ mod destination_rule;
 mod envoy_filter;
 mod gateway;
 mod gateway_api;
+mod gateway_api_l4;
 mod gateway_tcp;
 mod gateway_tls;
 mod ingress;
@@ -86,6 +87,9 @@ pub fn validate(object: &Object) -> Vec<FieldError> {
         Spec::ProxyConfig(pc) => proxy_config::proxy_config(pc, &mut e),
         Spec::Ingress(i) => ingress::ingress(i, &object.metadata.annotations, &mut e),
         Spec::IngressClass(_) => {}
+        Spec::ReferenceGrant(g) => gateway_api_l4::reference_grant(g, &mut e),
+        Spec::TcpRoute(r) => gateway_api_l4::tcp_route(r, &mut e),
+        Spec::TlsRoute(r) => gateway_api_l4::tls_route(r, &mut e),
     }
     e.0
 }

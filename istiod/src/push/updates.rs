@@ -223,6 +223,18 @@ impl Resolved {
                     },
                     Types::SDS,
                 ));
+                // A Gateway API listener naming it is programmed or not
+                // with it (Istio recomputes its Gateways on Secrets).
+                if [views.old_snapshot, views.new_snapshot].iter().any(|s| {
+                    crate::model::gateway_api::listener_tls::references_secret(
+                        s,
+                        &key.namespace,
+                        &key.name,
+                    )
+                }) {
+                    self.changes
+                        .push(change(&reason, Audience::Routers, Types::LDS | Types::RDS));
+                }
             }
             Kind::Gateway => {
                 // Sidecars ignore Gateways (Istio's `UnAffectedConfigKinds`).
@@ -296,6 +308,9 @@ impl Resolved {
             Kind::GatewayClass
             | Kind::KubernetesGateway
             | Kind::HttpRoute
+            | Kind::ReferenceGrant
+            | Kind::TcpRoute
+            | Kind::TlsRoute
             | Kind::Ingress
             | Kind::IngressClass => {
                 self.changes

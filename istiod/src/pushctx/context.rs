@@ -55,6 +55,8 @@ pub struct IstioContext {
     pub telemetries: Vec<crate::model::telemetry::NamedTelemetry>,
     /// Secrets by (namespace, name), for gateway credentials (SDS).
     pub secrets: HashMap<(String, String), Arc<crate::model::Object>>,
+    /// The Gateway API's ReferenceGrants (SDS of Secrets of other namespaces).
+    pub reference_grants: crate::model::gateway_api::references::ReferenceGrants,
     /// Pod labels by Pod IP, for proxies whose Pod no Service lists yet.
     pub pod_labels: std::collections::HashMap<String, Labels>,
     /// What the generators apply from the mesh config.
@@ -412,6 +414,7 @@ impl IstioContext {
                     )
                 })
                 .collect(),
+            reference_grants: crate::model::gateway_api::references::ReferenceGrants::new(snapshot),
             pod_labels: snapshot
                 .list::<crate::model::kube::Pod>()
                 .filter_map(|p| {

@@ -52,6 +52,10 @@ fn reaches(audience: &Audience, proxy: &Proxy, scope: &SidecarScope) -> bool {
         }
         Audience::Workloads(ips) => proxy.ips.iter().any(|ip| ips.contains(ip)),
         Audience::Routers => proxy.proxy_type == common::ProxyType::Router,
-        Audience::Secret { namespace, .. } => proxy.namespace == *namespace,
+        // Routers also read Gateway API Secrets of other namespaces (with a
+        // ReferenceGrant); which of them is decided by the names watched.
+        Audience::Secret { namespace, .. } => {
+            proxy.namespace == *namespace || proxy.proxy_type == common::ProxyType::Router
+        }
     }
 }

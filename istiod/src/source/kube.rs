@@ -72,6 +72,9 @@ pub fn plural(kind: Kind) -> &'static str {
         Kind::ProxyConfig => "proxyconfigs",
         Kind::Ingress => "ingresses",
         Kind::IngressClass => "ingressclasses",
+        Kind::ReferenceGrant => "referencegrants",
+        Kind::TcpRoute => "tcproutes",
+        Kind::TlsRoute => "tlsroutes",
     }
 }
 

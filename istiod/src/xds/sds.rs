@@ -8,7 +8,12 @@
 //!
 //! Authorization, as Istio's default: only a proxy that proved its
 //! identity, and only Secrets of its own namespace (gateways and sidecars
-//! alike: Istio's `proxyAuthorizedForSecret`). A refused or missing resource is left out of the response
+//! alike: Istio's `proxyAuthorizedForSecret`). The Gateway API's
+//! `kubernetes-gateway://<namespace>/<name>` names (Istio's
+//! `KubernetesGatewaySecretType`) are served to gateways of the Secret's
+//! namespace, and to gateways of another namespace when a `ReferenceGrant`
+//! in the Secret's namespace lets that namespace's Gateways refer to it
+//! (Istio's `VerifiedCertificateReferences`). A refused or missing resource is left out of the response
 //! and logged (warn, scope `ads`) naming the proxy and the resource.
 
 use std::collections::BTreeSet;
@@ -28,6 +33,10 @@ use crate::pushctx::{Proxy, Resource};
 /// Istio's resource name prefix for Kubernetes Secrets (`KubernetesSecretTypeURI`).
 pub const KUBERNETES_PREFIX: &str = "kubernetes://";
 
+/// Istio's resource name prefix for Secrets named by the Gateway API.
+pub const KUBERNETES_GATEWAY_PREFIX: &str =
+    crate::model::gateway_api::listener_tls::KUBERNETES_GATEWAY_PREFIX;
+
 /// A resource name resolved for one proxy (Istio's `SecretResource`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SecretResource {
@@ -35,6 +44,8 @@ pub struct SecretResource {
     pub namespace: String,
     /// The name after the prefix and namespace, `-cacert` kept.
     pub name: String,
+    /// Named by the Gateway API (`kubernetes-gateway://`).
+    pub gateway_api: bool,
 }
 
 impl SecretResource {
@@ -65,7 +76,7 @@ impl SecretResource {
 pub enum SdsError {
     /// Not a `kubernetes://` name, or too many parts.
     #[error(
-        "invalid resource name {0:?}: expected kubernetes://<name> or kubernetes://<namespace>/<name>"
+        "invalid resource name {0:?}: expected kubernetes://<name>, kubernetes://<namespace>/<name> or kubernetes-gateway://<namespace>/<name>"
     )]
     InvalidName(String),
     /// The connection proved no identity (the plaintext port).
@@ -73,6 +84,19 @@ pub enum SdsError {
         "proxy is not authorized to receive credentials: connect over the TLS port (15012) and authenticate"
     )]
     NotVerified,
+    /// A Gateway API Secret of another namespace that no ReferenceGrant
+    /// lets the proxy's namespace refer to.
+    #[error(
+        "secret {secret_namespace}/{name} is not accessible to Gateways of namespace {proxy_namespace:?} (missing a ReferenceGrant in {secret_namespace:?}?)"
+    )]
+    NotGranted {
+        /// The Secret's namespace.
+        secret_namespace: String,
+        /// Its name.
+        name: String,
+        /// The proxy's.
+        proxy_namespace: String,
+    },
     /// A Secret of another namespace.
     #[error(
         "secret is in namespace {secret_namespace:?}, the proxy in {proxy_namespace:?}: a gateway may only read Secrets of its own namespace"
@@ -98,14 +122,21 @@ pub enum SdsError {
 
 /// Istio's `ParseResourceName`: `kubernetes://<name>` is in the proxy's
 /// namespace, `kubernetes://<namespace>/<name>` names its namespace.
+/// `kubernetes-gateway://<namespace>/<name>` always names its namespace.
 pub fn parse_resource_name(resource: &str, proxy_ns: &str) -> Result<SecretResource, SdsError> {
     let invalid = || SdsError::InvalidName(resource.to_string());
-    let rest = resource
-        .strip_prefix(KUBERNETES_PREFIX)
-        .ok_or_else(invalid)?;
+    let (rest, gateway_api) = match resource.strip_prefix(KUBERNETES_GATEWAY_PREFIX) {
+        Some(rest) => (rest, true),
+        None => (
+            resource
+                .strip_prefix(KUBERNETES_PREFIX)
+                .ok_or_else(invalid)?,
+            false,
+        ),
+    };
     let parts: Vec<&str> = rest.split('/').collect();
     let (namespace, name) = match parts.as_slice() {
-        [name] => (proxy_ns, *name),
+        [name] if !gateway_api => (proxy_ns, *name),
         [ns, name] => (*ns, *name),
         _ => return Err(invalid()),
     };
@@ -115,6 +146,7 @@ pub fn parse_resource_name(resource: &str, proxy_ns: &str) -> Result<SecretResou
     Ok(SecretResource {
         namespace: namespace.to_string(),
         name: name.to_string(),
+        gateway_api,
     })
 }
 
@@ -185,10 +217,29 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy, names: &BTreeSet<String>) -> Vec
 }
 
 /// Whether `proxy` may read `sr` (Istio's `proxyAuthorizedForSecret` with
-/// the default, same-namespace, policy).
-fn authorize(proxy: &Proxy, sr: &SecretResource) -> Result<(), SdsError> {
+/// the default, same-namespace, policy; for Gateway API names, a gateway
+/// of another namespace with a ReferenceGrant).
+fn authorize(ctx: &IstioContext, proxy: &Proxy, sr: &SecretResource) -> Result<(), SdsError> {
     if !proxy.verified {
         return Err(SdsError::NotVerified);
+    }
+    if sr.gateway_api && sr.namespace != proxy.namespace {
+        use crate::model::gateway_api::references::{RefFrom, RefTo};
+        let name = sr.name.strip_suffix(CA_SUFFIX).unwrap_or(&sr.name);
+        let router = proxy.proxy_type == common::ProxyType::Router;
+        if router
+            && ctx.reference_grants.granted(
+                RefFrom::gateway(&proxy.namespace),
+                RefTo::secret(&sr.namespace, name),
+            )
+        {
+            return Ok(());
+        }
+        return Err(SdsError::NotGranted {
+            secret_namespace: sr.namespace.clone(),
+            name: name.to_string(),
+            proxy_namespace: proxy.namespace.clone(),
+        });
     }
     if sr.namespace != proxy.namespace {
         return Err(SdsError::OtherNamespace {
@@ -201,7 +252,7 @@ fn authorize(proxy: &Proxy, sr: &SecretResource) -> Result<(), SdsError> {
 
 fn generate(ctx: &IstioContext, proxy: &Proxy, name: &str) -> Result<EnvoySecret, SdsError> {
     let sr = parse_resource_name(name, &proxy.namespace)?;
-    authorize(proxy, &sr)?;
+    authorize(ctx, proxy, &sr)?;
     let lookup = |secret_name: &str| -> Option<(&Secret, String)> {
         ctx.secret(&sr.namespace, secret_name)
             .map(|s| (s, format!("{}/{secret_name}", sr.namespace)))

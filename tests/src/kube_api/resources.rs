@@ -187,6 +187,20 @@ const fn gateway_api(
     }
 }
 
+/// A namespaced Gateway API kind served at `versions` (the first stored).
+const fn gateway_api_versions(
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+    versions: &'static [&'static str],
+    short_names: &'static [&'static str],
+) -> Resource {
+    Resource {
+        versions,
+        ..gateway_api(plural, singular, kind, true, short_names)
+    }
+}
+
 /// The admission webhook configurations' group.
 pub const ADMISSION_REGISTRATION_GROUP: &str = "admissionregistration.k8s.io";
 
@@ -528,6 +542,27 @@ pub static RESOURCES: &[Resource] = &[
     ),
     gateway_api("gateways", "gateway", "Gateway", true, &["gtw"]),
     gateway_api("httproutes", "httproute", "HTTPRoute", true, &[]),
+    gateway_api_versions(
+        "referencegrants",
+        "referencegrant",
+        "ReferenceGrant",
+        &["v1", "v1beta1"],
+        &["refgrant"],
+    ),
+    gateway_api_versions(
+        "tcproutes",
+        "tcproute",
+        "TCPRoute",
+        &["v1", "v1alpha2"],
+        &[],
+    ),
+    gateway_api_versions(
+        "tlsroutes",
+        "tlsroute",
+        "TLSRoute",
+        &["v1", "v1alpha3", "v1alpha2"],
+        &[],
+    ),
     istio(
         "telemetry.istio.io",
         &["v1", "v1alpha1"],

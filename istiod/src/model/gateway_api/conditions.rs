@@ -50,6 +50,8 @@ pub struct ListenerStatus {
     pub name: String,
     /// How many routes attach to it.
     pub attached_routes: u32,
+    /// The route kinds it takes (`supportedKinds`).
+    pub supported_kinds: Vec<&'static str>,
     /// Its conditions.
     pub conditions: Vec<Condition>,
 }
@@ -143,7 +145,7 @@ impl ObjectStatus {
                         json!({
                             "name": l.name,
                             "attachedRoutes": l.attached_routes,
-                            "supportedKinds": [{"group": GROUP, "kind": "HTTPRoute"}],
+                            "supportedKinds": l.supported_kinds.iter().map(|k| json!({"group": GROUP, "kind": k})).collect::<Vec<_>>(),
                             "conditions": conditions_json(&l.conditions, generation, now, &old),
                         })
                     })

@@ -53,7 +53,9 @@ pub(super) fn gateway(gw: &KubernetesGateway, e: &mut Errors) {
         }
     }
     refuse_if("spec.allowedListeners", &gw.allowed_listeners, e);
-    refuse_if("spec.tls", &gw.tls, e);
+    if let Some(tls) = &gw.tls {
+        super::gateway_api_l4::gateway_tls(tls, e);
+    }
     refuse_if("spec.defaultScope", &gw.default_scope, e);
     for (i, a) in gw.addresses.iter().enumerate() {
         let field = format!("spec.addresses[{i}]");
@@ -99,21 +101,7 @@ fn listener(field: &str, l: &Listener, e: &mut Errors) {
         );
     }
     check_port(&format!("{field}.port"), l.port, e);
-    match l.protocol.as_str() {
-        "HTTP" => {}
-        "HTTPS" | "TLS" | "TCP" | "UDP" => e.add(
-            format!("{field}.protocol"),
-            format!(
-                "{} listeners are not implemented by this istiod yet for the Gateway API (use HTTP)",
-                l.protocol
-            ),
-        ),
-        other => e.add(
-            format!("{field}.protocol"),
-            format!("unknown protocol {other:?} (use HTTP)"),
-        ),
-    }
-    refuse_if(&format!("{field}.tls"), &l.tls, e);
+    super::gateway_api_l4::listener_tls(field, l, e);
     if let Some(h) = &l.hostname {
         check_hostname(&format!("{field}.hostname"), h, e);
     }
@@ -123,11 +111,12 @@ fn listener(field: &str, l: &Listener, e: &mut Errors) {
                 .group
                 .as_deref()
                 .unwrap_or(crate::model::gateway_api::GROUP);
-            if group != crate::model::gateway_api::GROUP || kind.kind != "HTTPRoute" {
+            let known = ["HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute"];
+            if group != crate::model::gateway_api::GROUP || !known.contains(&kind.kind.as_str()) {
                 e.add(
                     format!("{field}.allowedRoutes.kinds[{k}]"),
                     format!(
-                        "route kind {group}/{} is not implemented by this istiod (only HTTPRoute)",
+                        "route kind {group}/{} is not implemented by this istiod (HTTPRoute, GRPCRoute, TCPRoute or TLSRoute)",
                         kind.kind
                     ),
                 );
@@ -186,11 +175,12 @@ pub(super) fn http_route(r: &HttpRoute, namespace: &str, e: &mut Errors) {
     }
     for (i, p) in r.parent_refs.iter().enumerate() {
         let field = format!("spec.parentRefs[{i}]");
-        if !p.is_gateway() {
+        let service = p.group.as_deref() == Some("") && p.kind.as_deref() == Some("Service");
+        if !p.is_gateway() && !service {
             e.add(
                 format!("{field}.kind"),
                 format!(
-                    "parent {}/{} is not implemented by this istiod (only Gateways of gateway.networking.k8s.io)",
+                    "parent {}/{} is not implemented by this istiod (only Gateways of gateway.networking.k8s.io, or core Services for mesh routes)",
                     p.group.as_deref().unwrap_or(""),
                     p.kind.as_deref().unwrap_or("")
                 ),
@@ -209,7 +199,6 @@ pub(super) fn http_route(r: &HttpRoute, namespace: &str, e: &mut Errors) {
 }
 
 fn http_rule(field: &str, rule: &HttpRouteRule, namespace: &str, e: &mut Errors) {
-    refuse_if(&format!("{field}.retry"), &rule.retry, e);
     refuse_if(
         &format!("{field}.sessionPersistence"),
         &rule.session_persistence,
@@ -226,7 +215,8 @@ fn http_rule(field: &str, rule: &HttpRouteRule, namespace: &str, e: &mut Errors)
         filter(&ff, f, e);
         redirect |= f.r#type == "RequestRedirect";
         rewrite |= f.r#type == "URLRewrite";
-        if !seen.insert(f.r#type.as_str()) {
+        // A rule may mirror to several backends.
+        if f.r#type != "RequestMirror" && !seen.insert(f.r#type.as_str()) {
             e.add(
                 format!("{ff}.type"),
                 format!(
@@ -331,7 +321,9 @@ fn filter(field: &str, f: &HttpRouteFilter, e: &mut Errors) {
         ),
         "RequestRedirect" => ("requestRedirect", f.request_redirect.is_some()),
         "URLRewrite" => ("urlRewrite", f.url_rewrite.is_some()),
-        "RequestMirror" | "ExtensionRef" | "CORS" | "ExternalAuth" => {
+        "RequestMirror" => ("requestMirror", f.request_mirror.is_some()),
+        "CORS" => ("cors", f.cors.is_some()),
+        "ExtensionRef" | "ExternalAuth" => {
             e.add(
                 format!("{field}.type"),
                 format!(
@@ -412,6 +404,29 @@ fn filter(field: &str, f: &HttpRouteFilter, e: &mut Errors) {
             path_modifier(&format!("{rf}.path"), p, e);
         }
     }
+    if let Some(m) = &f.request_mirror {
+        let mf = format!("{field}.requestMirror");
+        backend_object(&format!("{mf}.backendRef"), &m.backend_ref, "", e);
+        if m.percent.is_some() && m.fraction.is_some() {
+            e.add(
+                format!("{mf}.percent"),
+                "percent and fraction are exclusive (keep one)",
+            );
+        }
+        if let Some(p) = m.percent
+            && p > 100
+        {
+            e.add(format!("{mf}.percent"), format!("{p} is above 100"));
+        }
+        if let Some(fr) = &m.fraction
+            && (fr.denominator == Some(0) || fr.numerator > fr.denominator.unwrap_or(100))
+        {
+            e.add(
+                format!("{mf}.fraction"),
+                "the numerator must not exceed a denominator above 0",
+            );
+        }
+    }
     if let Some(r) = &f.url_rewrite {
         if let Some(h) = &r.hostname {
             check_hostname(&format!("{field}.urlRewrite.hostname"), h, e);
@@ -419,6 +434,51 @@ fn filter(field: &str, f: &HttpRouteFilter, e: &mut Errors) {
         if let Some(p) = &r.path {
             path_modifier(&format!("{field}.urlRewrite.path"), p, e);
         }
+    }
+}
+
+/// A backend reference: a core Service (another namespace's needs a
+/// ReferenceGrant, checked when routes are translated) or, as Istio
+/// reads it, a `networking.istio.io` `Hostname` (a ServiceEntry host).
+fn backend_object(
+    field: &str,
+    b: &crate::model::gateway_api::route_types::BackendObjectReference,
+    _namespace: &str,
+    e: &mut Errors,
+) {
+    let group = b.group.as_deref().unwrap_or("");
+    let kind = b.kind.as_deref().unwrap_or("Service");
+    match (group, kind) {
+        ("", "Service") => {
+            if b.name.is_empty() || b.name.contains('.') {
+                e.add(
+                    format!("{field}.name"),
+                    format!("{:?}: name the Service (not its host name)", b.name),
+                );
+            }
+        }
+        ("networking.istio.io", "Hostname") => {
+            if b.namespace.is_some() {
+                e.add(
+                    format!("{field}.namespace"),
+                    "may not be set with kind Hostname (remove it)",
+                );
+            }
+            check_hostname(&format!("{field}.name"), &b.name, e);
+        }
+        _ => e.add(
+            format!("{field}.kind"),
+            format!(
+                "backend {group}/{kind} is not implemented by this istiod (core Services, or networking.istio.io Hostname)"
+            ),
+        ),
+    }
+    match b.port {
+        None => e.add(
+            format!("{field}.port"),
+            "is required for a Service or Hostname backend",
+        ),
+        Some(p) => check_port(&format!("{field}.port"), p, e),
     }
 }
 
@@ -435,16 +495,21 @@ fn path_modifier(field: &str, p: &PathModifier, e: &mut Errors) {
                 "is required for type ReplaceFullPath",
             ),
         },
-        // Istio writes a redirect's prefix replacement with Envoy's
-        // `%PREFIX()%`, and a rewrite to `/` with a regex; neither is built
-        // here yet.
-        "ReplacePrefixMatch" => e.add(
-            format!("{field}.type"),
-            "ReplacePrefixMatch is not implemented by this istiod yet (use ReplaceFullPath)",
-        ),
+        // Empty removes the matched prefix.
+        "ReplacePrefixMatch" => match &p.replace_prefix_match {
+            Some(v) if v.is_empty() || v.starts_with('/') => {}
+            Some(v) => e.add(
+                format!("{field}.replacePrefixMatch"),
+                format!("{v:?} must start with /"),
+            ),
+            None => e.add(
+                format!("{field}.replacePrefixMatch"),
+                "is required for type ReplacePrefixMatch",
+            ),
+        },
         other => e.add(
             format!("{field}.type"),
-            format!("unknown path modifier {other:?} (use ReplaceFullPath)"),
+            format!("unknown path modifier {other:?} (use ReplaceFullPath or ReplacePrefixMatch)"),
         ),
     }
 }
@@ -482,37 +547,14 @@ fn header_filter(field: &str, h: &HeaderFilter, e: &mut Errors) {
 }
 
 fn backend_ref(field: &str, b: &HttpBackendRef, namespace: &str, e: &mut Errors) {
-    let group = b.group.as_deref().unwrap_or("");
-    let kind = b.kind.as_deref().unwrap_or("Service");
-    if !group.is_empty() || kind != "Service" {
-        e.add(
-            format!("{field}.kind"),
-            format!(
-                "backend {group}/{kind} is not implemented by this istiod (only core Services)"
-            ),
-        );
-    }
-    if b.name.is_empty() || b.name.contains('.') {
-        e.add(
-            format!("{field}.name"),
-            format!("{:?}: name the Service (not its host name)", b.name),
-        );
-    }
-    if let Some(ns) = &b.namespace
-        && ns != namespace
-    {
-        e.add(
-            format!("{field}.namespace"),
-            "a backend in another namespace needs a ReferenceGrant, which this istiod does not implement yet (use a Service of the route's namespace)",
-        );
-    }
-    match b.port {
-        None => e.add(
-            format!("{field}.port"),
-            "is required when the backend is a Service",
-        ),
-        Some(p) => check_port(&format!("{field}.port"), p, e),
-    }
+    let target = crate::model::gateway_api::route_types::BackendObjectReference {
+        group: b.group.clone(),
+        kind: b.kind.clone(),
+        name: b.name.clone(),
+        namespace: b.namespace.clone(),
+        port: b.port,
+    };
+    backend_object(field, &target, namespace, e);
     if let Some(w) = b.weight
         && w > 1_000_000
     {
@@ -588,25 +630,54 @@ mod tests {
     }
 
     #[test]
-    fn tls_and_other_protocols_are_refused_by_name() {
+    fn listener_protocols_and_tls_follow_the_crd_rules() {
+        let ok = errors(
+            "gw.yaml",
+            GW,
+            "{gatewayClassName: istio, listeners: [{name: https, port: 443, protocol: HTTPS, tls: {certificateRefs: [{name: cert}]}}, {name: tcp, port: 9000, protocol: TCP}, {name: tls, port: 9443, protocol: TLS, tls: {mode: Passthrough}}]}",
+        );
+        assert!(ok.is_empty(), "{ok:?}");
         let e = errors(
             "gw.yaml",
             GW,
-            "{gatewayClassName: istio, listeners: [{name: https, port: 443, protocol: HTTPS, tls: {certificateRefs: [{name: cert}]}}, {name: tcp, port: 9000, protocol: TCP}]}",
+            "{gatewayClassName: istio, listeners: [{name: https, port: 443, protocol: HTTPS}, {name: tcp, port: 9000, protocol: TCP, hostname: a.example.com, tls: {mode: Passthrough}}, {name: u, port: 53, protocol: UDP}, {name: p, port: 8443, protocol: TLS, tls: {mode: Passthrough, certificateRefs: [{name: c}]}}, {name: t, port: 7443, protocol: TLS, tls: {mode: Terminate}}]}",
         );
         refused(
             &e,
-            "spec.listeners[0].protocol",
-            "HTTPS listeners are not implemented",
+            "spec.listeners[0].tls",
+            "is required for protocol HTTPS",
         );
-        refused(&e, "spec.listeners[0].tls", "not implemented");
-        refused(&e, "spec.listeners[1].protocol", "TCP listeners");
+        refused(
+            &e,
+            "spec.listeners[1].tls",
+            "must not be set for protocol TCP",
+        );
+        refused(
+            &e,
+            "spec.listeners[1].hostname",
+            "must not be set for protocol TCP",
+        );
+        refused(
+            &e,
+            "spec.listeners[2].protocol",
+            "UDP listeners are not implemented",
+        );
+        refused(
+            &e,
+            "spec.listeners[3].tls.certificateRefs",
+            "must be empty when mode is Passthrough",
+        );
+        refused(
+            &e,
+            "spec.listeners[4].tls.certificateRefs",
+            "is required when mode is Terminate",
+        );
         let e = errors(
             "gw.yaml",
             GW,
-            "{gatewayClassName: istio, listeners: [{name: h, port: 80, protocol: HTTP, allowedRoutes: {kinds: [{kind: GRPCRoute}]}}], addresses: [{value: 10.0.0.1}]}",
+            "{gatewayClassName: istio, listeners: [{name: h, port: 80, protocol: HTTP, allowedRoutes: {kinds: [{kind: UDPRoute}]}}], addresses: [{value: 10.0.0.1}]}",
         );
-        refused(&e, "spec.listeners[0].allowedRoutes.kinds[0]", "GRPCRoute");
+        refused(&e, "spec.listeners[0].allowedRoutes.kinds[0]", "UDPRoute");
         refused(&e, "spec.addresses[0].type", "not implemented");
         let e = errors(
             "gw.yaml",
@@ -621,31 +692,30 @@ mod tests {
         let e = errors(
             "r.yaml",
             ROUTE,
-            r#"{parentRefs: [{name: gw, kind: Service, group: ""}], rules: [{filters: [{type: RequestMirror, requestMirror: {backendRef: {name: m, port: 80}}}, {type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /}}}], backendRefs: [{name: a, namespace: other, port: 80}, {name: b}, {name: c, port: 80, filters: [{type: RequestHeaderModifier}]}], retry: {attempts: 2}}]}"#,
+            r#"{parentRefs: [{name: gw, kind: ServiceEntry, group: networking.istio.io}], rules: [{filters: [{type: RequestMirror, requestMirror: {backendRef: {name: m, port: 80}, percent: 50}}, {type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /}}}, {type: ExtensionRef, extensionRef: {group: x, kind: y, name: z}}], backendRefs: [{name: a, namespace: other, port: 80}, {name: b}, {name: c, port: 80, filters: [{type: RequestHeaderModifier}]}, {group: networking.istio.io, kind: Hostname, name: example.com, namespace: other, port: 80}], retry: {attempts: 2, codes: [503]}}]}"#,
         );
         refused(&e, "spec.parentRefs[0].kind", "only Gateways");
-        refused(
-            &e,
-            "spec.rules[0].filters[0].type",
-            "RequestMirror filters are not implemented",
-        );
-        refused(
-            &e,
-            "spec.rules[0].filters[1].urlRewrite.path.type",
-            "ReplacePrefixMatch",
-        );
-        refused(
-            &e,
-            "spec.rules[0].backendRefs[0].namespace",
-            "ReferenceGrant",
-        );
+        refused(&e, "spec.rules[0].filters[2].type", "ExtensionRef filters");
         refused(&e, "spec.rules[0].backendRefs[1].port", "is required");
         refused(
             &e,
             "spec.rules[0].backendRefs[2].filters",
             "not implemented",
         );
-        refused(&e, "spec.rules[0].retry", "not implemented");
+        refused(&e, "spec.rules[0].backendRefs[3].namespace", "Hostname");
+        // Mirrors, prefix rewrites, retries and backends of another
+        // namespace (granted or not at translation) are served.
+        for field in [
+            "spec.rules[0].filters[0]",
+            "spec.rules[0].filters[1]",
+            "spec.rules[0].retry",
+            "spec.rules[0].backendRefs[0]",
+        ] {
+            assert!(
+                !e.iter().any(|x| x.starts_with(field)),
+                "{field} refused: {e:?}"
+            );
+        }
     }
 
     #[test]

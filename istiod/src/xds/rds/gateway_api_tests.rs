@@ -81,3 +81,66 @@ fn the_router_gets_segment_prefixes_weights_and_500_for_missing_backends() {
             .is_empty()
     );
 }
+
+/// A mesh route (an HTTPRoute whose parent is a Service) reaches sidecars:
+/// the route configuration for the Service's port splits by weight.
+#[test]
+fn a_sidecar_gets_the_weighted_split_of_a_mesh_route() {
+    use prost::Message;
+    use proto::pb::envoy::config::route::v3::{RouteConfiguration, route, route_action};
+    let mesh = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: split-mesh, namespace: demo}
+spec:
+  parentRefs: [{group: "", kind: Service, name: httpbin-v1}]
+  rules:
+  - backendRefs:
+    - {name: httpbin-v1, port: 8000, weight: 90}
+    - {name: httpbin-v2, port: 8000, weight: 10}
+"#;
+    let ctx = crate::pushctx::context::context_of_yaml(&format!("{BASE}---\n{mesh}"));
+    let sidecar = crate::pushctx::Proxy {
+        proxy_type: common::ProxyType::Sidecar,
+        ip: "198.18.0.30".into(),
+        ips: vec!["198.18.0.30".into()],
+        namespace: "demo".into(),
+        ..Default::default()
+    };
+    let r = crate::xds::rds::build(&ctx, &sidecar, &["8000".to_string()].into()).remove(0);
+    let rc = RouteConfiguration::decode(r.resource.value.as_slice()).unwrap();
+    let vh = rc
+        .virtual_hosts
+        .iter()
+        .find(|v| {
+            v.domains
+                .iter()
+                .any(|d| d == "httpbin-v1.demo.svc.cluster.local")
+        })
+        .unwrap_or_else(|| panic!("{rc:#?}"));
+    let Some(route::Action::Route(action)) = &vh.routes[0].action else {
+        panic!("{vh:#?}")
+    };
+    let Some(route_action::ClusterSpecifier::WeightedClusters(w)) = &action.cluster_specifier
+    else {
+        panic!("{action:?}")
+    };
+    let weights: Vec<(String, u32)> = w
+        .clusters
+        .iter()
+        .map(|c| (c.name.clone(), c.weight.as_ref().unwrap().value))
+        .collect();
+    assert_eq!(
+        weights,
+        [
+            (
+                "outbound|8000||httpbin-v1.demo.svc.cluster.local".into(),
+                90
+            ),
+            (
+                "outbound|8000||httpbin-v2.demo.svc.cluster.local".into(),
+                10
+            ),
+        ]
+    );
+}

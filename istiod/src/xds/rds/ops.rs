@@ -54,8 +54,12 @@ pub fn redirect(r: &HttpRedirect, listener_port: u16) -> RedirectAction {
         response_code: response_code.into(),
         scheme_rewrite_specifier: (!r.scheme.is_empty())
             .then(|| SchemeRewriteSpecifier::SchemeRedirect(r.scheme.clone())),
-        path_rewrite_specifier: (!r.uri.is_empty())
-            .then(|| PathRewriteSpecifier::PathRedirect(r.uri.clone())),
+        path_rewrite_specifier: if !r.uri.is_empty() {
+            Some(PathRewriteSpecifier::PathRedirect(r.uri.clone()))
+        } else {
+            (!r.prefix_rewrite.is_empty())
+                .then(|| PathRewriteSpecifier::PrefixRewrite(r.prefix_rewrite.clone()))
+        },
         ..Default::default()
     }
 }

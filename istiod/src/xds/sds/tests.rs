@@ -216,3 +216,43 @@ fn a_changed_secret_reaches_only_the_resources_that_read_it() {
     );
     assert!(watching(&watched, "other", &names(&["gw/a"])).is_empty());
 }
+
+#[test]
+fn gateway_api_secrets_of_another_namespace_need_a_reference_grant() {
+    let (cert, key) = pem_pair("cert1.example.com");
+    let secret = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: cert, namespace: cert}}\nstringData:\n  tls.crt: |\n{}  tls.key: |\n{}",
+        indent(&cert),
+        indent(&key)
+    );
+    let grant = "apiVersion: gateway.networking.k8s.io/v1beta1
+kind: ReferenceGrant
+metadata: {name: allow, namespace: cert}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: Gateway, namespace: istio-system}]
+  to: [{group: \"\", kind: Secret, name: cert}]
+";
+    let name = "kubernetes-gateway://cert/cert";
+    let without = crate::pushctx::context::context_of_yaml(&secret);
+    assert!(secrets(&without, &gateway("istio-system"), &[name]).is_empty());
+    let with = crate::pushctx::context::context_of_yaml(&format!("{secret}---\n{grant}"));
+    let got = secrets(&with, &gateway("istio-system"), &[name]);
+    assert_eq!(got.len(), 1);
+    match &got[0].r#type {
+        Some(secret::Type::TlsCertificate(t)) => {
+            assert_eq!(inline_text(&t.certificate_chain), cert);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Only Gateways of the granted namespace, and only routers.
+    assert!(secrets(&with, &gateway("default"), &[name]).is_empty());
+    let sidecar = Proxy {
+        proxy_type: common::ProxyType::Sidecar,
+        ..gateway("istio-system")
+    };
+    assert!(secrets(&with, &sidecar, &[name]).is_empty());
+    // The gateway of the Secret's own namespace needs no grant.
+    assert_eq!(secrets(&without, &gateway("cert"), &[name]).len(), 1);
+    // The namespace is required in a Gateway API name.
+    assert!(parse_resource_name("kubernetes-gateway://cert", "cert").is_err());
+}
