@@ -14,6 +14,7 @@ pub mod listener;
 pub mod listener_protocol;
 pub mod listener_tls;
 pub mod output;
+pub mod reference_grant;
 pub mod references;
 pub mod route_collections;
 pub mod route_types;

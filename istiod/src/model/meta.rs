@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::envoy_filter::EnvoyFilter;
 use super::gateway::Gateway;
-use super::gateway_api::references::ReferenceGrant;
+use super::gateway_api::reference_grant::ReferenceGrant;
 use super::gateway_api::tls_types::{TcpRoute, TlsRoute};
 use super::gateway_api::{GatewayClass, HttpRoute, KubernetesGateway};
 use super::ingress::spec::{Ingress, IngressClass};

@@ -9,45 +9,9 @@
 //! As in Istio, grants whose `from` or `to` kind Istio does not handle are
 //! skipped (they may be for another controller), not refused.
 
-use serde::{Deserialize, Serialize};
-
+pub use super::reference_grant::{ReferenceGrant, ReferenceGrantFrom, ReferenceGrantTo};
 use super::GROUP;
 use crate::model::store::Snapshot;
-
-/// A `ReferenceGrant`'s `spec`.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
-pub struct ReferenceGrant {
-    /// Who may refer.
-    pub from: Vec<ReferenceGrantFrom>,
-    /// To what, in the grant's own namespace.
-    pub to: Vec<ReferenceGrantTo>,
-}
-
-/// One `from` entry: a kind in a namespace.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
-pub struct ReferenceGrantFrom {
-    /// The group (`""` is the core group).
-    pub group: String,
-    /// The kind.
-    pub kind: String,
-    /// The namespace.
-    pub namespace: String,
-}
-
-/// One `to` entry: a kind, optionally one object of it.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
-pub struct ReferenceGrantTo {
-    /// The group (`""` is the core group).
-    pub group: String,
-    /// The kind.
-    pub kind: String,
-    /// One object's name; every object of the kind when unset.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-}
 
 /// The kinds that may refer across namespaces, as Istio indexes them.
 const FROM_KINDS: [(&str, &str); 6] = [

@@ -7,7 +7,7 @@ use super::{Errors, check_port, is_dns1123_subdomain};
 use crate::model::gateway_api::tls_types::{
     BackendRef, GatewayTls, L4RouteRule, TcpRoute, TlsRoute,
 };
-use crate::model::gateway_api::{Listener, ParentReference, references::ReferenceGrant};
+use crate::model::gateway_api::{Listener, ParentReference, reference_grant::ReferenceGrant};
 
 const NOT_YET: &str = "is not implemented by this istiod yet (remove it)";
 
