@@ -164,7 +164,6 @@ const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[
     ("http", "attachedRoutes: want 14, got 11", INFERENCE),
     ("http", ".timeout: want \"0.001s\", got \"1ms\"", DURATION),
     ("http", ".backoff: want \"0.003s\", got \"3ms\"", DURATION),
-    ("http-grpc-same-host", "", GRPC),
     ("mesh", "TCPRoute default/tcp", MESH),
     ("mesh", "TLSRoute default/tls", MESH),
     ("mesh", "default/tcp~tcp~0~", MESH),
@@ -208,7 +207,6 @@ const PARENT_ORDER: &str =
 /// Reasons for [`KNOWN_DIFFERENCES`].
 const ADDRESSES: &str = "a Gateway's status.addresses come from its Service's external address, written by the automated deployment (a parallel branch of this issue)";
 const SELECTOR: &str = "istiod binds a generated Gateway to its Pods by a selector (the automated deployment's label, or the hand-deployed Service's selector); Istio binds by the gateway-service annotation, which both carry: the same Pods";
-const GRPC: &str = "GRPCRoute: in progress on this branch (step 4)";
 const INFERENCE: &str = "Gateway API inference extension (InferencePool): not in this project";
 const DURATION: &str = "the same duration, written in Go's form rather than protobuf's seconds";
 const MESH: &str = "TCPRoute and TLSRoute with a Service parent (mesh L4 routes): TCPRoute/TLSRoute are the listeners branch's, which serves them for Gateways only";

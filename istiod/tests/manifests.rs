@@ -959,6 +959,7 @@ fn rbac_grants_what_istiod_uses_to_its_service_account() {
         "httproutes/status",
         "tcproutes/status",
         "tlsroutes/status",
+        "grpcroutes/status",
     ] {
         for verb in ["update", "patch"] {
             assert!(
@@ -988,7 +989,8 @@ fn rbac_grants_what_istiod_uses_to_its_service_account() {
                             "gateways/status",
                             "httproutes/status",
                             "tcproutes/status",
-                            "tlsroutes/status"
+                            "tlsroutes/status",
+                            "grpcroutes/status"
                         ]
                         // Auto-registered VMs' WorkloadEntries and their health.
                         | ["workloadentries"]

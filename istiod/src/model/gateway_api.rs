@@ -1,5 +1,5 @@
 //! The Kubernetes Gateway API (`gateway.networking.k8s.io`, v1 and v1beta1):
-//! `GatewayClass`, `Gateway` and `HTTPRoute`, with every field of the
+//! `GatewayClass`, `Gateway`, `HTTPRoute` (and `GRPCRoute`, [`grpc_types`]), with every field of the
 //! v1.6 CRDs, so that each one is either translated ([`convert`]) or
 //! refused by validation by name. Istio's gateway controller
 //! (`pilot/pkg/config/kube/gateway`) turns these into its own Gateway and
@@ -9,6 +9,8 @@
 pub mod conditions;
 pub mod convert;
 pub mod gateway_collection;
+pub mod grpc_route;
+pub mod grpc_types;
 pub mod http_route;
 pub mod listener;
 pub mod listener_protocol;

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::envoy_filter::EnvoyFilter;
 use super::gateway::Gateway;
+use super::gateway_api::grpc_types::GrpcRoute;
 use super::gateway_api::reference_grant::ReferenceGrant;
 use super::gateway_api::tls_types::{TcpRoute, TlsRoute};
 use super::gateway_api::{GatewayClass, HttpRoute, KubernetesGateway};
@@ -99,11 +100,13 @@ pub enum Kind {
     TcpRoute,
     /// Gateway API `TLSRoute`.
     TlsRoute,
+    /// Gateway API `GRPCRoute`.
+    GrpcRoute,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 27] = [
+    pub const ALL: [Kind; 28] = [
         Kind::ServiceEntry,
         Kind::WorkloadEntry,
         Kind::WorkloadGroup,
@@ -131,6 +134,7 @@ impl Kind {
         Kind::ReferenceGrant,
         Kind::TcpRoute,
         Kind::TlsRoute,
+        Kind::GrpcRoute,
     ];
 
     /// The kind's name as written in `kind:`.
@@ -163,6 +167,7 @@ impl Kind {
             Kind::ReferenceGrant => "ReferenceGrant",
             Kind::TcpRoute => "TCPRoute",
             Kind::TlsRoute => "TLSRoute",
+            Kind::GrpcRoute => "GRPCRoute",
         }
     }
 
@@ -189,7 +194,8 @@ impl Kind {
             | Kind::HttpRoute
             | Kind::ReferenceGrant
             | Kind::TcpRoute
-            | Kind::TlsRoute => GATEWAY_API_GROUP,
+            | Kind::TlsRoute
+            | Kind::GrpcRoute => GATEWAY_API_GROUP,
             Kind::Service | Kind::Pod | Kind::Namespace | Kind::Node | Kind::Secret => "",
         }
     }
@@ -204,6 +210,8 @@ impl Kind {
             // The experimental channel's versions, as its CRDs serve them.
             Kind::TcpRoute => return &["v1", "v1alpha2"],
             Kind::TlsRoute => return &["v1", "v1alpha3", "v1alpha2"],
+            // The CRD serves GRPCRoute at v1 only.
+            Kind::GrpcRoute => return &["v1"],
             _ => {}
         }
         if self == Kind::ProxyConfig {
@@ -461,6 +469,8 @@ pub enum Spec {
     TcpRoute(TcpRoute),
     /// A TLSRoute's `spec`.
     TlsRoute(TlsRoute),
+    /// A GRPCRoute's `spec`.
+    GrpcRoute(GrpcRoute),
 }
 
 impl Spec {
@@ -494,6 +504,7 @@ impl Spec {
             Spec::ReferenceGrant(_) => Kind::ReferenceGrant,
             Spec::TcpRoute(_) => Kind::TcpRoute,
             Spec::TlsRoute(_) => Kind::TlsRoute,
+            Spec::GrpcRoute(_) => Kind::GrpcRoute,
         }
     }
 }
@@ -612,6 +623,7 @@ kind_spec!(
     ReferenceGrant,
     TcpRoute,
     TlsRoute,
+    GrpcRoute,
 );
 
 #[cfg(test)]

@@ -241,6 +241,7 @@ fn decode_body(kind: Kind, map: Map<String, Value>) -> Result<Spec, FieldError> 
         Kind::ReferenceGrant => Spec::ReferenceGrant(istio(body)?),
         Kind::TcpRoute => Spec::TcpRoute(istio(body)?),
         Kind::TlsRoute => Spec::TlsRoute(istio(body)?),
+        Kind::GrpcRoute => Spec::GrpcRoute(istio(body)?),
     })
 }
 

@@ -22,6 +22,7 @@ mod destination_rule;
 mod envoy_filter;
 mod gateway;
 mod gateway_api;
+mod gateway_api_grpc;
 mod gateway_api_l4;
 mod gateway_tcp;
 mod gateway_tls;
@@ -90,6 +91,7 @@ pub fn validate(object: &Object) -> Vec<FieldError> {
         Spec::ReferenceGrant(g) => gateway_api_l4::reference_grant(g, &mut e),
         Spec::TcpRoute(r) => gateway_api_l4::tcp_route(r, &mut e),
         Spec::TlsRoute(r) => gateway_api_l4::tls_route(r, &mut e),
+        Spec::GrpcRoute(r) => gateway_api_grpc::grpc_route(r, &object.metadata.namespace, &mut e),
     }
     e.0
 }

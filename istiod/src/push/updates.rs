@@ -311,6 +311,7 @@ impl Resolved {
             | Kind::ReferenceGrant
             | Kind::TcpRoute
             | Kind::TlsRoute
+            | Kind::GrpcRoute
             | Kind::Ingress
             | Kind::IngressClass => {
                 self.changes

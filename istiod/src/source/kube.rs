@@ -75,6 +75,7 @@ pub fn plural(kind: Kind) -> &'static str {
         Kind::ReferenceGrant => "referencegrants",
         Kind::TcpRoute => "tcproutes",
         Kind::TlsRoute => "tlsroutes",
+        Kind::GrpcRoute => "grpcroutes",
     }
 }
 

@@ -563,6 +563,7 @@ pub static RESOURCES: &[Resource] = &[
         &["v1", "v1alpha3", "v1alpha2"],
         &[],
     ),
+    gateway_api_versions("grpcroutes", "grpcroute", "GRPCRoute", &["v1"], &[]),
     istio(
         "telemetry.istio.io",
         &["v1", "v1alpha1"],

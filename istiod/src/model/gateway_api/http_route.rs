@@ -298,7 +298,9 @@ impl<'a> Backends<'a> {
     }
 }
 
-fn apply_filter(
+/// Applies one rule filter to a route (Istio's filter cases of
+/// `convertHTTPRoute`, shared with GRPCRoute's).
+pub(super) fn apply_filter(
     h: &mut crate::model::istio::HttpRoute,
     f: &HttpRouteFilter,
     backends: &mut Backends<'_>,
@@ -455,14 +457,14 @@ fn cors(c: &CorsFilter) -> CorsPolicy {
     }
 }
 
-fn exact(v: &str) -> StringMatch {
+pub(super) fn exact(v: &str) -> StringMatch {
     StringMatch {
         exact: Some(v.to_string()),
         ..Default::default()
     }
 }
 
-fn typed_match(t: Option<&str>, v: &str) -> StringMatch {
+pub(super) fn typed_match(t: Option<&str>, v: &str) -> StringMatch {
     match t {
         Some("RegularExpression") => StringMatch {
             regex: Some(v.to_string()),

@@ -10,11 +10,12 @@ use std::collections::BTreeMap;
 
 use super::conditions::{Condition, ObjectStatus, RouteParentStatus};
 use super::gateway_collection::ParentListener;
+use super::grpc_types::GrpcRoute;
 use super::output::{Generated, Output, PARENTS_ANNOTATION, ROUTE_SEMANTICS_ANNOTATION};
 use super::{GROUP, HttpRoute, ParentReference};
 use crate::model::istio::{StringMatch, VirtualService};
 use crate::model::service::host_matches;
-use crate::model::store::{Snapshot, Typed};
+use crate::model::store::Snapshot;
 use crate::model::{Kind, ObjectKey};
 
 /// The routes of one generated VirtualService, before sorting, with the
@@ -28,8 +29,57 @@ struct Bucket {
     routes: Vec<(SortKey, crate::model::istio::HttpRoute)>,
 }
 
-/// The HTTPRoutes of `snapshot` attached to `parents`: their VirtualServices
-/// and status, into `out`.
+/// One route of an HTTP kind (HTTPRoute or GRPCRoute), its rules
+/// converted for Gateways and, when it has Service parents, for the mesh.
+struct RouteIn<'a> {
+    key: ObjectKey,
+    kind: &'static str,
+    created: Option<&'a str>,
+    namespace: &'a str,
+    name: &'a str,
+    parent_refs: &'a [ParentReference],
+    hostnames: &'a [String],
+    http: Vec<crate::model::istio::HttpRoute>,
+    resolved: Condition,
+    mesh_http: Vec<crate::model::istio::HttpRoute>,
+    mesh_resolved: Condition,
+}
+
+impl<'a> RouteIn<'a> {
+    /// A route of `kind`, converted by `rules` (gateway routes held to
+    /// ReferenceGrants; mesh routes not, as in Istio).
+    fn new(
+        object: &'a std::sync::Arc<crate::model::Object>,
+        kind: &'static str,
+        parent_refs: &'a [ParentReference],
+        hostnames: &'a [String],
+        rules: impl Fn(bool) -> (Vec<crate::model::istio::HttpRoute>, Condition),
+    ) -> Self {
+        let (http, resolved) = rules(true);
+        let (mesh_http, mesh_resolved) = if parent_refs.iter().any(is_service_parent) {
+            rules(false)
+        } else {
+            (Vec::new(), resolved.clone())
+        };
+        Self {
+            key: object.key(),
+            kind,
+            created: object.metadata.creation_timestamp.as_deref(),
+            namespace: &object.metadata.namespace,
+            name: &object.metadata.name,
+            parent_refs,
+            hostnames,
+            http,
+            resolved,
+            mesh_http,
+            mesh_resolved,
+        }
+    }
+}
+
+/// The HTTPRoutes and GRPCRoutes of `snapshot` attached to `parents`:
+/// their VirtualServices (both kinds merged per listener and host, as
+/// Istio merges them) and status, into `out`.
 pub(super) fn http_routes(
     snapshot: &Snapshot,
     domain: &str,
@@ -40,33 +90,45 @@ pub(super) fn http_routes(
         .objects(Kind::KubernetesGateway)
         .map(|o| o.key())
         .collect();
-    // Routes, oldest first, then by namespace and name: the Gateway API's
-    // tie-breakers of precedence.
-    let mut routes: Vec<Typed<'_, HttpRoute>> = snapshot.list::<HttpRoute>().collect();
-    routes.sort_by(|a, b| {
-        let key = |t: &Typed<'_, HttpRoute>| {
-            (
-                t.object.metadata.creation_timestamp.is_none(),
-                t.object.metadata.creation_timestamp.clone(),
-                t.object.key(),
-            )
-        };
-        key(a).cmp(&key(b))
-    });
     let grants = super::references::ReferenceGrants::new(snapshot);
+    let mut routes: Vec<RouteIn<'_>> = Vec::new();
+    for r in snapshot.list::<HttpRoute>() {
+        routes.push(RouteIn::new(
+            r.object,
+            "HTTPRoute",
+            &r.spec.parent_refs,
+            &r.spec.hostnames,
+            |enforce| super::http_route::rules(&r, domain, snapshot, &grants, enforce),
+        ));
+    }
+    for r in snapshot.list::<GrpcRoute>() {
+        routes.push(RouteIn::new(
+            r.object,
+            "GRPCRoute",
+            &r.spec.parent_refs,
+            &r.spec.hostnames,
+            |enforce| super::grpc_route::rules(&r, domain, snapshot, &grants, enforce),
+        ));
+    }
+    // Routes, oldest first, then by namespace and name: the Gateway API's
+    // tie-breakers of precedence (Istio's `sortRoutesByCreationTime`).
+    routes.sort_by(|a, b| {
+        (a.created.is_none(), a.created, a.namespace, a.name, a.kind).cmp(&(
+            b.created.is_none(),
+            b.created,
+            b.namespace,
+            b.name,
+            b.kind,
+        ))
+    });
     let mut buckets: BTreeMap<(String, String), Bucket> = BTreeMap::new();
     for (order, r) in routes.iter().enumerate() {
-        let route_ns = r.object.metadata.namespace.as_str();
-        let parent_name = format!("HTTPRoute/{}.{route_ns}", r.object.metadata.name);
-        let (http, resolved) = super::http_route::rules(r, domain, snapshot, &grants, true);
-        // Mesh routes are not held to ReferenceGrants (as in Istio).
-        let (mesh_http, mesh_resolved) = if r.spec.parent_refs.iter().any(is_service_parent) {
-            super::http_route::rules(r, domain, snapshot, &grants, false)
-        } else {
-            (Vec::new(), resolved.clone())
-        };
+        let route_ns = r.namespace;
+        let parent_name = format!("{}/{}.{route_ns}", r.kind, r.name);
+        let (http, resolved, mesh_http, mesh_resolved) =
+            (&r.http, &r.resolved, &r.mesh_http, &r.mesh_resolved);
         let mut parent_status = Vec::new();
-        for p in &r.spec.parent_refs {
+        for p in r.parent_refs {
             if is_service_parent(p) {
                 // A mesh route (GAMMA): sidecars calling the Service.
                 let (key, host) = mesh_key(p, route_ns, domain);
@@ -76,7 +138,7 @@ pub(super) fn http_routes(
                     "mesh",
                     route_ns,
                     &parent_name,
-                    &mesh_http,
+                    mesh_http,
                     order,
                     p.port,
                 );
@@ -117,14 +179,7 @@ pub(super) fn http_routes(
             let mut denied: Vec<Refusal> = Vec::new();
             for i in candidates {
                 let banned = banned_hostnames(parents, i);
-                match attach(
-                    &parents[i],
-                    "HTTPRoute",
-                    p,
-                    &r.spec.hostnames,
-                    route_ns,
-                    &banned,
-                ) {
+                match attach(&parents[i], r.kind, p, r.hostnames, route_ns, &banned) {
                     Err(d) => denied.push(d),
                     Ok(hosts) => {
                         bound += 1;
@@ -137,7 +192,7 @@ pub(super) fn http_routes(
                                 &gateway,
                                 route_ns,
                                 &parent_name,
-                                &http,
+                                http,
                                 order,
                                 None,
                             );
@@ -156,7 +211,7 @@ pub(super) fn http_routes(
                 std::cmp::Reverse(parent_ref_string(&s.parent_ref, route_ns))
             });
             out.status
-                .insert(r.object.key(), ObjectStatus::HttpRoute(parent_status));
+                .insert(r.key.clone(), ObjectStatus::HttpRoute(parent_status));
         }
     }
     for ((key, host), mut bucket) in buckets {

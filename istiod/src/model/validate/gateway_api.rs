@@ -15,7 +15,7 @@ use crate::model::gateway_api::{
 
 const NOT_YET: &str = "is not implemented by this istiod yet (remove it)";
 
-fn refuse_if<T>(field: &str, value: &Option<T>, e: &mut Errors) {
+pub(super) fn refuse_if<T>(field: &str, value: &Option<T>, e: &mut Errors) {
     if value.is_some() {
         e.add(field, NOT_YET);
     }
@@ -158,7 +158,7 @@ fn listener(field: &str, l: &Listener, e: &mut Errors) {
 
 /// A Gateway API hostname: a DNS name, optionally with a leading `*.`
 /// label; no IP address, no port.
-fn check_hostname(field: &str, host: &str, e: &mut Errors) {
+pub(super) fn check_hostname(field: &str, host: &str, e: &mut Errors) {
     let name = host.strip_prefix("*.").unwrap_or(host);
     if host.parse::<std::net::IpAddr>().is_ok() || !is_dns1123_subdomain(name) {
         e.add(
@@ -173,7 +173,16 @@ pub(super) fn http_route(r: &HttpRoute, namespace: &str, e: &mut Errors) {
     for (i, h) in r.hostnames.iter().enumerate() {
         check_hostname(&format!("spec.hostnames[{i}]"), h, e);
     }
-    for (i, p) in r.parent_refs.iter().enumerate() {
+    parent_refs(&r.parent_refs, e);
+    for (i, rule) in r.rules.iter().enumerate() {
+        http_rule(&format!("spec.rules[{i}]"), rule, namespace, e);
+    }
+}
+
+/// The `parentRefs` of an HTTPRoute or GRPCRoute: Gateways, or core
+/// Services for mesh routes.
+pub(super) fn parent_refs(refs: &[crate::model::gateway_api::ParentReference], e: &mut Errors) {
+    for (i, p) in refs.iter().enumerate() {
         let field = format!("spec.parentRefs[{i}]");
         let service = p.group.as_deref() == Some("") && p.kind.as_deref() == Some("Service");
         if !p.is_gateway() && !service {
@@ -192,9 +201,6 @@ pub(super) fn http_route(r: &HttpRoute, namespace: &str, e: &mut Errors) {
         if let Some(port) = p.port {
             check_port(&format!("{field}.port"), port, e);
         }
-    }
-    for (i, rule) in r.rules.iter().enumerate() {
-        http_rule(&format!("spec.rules[{i}]"), rule, namespace, e);
     }
 }
 
@@ -306,13 +312,13 @@ fn http_match(field: &str, m: &HttpRouteMatch, e: &mut Errors) {
     }
 }
 
-fn check_regex(field: &str, re: &str, e: &mut Errors) {
+pub(super) fn check_regex(field: &str, re: &str, e: &mut Errors) {
     if let Err(err) = regex::Regex::new(re) {
         e.add(field, format!("invalid regular expression {re:?}: {err}"));
     }
 }
 
-fn filter(field: &str, f: &HttpRouteFilter, e: &mut Errors) {
+pub(super) fn filter(field: &str, f: &HttpRouteFilter, e: &mut Errors) {
     let (wanted, present) = match f.r#type.as_str() {
         "RequestHeaderModifier" => ("requestHeaderModifier", f.request_header_modifier.is_some()),
         "ResponseHeaderModifier" => (
@@ -514,7 +520,7 @@ fn path_modifier(field: &str, p: &PathModifier, e: &mut Errors) {
     }
 }
 
-fn header_filter(field: &str, h: &HeaderFilter, e: &mut Errors) {
+pub(super) fn header_filter(field: &str, h: &HeaderFilter, e: &mut Errors) {
     let mut names = BTreeSet::new();
     for (kind, list) in [("set", &h.set), ("add", &h.add)] {
         for (i, hv) in list.iter().enumerate() {
@@ -546,7 +552,7 @@ fn header_filter(field: &str, h: &HeaderFilter, e: &mut Errors) {
     }
 }
 
-fn backend_ref(field: &str, b: &HttpBackendRef, namespace: &str, e: &mut Errors) {
+pub(super) fn backend_ref(field: &str, b: &HttpBackendRef, namespace: &str, e: &mut Errors) {
     let target = crate::model::gateway_api::route_types::BackendObjectReference {
         group: b.group.clone(),
         kind: b.kind.clone(),

@@ -1,0 +1,191 @@
+//! One GRPCRoute rule as Istio HTTP routes (Istio's `convertGRPCRoute` in
+//! `conversion.go`): a method match becomes a path match on
+//! `/<service>/<method>` (exact, a `/<service>/` prefix, or a regex when a
+//! part is missing or the match is a regular expression), header matches
+//! keep their names, the filters are the header modifiers and mirrors, and
+//! the backends resolve as an HTTPRoute's do, each with its own header
+//! modifiers.
+
+use super::HttpRouteFilter;
+use super::conditions::Condition;
+use super::grpc_types::{
+    GrpcMethodMatch, GrpcRoute, GrpcRouteFilter, GrpcRouteMatch, GrpcRouteRule,
+};
+use super::http_route::{Backends, apply_filter, exact, typed_match};
+use super::references::ReferenceGrants;
+use super::route_types::BackendObjectReference;
+use crate::model::istio::{
+    HttpDirectResponse, HttpMatchRequest, HttpRouteDestination, StringMatch,
+};
+use crate::model::store::{Snapshot, Typed};
+
+/// The VirtualService routes of a GRPCRoute (one per rule and match) and
+/// its `ResolvedRefs` condition.
+pub(super) fn rules(
+    r: &Typed<'_, GrpcRoute>,
+    domain: &str,
+    snapshot: &Snapshot,
+    grants: &ReferenceGrants,
+    enforce_grants: bool,
+) -> (Vec<crate::model::istio::HttpRoute>, Condition) {
+    let ns = r.object.metadata.namespace.as_str();
+    let mut backends = Backends::new("GRPCRoute", ns, domain, snapshot, grants);
+    backends.enforce_grants = enforce_grants;
+    let mut out = Vec::new();
+    for (i, rule) in r.spec.rules.iter().enumerate() {
+        let mut base = rule_route(rule, &mut backends);
+        // Istio's names: the rule's own, else `<ns>.<route>.<rule index>`.
+        base.name = rule
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("{ns}.{}.{i}", r.object.metadata.name));
+        if rule.matches.is_empty() {
+            out.push(base);
+            continue;
+        }
+        for m in &rule.matches {
+            let mut h = base.clone();
+            h.r#match = vec![match_request(m)];
+            out.push(h);
+        }
+    }
+    (out, backends.resolved())
+}
+
+/// A GRPCRoute filter as the HTTPRoute filter of the same type.
+fn as_http_filter(f: &GrpcRouteFilter) -> HttpRouteFilter {
+    HttpRouteFilter {
+        r#type: f.r#type.clone(),
+        request_header_modifier: f.request_header_modifier.clone(),
+        response_header_modifier: f.response_header_modifier.clone(),
+        request_mirror: f.request_mirror.clone(),
+        ..Default::default()
+    }
+}
+
+/// A rule's action: its filters and backends, without the match.
+fn rule_route(rule: &GrpcRouteRule, backends: &mut Backends<'_>) -> crate::model::istio::HttpRoute {
+    let mut h = crate::model::istio::HttpRoute::default();
+    for f in &rule.filters {
+        apply_filter(&mut h, &as_http_filter(f), backends);
+    }
+    let weight_sum: u64 = rule
+        .backend_refs
+        .iter()
+        .map(|b| u64::from(b.weight.unwrap_or(1)))
+        .sum();
+    if weight_sum == 0 {
+        // No backend (or only zero weights): the Gateway API's 500.
+        h.direct_response = Some(HttpDirectResponse {
+            status: 500,
+            body: None,
+        });
+        return h;
+    }
+    for b in rule.backend_refs.iter().filter(|b| b.weight != Some(0)) {
+        let target = BackendObjectReference {
+            group: b.group.clone(),
+            kind: b.kind.clone(),
+            name: b.name.clone(),
+            namespace: b.namespace.clone(),
+            port: b.port,
+        };
+        // An unresolved backend keeps its share with no host: it answers
+        // 500 (gateway semantics).
+        let destination = backends.destination(&target).unwrap_or_default();
+        // The backend's own header modifiers (validation refuses others).
+        let mut own = crate::model::istio::HttpRoute::default();
+        for f in &b.filters {
+            apply_filter(&mut own, &as_http_filter(f), backends);
+        }
+        h.route.push(HttpRouteDestination {
+            destination,
+            weight: Some(i32::try_from(b.weight.unwrap_or(1)).unwrap_or(i32::MAX)),
+            headers: own.headers,
+        });
+    }
+    if let [only] = h.route.as_mut_slice() {
+        // One destination takes every request: Istio leaves its weight out.
+        only.weight = None;
+    }
+    h
+}
+
+/// One GRPCRoute match as an Istio match (Istio's `createGRPCURIMatch`
+/// and `createGRPCHeadersMatch`).
+fn match_request(m: &GrpcRouteMatch) -> HttpMatchRequest {
+    HttpMatchRequest {
+        uri: m.method.as_ref().and_then(method_uri),
+        headers: m
+            .headers
+            .iter()
+            .map(|h| (h.name.clone(), typed_match(h.r#type.as_deref(), &h.value)))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// The path match of a method condition; none when it names neither a
+/// service nor a method (validation refuses that).
+fn method_uri(m: &GrpcMethodMatch) -> Option<StringMatch> {
+    let regex = |r: String| StringMatch {
+        regex: Some(r),
+        ..Default::default()
+    };
+    let regular = m.r#type.as_deref() == Some("RegularExpression");
+    Some(match (m.service.as_deref(), m.method.as_deref(), regular) {
+        (None, None, _) => return None,
+        (Some(s), None, false) => StringMatch {
+            prefix: Some(format!("/{s}/")),
+            ..Default::default()
+        },
+        (Some(s), None, true) => regex(format!("/{s}/.+")),
+        (None, Some(method), _) => regex(format!("/[^/]+/{method}")),
+        (Some(s), Some(method), false) => exact(&format!("/{s}/{method}")),
+        (Some(s), Some(method), true) => regex(format!("/{s}/{method}")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn uri(yaml: &str) -> Option<StringMatch> {
+        let m: GrpcMethodMatch = serde_yaml_ng::from_str(yaml).unwrap();
+        method_uri(&m)
+    }
+
+    #[test]
+    fn method_matches_become_path_matches_as_istio_writes_them() {
+        assert_eq!(
+            uri("{service: echo.Echo, method: A}")
+                .unwrap()
+                .exact
+                .as_deref(),
+            Some("/echo.Echo/A")
+        );
+        assert_eq!(
+            uri("{service: echo.Echo}").unwrap().prefix.as_deref(),
+            Some("/echo.Echo/")
+        );
+        assert_eq!(
+            uri("{method: A}").unwrap().regex.as_deref(),
+            Some("/[^/]+/A")
+        );
+        assert_eq!(
+            uri("{type: RegularExpression, service: 'echo\\..*'}")
+                .unwrap()
+                .regex
+                .as_deref(),
+            Some("/echo\\..*/.+")
+        );
+        assert_eq!(
+            uri("{type: RegularExpression, service: e.*, method: 'A|B'}")
+                .unwrap()
+                .regex
+                .as_deref(),
+            Some("/e.*/A|B")
+        );
+        assert_eq!(uri("{type: Exact}"), None);
+    }
+}
