@@ -14,13 +14,14 @@ use tests::{Istiod, http_get, wait_for};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-const GRPC_ROUTE: &str = r#"apiVersion: gateway.networking.k8s.io/v1
-kind: GRPCRoute
-metadata: {name: grpc, namespace: demo}
+/// A Gateway API kind this istiod does not read (yet): a ListenerSet.
+const LISTENER_SET: &str = r#"apiVersion: gateway.networking.k8s.io/v1
+kind: ListenerSet
+metadata: {name: extra, namespace: demo}
 spec:
-  parentRefs: [{name: gw}]
-  rules:
-  - backendRefs: [{name: grpc-svc, port: 9000}]
+  parentRef: {name: gw, kind: Gateway, group: gateway.networking.k8s.io}
+  listeners:
+  - {name: extra, hostname: extra.example.com, protocol: HTTP, port: 80}
 ---
 apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -61,13 +62,13 @@ fn unimplemented_kinds_are_reported_by_file_and_kind() {
     let tmp = tempfile::tempdir().unwrap();
     let config = tmp.path().join("config");
     std::fs::create_dir_all(&config).unwrap();
-    let group_file = config.join("grpcroute.yaml");
-    std::fs::write(&group_file, GRPC_ROUTE).unwrap();
+    let group_file = config.join("listenerset.yaml");
+    std::fs::write(&group_file, LISTENER_SET).unwrap();
     let ns = Netns::new("report");
     let istiod = Istiod::start_with_config(&ns, &tmp.path().join("istiod"), &config, &[]);
     let (http, monitoring) = (istiod.http, istiod.monitoring);
 
-    // At start: the GRPCRoute is listed with its file; the VirtualService
+    // At start: the ListenerSet is listed with its file; the VirtualService
     // beside it is applied.
     let group_path = group_file.display().to_string();
     let path = group_path.clone();
@@ -75,7 +76,7 @@ fn unimplemented_kinds_are_reported_by_file_and_kind() {
         let c = configz(http);
         assert_eq!(
             c["unimplemented"],
-            serde_json::json!([{"file": path, "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GRPCRoute"}]),
+            serde_json::json!([{"file": path, "apiVersion": "gateway.networking.k8s.io/v1", "kind": "ListenerSet"}]),
             "{c}"
         );
         assert!(
@@ -85,12 +86,12 @@ fn unimplemented_kinds_are_reported_by_file_and_kind() {
                 .contains(&Value::from("VirtualService/demo/applied")),
             "{c}"
         );
-        assert_eq!(rejected_count(monitoring, "GRPCRoute", &path), Some(1));
+        assert_eq!(rejected_count(monitoring, "ListenerSet", &path), Some(1));
     });
     let log = istiod.proc.log();
     assert!(
         log.lines()
-            .any(|l| l.contains(&group_path) && l.contains("GRPCRoute") && l.contains("warn")),
+            .any(|l| l.contains(&group_path) && l.contains("ListenerSet") && l.contains("warn")),
         "istiod's log names the file and the kind:\n{log}"
     );
 
@@ -117,9 +118,13 @@ fn unimplemented_kinds_are_reported_by_file_and_kind() {
     // Removing the file clears it from configz.
     std::fs::remove_file(&group_file).unwrap();
     ns.run(move || {
-        wait_for("the removed GRPCRoute file gone from configz", WAIT, || {
-            let c = configz(http);
-            (c["unimplemented"].as_array().unwrap().len() == 1).then_some(())
-        })
+        wait_for(
+            "the removed ListenerSet file gone from configz",
+            WAIT,
+            || {
+                let c = configz(http);
+                (c["unimplemented"].as_array().unwrap().len() == 1).then_some(())
+            },
+        )
     });
 }
