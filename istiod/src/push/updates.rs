@@ -307,15 +307,20 @@ impl Resolved {
             // VirtualServices bound to them).
             Kind::GatewayClass
             | Kind::KubernetesGateway
-            | Kind::HttpRoute
             | Kind::ReferenceGrant
             | Kind::TcpRoute
             | Kind::TlsRoute
-            | Kind::GrpcRoute
             | Kind::Ingress
             | Kind::IngressClass => {
                 self.changes
                     .push(change(&reason, Audience::Routers, Types::LDS | Types::RDS));
+            }
+            // HTTP routes also make mesh routes (a Service parent): the
+            // sidecars calling the Service see them as VirtualServices.
+            Kind::HttpRoute | Kind::GrpcRoute => {
+                self.changes
+                    .push(change(&reason, Audience::Routers, Types::LDS | Types::RDS));
+                self.mesh_routes(&reason, views);
             }
             // Handled before: every proxy.
             Kind::Namespace => {}
@@ -359,6 +364,30 @@ impl Resolved {
         if for_gateways {
             self.changes
                 .push(change(reason, Audience::Routers, Types::LDS | Types::RDS));
+        }
+    }
+
+    /// The Gateway API's mesh VirtualServices (generated, so named with
+    /// `~`, which no stored object's name holds) that differ between the
+    /// old and the new context: changed as VirtualServices do.
+    fn mesh_routes(&mut self, reason: &str, views: &Views<'_>) {
+        let generated = |ctx: &IstioContext| -> Vec<ObjectKey> {
+            ctx.virtual_services
+                .iter()
+                .filter(|vs| vs.name.contains('~') && vs.spec.gateways == ["mesh"])
+                .map(|vs| ObjectKey::new(Kind::VirtualService, &vs.namespace, &vs.name))
+                .collect()
+        };
+        let keys: BTreeSet<ObjectKey> = generated(views.old)
+            .into_iter()
+            .chain(generated(views.new))
+            .collect();
+        for key in keys {
+            let old = find(&views.old.virtual_services, &key).map(|vs| &vs.spec);
+            let new = find(&views.new.virtual_services, &key).map(|vs| &vs.spec);
+            if old != new {
+                self.virtual_service(&key, reason, views);
+            }
         }
     }
 
@@ -584,5 +613,57 @@ mod tests {
             "demo",
             "root"
         ))));
+    }
+
+    /// A GRPCRoute whose parent is a Service reaches the sidecars calling
+    /// the Service (routes, and the mesh VirtualService's cache entries),
+    /// not only the gateways.
+    #[test]
+    fn a_mesh_route_change_pushes_the_sidecars_of_its_service() {
+        let route = |method: &str| {
+            format!(
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: {{name: r, namespace: demo}}\nspec:\n  parentRefs: [{{group: \"\", kind: Service, name: echo}}]\n  rules: [{{matches: [{{method: {{service: e.E, method: {method}}}}}]}}]\n"
+            )
+        };
+        let old_snapshot = snapshot(&route("A"));
+        let new_snapshot = snapshot(&route("B"));
+        let options = crate::model::RegistryOptions::default();
+        let old = IstioContext::new("t/1".into(), &old_snapshot, &options);
+        let new = IstioContext::new("t/2".into(), &new_snapshot, &options);
+        let pending = Pending {
+            objects: BTreeMap::from([(ObjectKey::new(Kind::GrpcRoute, "demo", "r"), false)]),
+            count: 1,
+            ..Default::default()
+        };
+        let views = Views {
+            old: &old,
+            old_snapshot: &old_snapshot,
+            new: &new,
+            new_snapshot: &new_snapshot,
+        };
+        let (updates, clear) = resolve(&pending, &views);
+        let callers = Audience::Hosts {
+            namespace: "demo".into(),
+            export_to: Vec::new(),
+            hosts: vec!["echo.demo.svc.cluster.local".into()],
+        };
+        assert!(
+            updates
+                .changes
+                .iter()
+                .any(|c| c.audience == callers && c.types == Types::RDS),
+            "{updates:#?}"
+        );
+        let Clear::Some(deps) = clear else {
+            panic!("scoped")
+        };
+        assert!(
+            deps.contains(&Dependency::Config(ObjectKey::new(
+                Kind::VirtualService,
+                "demo",
+                "demo~echo.demo.svc.cluster.local"
+            ))),
+            "{deps:?}"
+        );
     }
 }
