@@ -9,8 +9,8 @@
 //! As in Istio, grants whose `from` or `to` kind Istio does not handle are
 //! skipped (they may be for another controller), not refused.
 
-pub use super::reference_grant::{ReferenceGrant, ReferenceGrantFrom, ReferenceGrantTo};
 use super::GROUP;
+pub use super::reference_grant::{ReferenceGrant, ReferenceGrantFrom, ReferenceGrantTo};
 use crate::model::store::Snapshot;
 
 /// The kinds that may refer across namespaces, as Istio indexes them.
