@@ -10,6 +10,7 @@ pub mod conditions;
 pub mod convert;
 pub mod gateway_collection;
 pub mod http_route;
+pub mod infrastructure;
 pub mod listener;
 pub mod listener_protocol;
 pub mod listener_tls;
