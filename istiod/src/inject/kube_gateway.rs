@@ -13,7 +13,6 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::template::{self, TemplateInput, env, env_field, env_resource, scalar_string};
