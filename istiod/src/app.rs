@@ -468,7 +468,7 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
                     client.clone(),
                     &kube_slice,
                     state.clone(),
-                    &config,
+                    gateway_deployment_settings(&config),
                     elections.gateway_deployment(),
                     shutdown_rx.clone(),
                 );
@@ -539,4 +539,24 @@ pub async fn build(config: Arc<Config>) -> anyhow::Result<Bound> {
         closing,
         elections: Some(elections),
     })
+}
+
+/// The automated gateway deployment's settings, from istiod's config and
+/// `PILOT_ENABLE_GATEWAY_API_COPY_LABELS_ANNOTATIONS`.
+fn gateway_deployment_settings(
+    config: &crate::config::Config,
+) -> crate::source::kube::gateway_deployment::Settings {
+    use crate::source::kube::gateway_deployment::Settings;
+    let copy_labels_annotations =
+        Settings::copy_from_env(&common::env::ProcessEnv).unwrap_or_else(|e| {
+            tracing::error!(target: "gateway", "{e}; using the default (true)");
+            true
+        });
+    Settings {
+        revision: config.webhooks.revision.clone(),
+        cluster_id: config.mesh.cluster_id.clone(),
+        domain: config.mesh.domain.clone(),
+        system_namespace: config.mesh.namespace.clone(),
+        copy_labels_annotations,
+    }
 }

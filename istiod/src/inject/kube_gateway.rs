@@ -13,7 +13,6 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::template::{self, TemplateInput, env, env_field, env_resource, scalar_string};
@@ -36,46 +35,7 @@ const OMITTED_ANNOTATIONS: [&str; 4] = [
     "gateway.istio.io/controller-version",
 ];
 
-/// A Gateway's `spec.infrastructure`, as Istio reads it.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
-pub struct Infrastructure {
-    /// Labels for the generated objects (keys under
-    /// `gateway.networking.k8s.io/` are ignored, as Istio ignores them).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub labels: Option<BTreeMap<String, String>>,
-    /// Annotations for the generated objects (same rule).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub annotations: Option<BTreeMap<String, String>>,
-    /// The ConfigMap of customizations.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub parameters_ref: Option<ParametersRef>,
-}
-
-/// `infrastructure.parametersRef`: only a ConfigMap of the core group.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
-pub struct ParametersRef {
-    /// `""` (core).
-    pub group: String,
-    /// `ConfigMap`.
-    pub kind: String,
-    /// The ConfigMap's name, in the Gateway's namespace.
-    pub name: String,
-}
-
-impl Infrastructure {
-    /// Why this infrastructure cannot be honoured, if it cannot.
-    pub fn problem(&self) -> Option<String> {
-        let p = self.parameters_ref.as_ref()?;
-        (!(p.group.is_empty() && p.kind == "ConfigMap")).then(|| {
-            format!(
-                "unknown infrastructure parameters type {}/{} (only a core ConfigMap)",
-                p.group, p.kind
-            )
-        })
-    }
-}
+pub use crate::model::gateway_api::infrastructure::{Infrastructure, ParametersRef};
 
 /// Why the generated objects could not be rendered.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -12,6 +12,7 @@ pub mod gateway_collection;
 pub mod grpc_route;
 pub mod grpc_types;
 pub mod http_route;
+pub mod infrastructure;
 pub mod listener;
 pub mod listener_protocol;
 pub mod listener_tls;

@@ -1,6 +1,6 @@
 //! The `ReferenceGrant` kind's spec (`gateway.networking.k8s.io` v1 and
 //! v1beta1), types only: the index that answers "is this reference
-//! allowed" is in `references.rs`, which reads the store.
+//! allowed" is the ReferenceGrant index, which reads the store.
 
 use serde::{Deserialize, Serialize};
 

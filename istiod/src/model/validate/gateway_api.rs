@@ -43,7 +43,9 @@ pub(super) fn gateway(gw: &KubernetesGateway, e: &mut Errors) {
     }
     // Honoured by the automated deployment (inject::kube_gateway).
     if let Some(infra) = &gw.infrastructure {
-        match serde_json::from_value::<crate::inject::kube_gateway::Infrastructure>(infra.clone()) {
+        match serde_json::from_value::<crate::model::gateway_api::infrastructure::Infrastructure>(
+            infra.clone(),
+        ) {
             Ok(i) => {
                 if let Some(p) = i.problem() {
                     e.add("spec.infrastructure.parametersRef", p);

@@ -106,28 +106,17 @@ pub enum DeploymentError {
     MissingParameters(String),
 }
 
-/// Starts the controller with istiod's `config` (the Kubernetes slice of
-/// the config store, the injector's settings).
+/// Starts the controller with its `settings` (built by the composition
+/// root from istiod's config), the Kubernetes slice of the config store and
+/// the injector's settings.
 pub fn start(
     client: kube::Client,
     store: &ConfigStore,
     injector: watch::Receiver<Option<Arc<InjectorState>>>,
-    config: &crate::config::Config,
+    settings: Settings,
     leadership: crate::leaderelection::Leadership,
     shutdown: watch::Receiver<bool>,
 ) {
-    let copy_labels_annotations =
-        Settings::copy_from_env(&common::env::ProcessEnv).unwrap_or_else(|e| {
-            tracing::error!(target: "gateway", "{e}; using the default (true)");
-            true
-        });
-    let settings = Settings {
-        revision: config.webhooks.revision.clone(),
-        cluster_id: config.mesh.cluster_id.clone(),
-        domain: config.mesh.domain.clone(),
-        system_namespace: config.mesh.namespace.clone(),
-        copy_labels_annotations,
-    };
     tokio::spawn(run(
         client,
         store.clone(),
