@@ -11,7 +11,7 @@ use super::conditions::Condition;
 use super::grpc_types::{
     GrpcMethodMatch, GrpcRoute, GrpcRouteFilter, GrpcRouteMatch, GrpcRouteRule,
 };
-use super::http_route::{Backends, apply_filter, exact, typed_match};
+use super::http_route::{Backends, apply_filter, exact, per_match, rule_name, typed_match};
 use super::references::ReferenceGrants;
 use super::route_types::BackendObjectReference;
 use crate::model::istio::{
@@ -33,21 +33,12 @@ pub(super) fn rules(
     backends.enforce_grants = enforce_grants;
     let mut out = Vec::new();
     for (i, rule) in r.spec.rules.iter().enumerate() {
-        let mut base = rule_route(rule, &mut backends);
-        // Istio's names: the rule's own, else `<ns>.<route>.<rule index>`.
-        base.name = rule
-            .name
-            .clone()
-            .unwrap_or_else(|| format!("{ns}.{}.{i}", r.object.metadata.name));
-        if rule.matches.is_empty() {
-            out.push(base);
-            continue;
-        }
-        for m in &rule.matches {
-            let mut h = base.clone();
-            h.r#match = vec![match_request(m)];
-            out.push(h);
-        }
+        per_match(
+            rule_route(rule, &mut backends),
+            rule_name(rule.name.as_deref(), ns, &r.object.metadata.name, i),
+            rule.matches.iter().map(match_request).collect(),
+            &mut out,
+        );
     }
     (out, backends.resolved())
 }

@@ -32,25 +32,41 @@ pub(super) fn rules(
     backends.enforce_grants = enforce_grants;
     let mut out = Vec::new();
     for (i, rule) in r.spec.rules.iter().enumerate() {
-        let mut base = rule_route(rule, &mut backends);
-        // Istio's names: the rule's own, else `<ns>.<route>.<rule index>`.
-        base.name = rule
-            .name
-            .clone()
-            .unwrap_or_else(|| format!("{ns}.{}.{i}", r.object.metadata.name));
-        // One route per match; a rule without matches matches everything
-        // (a route without a match, sorted last).
-        if rule.matches.is_empty() {
-            out.push(base);
-            continue;
-        }
-        for m in &rule.matches {
-            let mut h = base.clone();
-            h.r#match = vec![match_request(m)];
-            out.push(h);
-        }
+        per_match(
+            rule_route(rule, &mut backends),
+            rule_name(rule.name.as_deref(), ns, &r.object.metadata.name, i),
+            rule.matches.iter().map(match_request).collect(),
+            &mut out,
+        );
     }
     (out, backends.resolved())
+}
+
+/// A rule's route name as Istio names it: the rule's own, else
+/// `<ns>.<route>.<rule index>`.
+pub(super) fn rule_name(name: Option<&str>, ns: &str, route: &str, index: usize) -> String {
+    name.map_or_else(|| format!("{ns}.{route}.{index}"), str::to_string)
+}
+
+/// A rule's routes into `out`: `base` named `name`, once per match; a rule
+/// without matches matches everything (one route without a match, sorted
+/// last).
+pub(super) fn per_match(
+    mut base: crate::model::istio::HttpRoute,
+    name: String,
+    matches: Vec<HttpMatchRequest>,
+    out: &mut Vec<crate::model::istio::HttpRoute>,
+) {
+    base.name = name;
+    if matches.is_empty() {
+        out.push(base);
+        return;
+    }
+    for m in matches {
+        let mut h = base.clone();
+        h.r#match = vec![m];
+        out.push(h);
+    }
 }
 
 /// A rule's action: its filters, retries, timeouts and backends, without
