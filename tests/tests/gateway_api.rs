@@ -18,9 +18,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tests::gateway_pod::GatewaySpec;
 use tests::jwt::{Signer, claims, jwks};
 use tests::kube_api::KubeApi;
-use tests::mesh::{LocalMesh, MESH_PROXY_CONFIG, http_request, http_request_with};
+use tests::mesh::{LocalMesh, http_request, http_request_with};
 use tests::{Proc, bin, free_port, http_get, wait_for};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -33,45 +34,6 @@ const CLIENT_IP: &str = "198.18.0.31";
 /// deployment gives a Gateway `ingress` (`<name>-istio`).
 const GATEWAY_ID: &str = "spiffe://cluster.local/ns/istio-system/sa/ingress-istio";
 const HOST: &str = "httpbin.example.com";
-
-/// One Service per version of httpbin, as the Gateway API splits traffic
-/// between Services (it has no subsets).
-const VERSION_SERVICES: &str = r#"apiVersion: v1
-kind: Service
-metadata: {name: httpbin-v1, namespace: demo}
-spec:
-  clusterIP: 198.19.0.21
-  selector: {app: httpbin, version: v1}
-  ports: [{name: http, port: 8000, targetPort: 8080}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: httpbin-v1-abc, namespace: demo, labels: {kubernetes.io/service-name: httpbin-v1}}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-- addresses: [198.18.0.3]
-  conditions: {ready: true}
-  targetRef: {kind: Pod, namespace: demo, name: httpbin-v1}
----
-apiVersion: v1
-kind: Service
-metadata: {name: httpbin-v2, namespace: demo}
-spec:
-  clusterIP: 198.19.0.22
-  selector: {app: httpbin, version: v2}
-  ports: [{name: http, port: 8000, targetPort: 8080}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: httpbin-v2-abc, namespace: demo, labels: {kubernetes.io/service-name: httpbin-v2}}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-- addresses: [198.18.0.4]
-  conditions: {ready: true}
-  targetRef: {kind: Pod, namespace: demo, name: httpbin-v2}
-"#;
 
 const GATEWAY: &str = r#"apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
@@ -110,51 +72,31 @@ fn line<'a>(body: &'a str, key: &str) -> &'a str {
     body.lines().find_map(|l| l.strip_prefix(key)).unwrap_or("")
 }
 
-fn write_atomically(path: &std::path::Path, text: &str) {
-    let tmp = path.with_extension("tmp~");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
 #[test]
 fn a_gateway_api_gateway_routes_outside_clients_into_the_mesh() {
     let _serial = tests::mesh::one_mesh_at_a_time();
     let tmp = tempfile::tempdir().unwrap();
     let mesh = LocalMesh::start(tmp.path(), &[]);
-    write_atomically(&mesh.config_dir.join("versions.yaml"), VERSION_SERVICES);
-    write_atomically(
+    tests::write_atomically(
+        &mesh.config_dir.join("versions.yaml"),
+        tests::mesh::HTTPBIN_VERSION_SERVICES,
+    );
+    tests::write_atomically(
         &mesh.config_dir.join("gateway-api.yaml"),
         &format!("{GATEWAY}---\n{ROUTE}"),
     );
 
     // The gateway Pod, labelled as Istio's automated deployment labels it.
-    let net = mesh.hub.pod("gwapi", GATEWAY_IP);
-    let pod_dir = tests::PodDir::new(
-        &mesh.dir.join("ingress-istio"),
-        &mesh.istiod.token("istio-system", "ingress-istio"),
-        Some(&mesh.istiod.root_pem()),
-    );
-    pod_dir.write_labels(&[("gateway.networking.k8s.io/gateway-name", "ingress")]);
-    let mut agent = pod_dir.start_router_with(
-        &net.ns,
-        &[
-            ("POD_NAME", "ingress-istio-1"),
-            ("POD_NAMESPACE", "istio-system"),
-            ("SERVICE_ACCOUNT", "ingress-istio"),
-            ("INSTANCE_IP", GATEWAY_IP),
-            ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
-        ],
-        MESH_PROXY_CONFIG,
-    );
+    let mut gw = mesh.start_gateway(&GatewaySpec::gateway_api_ingress(GATEWAY_IP));
 
     let client = mesh.plain_pod(CLIENT_IP);
     let gateway: SocketAddr = format!("{GATEWAY_IP}:8080").parse().unwrap();
     let matched = [("x-version", "v2")];
     let body = wait_for("httpbin v2 through the Gateway API route", WAIT, || {
         assert!(
-            agent.alive(),
+            gw.agent.alive(),
             "the gateway's agent exited:\n{}",
-            agent.log()
+            gw.agent.log()
         );
         match http_request_with(&client.ns, gateway, HOST, "/headers", &matched) {
             Ok((200, body)) if line(&body, "version=") == "v2" => Some(body),
@@ -222,11 +164,11 @@ fn a_gateway_api_gateway_routes_outside_clients_into_the_mesh() {
     attached_policies_are_enforced(&mesh, &client.ns, gateway);
 
     // The route goes: so do its virtual hosts (the listener stays, 404s).
-    write_atomically(&mesh.config_dir.join("gateway-api.yaml"), GATEWAY);
+    tests::write_atomically(&mesh.config_dir.join("gateway-api.yaml"), GATEWAY);
     wait_for("the route removed from the gateway", WAIT, || {
         matches!(http_request(&client.ns, gateway, HOST, "/ip"), Ok((404, _))).then_some(())
     });
-    assert!(agent.alive(), "{}", agent.log());
+    assert!(gw.agent.alive(), "{}", gw.agent.log());
 }
 
 /// The gateway's Service, as Istio's automated deployment makes it, with
@@ -295,7 +237,7 @@ fn attached_policies_are_enforced(mesh: &LocalMesh, ns: &tests::netns::Netns, ga
     let target = |name: &str| {
         format!("targetRefs: [{{group: gateway.networking.k8s.io, kind: Gateway, name: {name}}}]")
     };
-    write_atomically(
+    tests::write_atomically(
         &policies,
         &format!(
             r#"apiVersion: security.istio.io/v1
@@ -356,7 +298,7 @@ spec:
     );
 
     // A DENY attached to the gateway's Service.
-    write_atomically(
+    tests::write_atomically(
         &policies,
         &format!(
             r#"{GATEWAY_SERVICE}---
@@ -382,7 +324,7 @@ spec:
     assert_eq!(code, 200, "other paths pass: {body}");
 
     // The policies go: access as before.
-    write_atomically(&policies, "");
+    tests::write_atomically(&policies, "");
     expect_through("no policy", ns, gateway, &[], 200, served);
 }
 

@@ -19,10 +19,10 @@ use hyper::body::{Bytes, Frame, Incoming};
 use hyper::header::{HeaderMap, HeaderValue};
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use serde_json::Value;
-use tests::mesh::{HTTPBIN_VIP, LocalMesh, MESH_PROXY_CONFIG, http_request};
+use tests::gateway_pod::GatewaySpec;
+use tests::mesh::{HTTPBIN_VIP, LocalMesh, http_request};
 use tests::netns::Netns;
-use tests::{http_get, wait_for};
+use tests::wait_for;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -35,45 +35,6 @@ const GRPC_A_IP: &str = "198.18.0.65";
 const GRPC_B_IP: &str = "198.18.0.66";
 const GRPC_PORT: u16 = 9000;
 const GRPC_HOST: &str = "grpc.example.com";
-
-/// One Service per version of httpbin, as the Gateway API splits traffic
-/// between Services (it has no subsets).
-const VERSION_SERVICES: &str = r#"apiVersion: v1
-kind: Service
-metadata: {name: httpbin-v1, namespace: demo}
-spec:
-  clusterIP: 198.19.0.21
-  selector: {app: httpbin, version: v1}
-  ports: [{name: http, port: 8000, targetPort: 8080}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: httpbin-v1-abc, namespace: demo, labels: {kubernetes.io/service-name: httpbin-v1}}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-- addresses: [198.18.0.3]
-  conditions: {ready: true}
-  targetRef: {kind: Pod, namespace: demo, name: httpbin-v1}
----
-apiVersion: v1
-kind: Service
-metadata: {name: httpbin-v2, namespace: demo}
-spec:
-  clusterIP: 198.19.0.22
-  selector: {app: httpbin, version: v2}
-  ports: [{name: http, port: 8000, targetPort: 8080}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: httpbin-v2-abc, namespace: demo, labels: {kubernetes.io/service-name: httpbin-v2}}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-- addresses: [198.18.0.4]
-  conditions: {ready: true}
-  targetRef: {kind: Pod, namespace: demo, name: httpbin-v2}
-"#;
 
 /// The mesh route: sidecars calling httpbin split 90/10 between its
 /// versions' Services, and mark the requests (so the test knows the route,
@@ -151,26 +112,8 @@ endpoints:
   conditions: {ready: true}
 "#;
 
-fn write_atomically(path: &std::path::Path, text: &str) {
-    let tmp = path.with_extension("tmp~");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
 fn line<'a>(body: &'a str, key: &str) -> &'a str {
     body.lines().find_map(|l| l.strip_prefix(key)).unwrap_or("")
-}
-
-/// The Gateway API status lines of `key` in istiod's `/debug/configz`.
-fn status(mesh: &LocalMesh, key: &str) -> String {
-    let http = mesh.istiod.http;
-    let (_, body) = mesh
-        .hub
-        .ns
-        .run(move || http_get(http, "/debug/configz"))
-        .unwrap();
-    let configz: Value = serde_json::from_str(&body).unwrap();
-    configz["gatewayApiStatus"][key].to_string()
 }
 
 /// Whether httpbin's answer shows the mesh route's header.
@@ -193,9 +136,12 @@ fn an_httproute_on_a_service_splits_sidecar_traffic() {
         .filter(|doc| !doc.contains("kind: VirtualService"))
         .collect();
     assert_eq!(kept.len() + 1, text.split("\n---").count(), "{text}");
-    write_atomically(&istio_yaml, &kept.join("\n---"));
-    write_atomically(&mesh.config_dir.join("versions.yaml"), VERSION_SERVICES);
-    write_atomically(&mesh.config_dir.join("mesh-route.yaml"), MESH_ROUTE);
+    tests::write_atomically(&istio_yaml, &kept.join("\n---"));
+    tests::write_atomically(
+        &mesh.config_dir.join("versions.yaml"),
+        tests::mesh::HTTPBIN_VERSION_SERVICES,
+    );
+    tests::write_atomically(&mesh.config_dir.join("mesh-route.yaml"), MESH_ROUTE);
 
     let sleep = &mesh.pod("sleep-1").ns;
     let httpbin: SocketAddr = format!("{HTTPBIN_VIP}:8000").parse().unwrap();
@@ -230,7 +176,7 @@ fn an_httproute_on_a_service_splits_sidecar_traffic() {
         "v2's share within 4 sigma of 10% ({low:.1}..={high:.1} of {n}): v1={v1} v2={v2}"
     );
 
-    let route = status(&mesh, "HTTPRoute/demo/httpbin-split");
+    let route = mesh.gateway_api_status("HTTPRoute/demo/httpbin-split");
     assert!(route.contains("Accepted=True (Accepted)"), "{route}");
     assert!(route.contains("ResolvedRefs=True"), "{route}");
 }
@@ -378,8 +324,8 @@ fn a_grpcroute_sends_each_method_to_its_backend() {
     let _serial = tests::mesh::one_mesh_at_a_time();
     let tmp = tempfile::tempdir().unwrap();
     let mesh = LocalMesh::start(tmp.path(), &[]);
-    write_atomically(&mesh.config_dir.join("grpc-backends.yaml"), GRPC_BACKENDS);
-    write_atomically(&mesh.config_dir.join("gateway-api.yaml"), GRPC_GATEWAY);
+    tests::write_atomically(&mesh.config_dir.join("grpc-backends.yaml"), GRPC_BACKENDS);
+    tests::write_atomically(&mesh.config_dir.join("gateway-api.yaml"), GRPC_GATEWAY);
 
     let a = mesh.plain_pod(GRPC_A_IP);
     grpc_backend(
@@ -395,32 +341,15 @@ fn a_grpcroute_sends_each_method_to_its_backend() {
     );
 
     // The gateway Pod, labelled as Istio's automated deployment labels it.
-    let net = mesh.hub.pod("gwgrpc", GATEWAY_IP);
-    let pod_dir = tests::PodDir::new(
-        &mesh.dir.join("ingress-istio"),
-        &mesh.istiod.token("istio-system", "ingress-istio"),
-        Some(&mesh.istiod.root_pem()),
-    );
-    pod_dir.write_labels(&[("gateway.networking.k8s.io/gateway-name", "ingress")]);
-    let mut agent = pod_dir.start_router_with(
-        &net.ns,
-        &[
-            ("POD_NAME", "ingress-istio-1"),
-            ("POD_NAMESPACE", "istio-system"),
-            ("SERVICE_ACCOUNT", "ingress-istio"),
-            ("INSTANCE_IP", GATEWAY_IP),
-            ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
-        ],
-        MESH_PROXY_CONFIG,
-    );
+    let mut gw = mesh.start_gateway(&GatewaySpec::gateway_api_ingress(GATEWAY_IP));
     let client = mesh.plain_pod(CLIENT_IP);
     let gateway: SocketAddr = format!("{GATEWAY_IP}:8080").parse().unwrap();
 
     let first = wait_for("/echo.Echo/A through the GRPCRoute", WAIT, || {
         assert!(
-            agent.alive(),
+            gw.agent.alive(),
             "the gateway's agent exited:\n{}",
-            agent.log()
+            gw.agent.log()
         );
         grpc_call(&client.ns, gateway, GRPC_HOST, "/echo.Echo/A")
             .ok()
@@ -448,8 +377,8 @@ fn a_grpcroute_sends_each_method_to_its_backend() {
     assert_eq!(r.backend, None, "{r:?}");
     assert_eq!(r.grpc_status.as_deref(), Some("12"), "{r:?}");
 
-    let route = status(&mesh, "GRPCRoute/demo/echo");
+    let route = mesh.gateway_api_status("GRPCRoute/demo/echo");
     assert!(route.contains("Accepted=True (Accepted)"), "{route}");
     assert!(route.contains("ResolvedRefs=True"), "{route}");
-    assert!(agent.alive(), "{}", agent.log());
+    assert!(gw.agent.alive(), "{}", gw.agent.log());
 }

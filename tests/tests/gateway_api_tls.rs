@@ -15,14 +15,14 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
-use tests::mesh::{LocalMesh, MESH_PROXY_CONFIG};
+use tests::backends::{echo_backend, tls_backend, tls_exchange};
+use tests::gateway_pod::GatewaySpec;
+use tests::mesh::LocalMesh;
 use tests::netns::Netns;
 use tests::tls::{HttpsError, https_request};
-use tests::{http_get, wait_for};
+use tests::wait_for;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -132,12 +132,6 @@ spec:
   to: [{group: "", kind: Secret, name: httpbin-cert}]
 "#;
 
-fn write_atomically(path: &std::path::Path, text: &str) {
-    let tmp = path.with_extension("tmp~");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
 /// A CA and a certificate it signs for `dns`: (CA PEM, leaf PEM, key PEM).
 fn signed_cert(ca_name: &str, dns: &str) -> (String, String, String) {
     let ca_key = rcgen::KeyPair::generate().unwrap();
@@ -174,102 +168,6 @@ fn secret(cert: &str, key: &str) -> String {
     )
 }
 
-/// A TLS server that terminates TLS itself and answers the first bytes it
-/// reads with `tls-backend:<SNI>:<bytes>`.
-fn tls_backend(ns: &Netns, addr: SocketAddr, cert: &str, key: &str) {
-    common::tls::install_crypto_provider();
-    let chain = common::pki::pem_certs("server", cert).unwrap();
-    let key = {
-        use rustls_pki_types::pem::PemObject as _;
-        rustls_pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap()
-    };
-    let config = Arc::new(
-        rustls::ServerConfig::builder()
-            .with_no_client_auth()
-            .with_single_cert(chain, key)
-            .unwrap(),
-    );
-    let listener = ns.run(move || std::net::TcpListener::bind(addr).unwrap());
-    std::thread::spawn(move || {
-        for sock in listener.incoming().take(10_000) {
-            let Ok(mut sock) = sock else { continue };
-            let config = config.clone();
-            std::thread::spawn(move || {
-                let _ = sock.set_read_timeout(Some(Duration::from_secs(10)));
-                let mut conn = rustls::ServerConnection::new(config).unwrap();
-                if conn.complete_io(&mut sock).is_err() {
-                    return;
-                }
-                let sni = conn.server_name().unwrap_or("none").to_string();
-                let mut tls = rustls::Stream::new(&mut conn, &mut sock);
-                let mut buf = [0u8; 256];
-                let Ok(n) = tls.read(&mut buf) else { return };
-                let reply = format!("tls-backend:{sni}:{}", String::from_utf8_lossy(&buf[..n]));
-                let _ = tls.write_all(reply.as_bytes());
-                tls.conn.send_close_notify();
-                let _ = tls.flush();
-            });
-        }
-    });
-}
-
-/// A TCP server answering each read with `echo:<bytes>`.
-fn echo_backend(ns: &Netns, addr: SocketAddr) {
-    let listener = ns.run(move || std::net::TcpListener::bind(addr).unwrap());
-    std::thread::spawn(move || {
-        for sock in listener.incoming().take(10_000) {
-            let Ok(mut sock) = sock else { continue };
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 256];
-                while let Ok(n) = sock.read(&mut buf) {
-                    if n == 0 {
-                        return;
-                    }
-                    let mut reply = b"echo:".to_vec();
-                    reply.extend_from_slice(&buf[..n]);
-                    if sock.write_all(&reply).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-}
-
-/// A TLS exchange from `ns` with SNI `sni`, the server verified against
-/// `ca_pem`: (the leaf's DER, the answer to `hello`).
-fn tls_exchange(
-    ns: &Netns,
-    addr: SocketAddr,
-    sni: &str,
-    ca_pem: &str,
-) -> std::io::Result<(Vec<u8>, String)> {
-    common::tls::install_crypto_provider();
-    let roots = common::tls::root_store("backend CA", ca_pem).unwrap();
-    let config = Arc::new(
-        rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
-            .with_no_client_auth(),
-    );
-    let name = rustls::pki_types::ServerName::try_from(sni.to_string()).unwrap();
-    ns.run(move || {
-        let mut conn = rustls::ClientConnection::new(config, name).unwrap();
-        let mut sock = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-        sock.set_read_timeout(Some(Duration::from_secs(10)))?;
-        conn.complete_io(&mut sock)?;
-        let leaf = conn
-            .peer_certificates()
-            .and_then(|c| c.first())
-            .map(|c| c.as_ref().to_vec())
-            .unwrap_or_default();
-        let mut tls = rustls::Stream::new(&mut conn, &mut sock);
-        tls.write_all(b"hello")?;
-        let mut answer = String::new();
-        tls.read_to_string(&mut answer)?;
-        Ok((leaf, answer))
-    })
-}
-
 /// Two exchanges over one TCP connection: each answer read back.
 fn tcp_exchange(ns: &Netns, addr: SocketAddr) -> std::io::Result<(String, String)> {
     ns.run(move || {
@@ -285,18 +183,6 @@ fn tcp_exchange(ns: &Netns, addr: SocketAddr) -> std::io::Result<(String, String
     })
 }
 
-/// The Gateway API status lines of `key` in istiod's `/debug/configz`.
-fn status(mesh: &LocalMesh, key: &str) -> String {
-    let http = mesh.istiod.http;
-    let (_, body) = mesh
-        .hub
-        .ns
-        .run(move || http_get(http, "/debug/configz"))
-        .unwrap();
-    let configz: Value = serde_json::from_str(&body).unwrap();
-    configz["gatewayApiStatus"][key].to_string()
-}
-
 #[test]
 fn gateway_api_tls_listeners_and_layer_4_routes() {
     let _serial = tests::mesh::one_mesh_at_a_time();
@@ -305,12 +191,12 @@ fn gateway_api_tls_listeners_and_layer_4_routes() {
 
     let (server_ca, server_cert, server_key) = signed_cert("gateway CA", HOST);
     let (backend_ca, backend_cert, backend_key) = signed_cert("backend CA", "a.example.com");
-    write_atomically(
+    tests::write_atomically(
         &mesh.config_dir.join("secret.yaml"),
         &secret(&server_cert, &server_key),
     );
-    write_atomically(&mesh.config_dir.join("backends.yaml"), BACKENDS);
-    write_atomically(&mesh.config_dir.join("gateway-api.yaml"), GATEWAY);
+    tests::write_atomically(&mesh.config_dir.join("backends.yaml"), BACKENDS);
+    tests::write_atomically(&mesh.config_dir.join("gateway-api.yaml"), GATEWAY);
 
     let backend = mesh.plain_pod(TLS_BACKEND_IP);
     tls_backend(
@@ -323,33 +209,16 @@ fn gateway_api_tls_listeners_and_layer_4_routes() {
     echo_backend(&echo.ns, format!("{ECHO_IP}:9000").parse().unwrap());
 
     // The gateway Pod, labelled as Istio's automated deployment labels it.
-    let net = mesh.hub.pod("gwtls", GATEWAY_IP);
-    let pod_dir = tests::PodDir::new(
-        &mesh.dir.join("ingress-istio"),
-        &mesh.istiod.token("istio-system", "ingress-istio"),
-        Some(&mesh.istiod.root_pem()),
-    );
-    pod_dir.write_labels(&[("gateway.networking.k8s.io/gateway-name", "ingress")]);
-    let mut agent = pod_dir.start_router_with(
-        &net.ns,
-        &[
-            ("POD_NAME", "ingress-istio-1"),
-            ("POD_NAMESPACE", "istio-system"),
-            ("SERVICE_ACCOUNT", "ingress-istio"),
-            ("INSTANCE_IP", GATEWAY_IP),
-            ("ISTIO_META_CLUSTER_ID", "Kubernetes"),
-        ],
-        MESH_PROXY_CONFIG,
-    );
+    let mut gw = mesh.start_gateway(&GatewaySpec::gateway_api_ingress(GATEWAY_IP));
     let client = mesh.plain_pod(CLIENT_IP);
 
     // TCP: bytes to the echo backend and back, twice on one connection.
     let tcp: SocketAddr = format!("{GATEWAY_IP}:{TCP_PORT}").parse().unwrap();
     let echoed = wait_for("echo through the TCPRoute", WAIT, || {
         assert!(
-            agent.alive(),
+            gw.agent.alive(),
             "the gateway's agent exited:\n{}",
-            agent.log()
+            gw.agent.log()
         );
         tcp_exchange(&client.ns, tcp).ok()
     });
@@ -366,7 +235,7 @@ fn gateway_api_tls_listeners_and_layer_4_routes() {
     // The Secret of another namespace without a grant: the listener is
     // refused in status and no Gateway is generated for it, so the
     // gateway (whose other listeners are up) has nothing on the port.
-    let gw_status = status(&mesh, "Gateway/istio-system/ingress");
+    let gw_status = mesh.gateway_api_status("Gateway/istio-system/ingress");
     assert!(
         gw_status.contains(
             "listener https (1 routes): ResolvedRefs=False (RefNotPermitted): certificateRef httpbin-cert/cert not accessible to a Gateway in namespace \\\"istio-system\\\" (missing a ReferenceGrant?)"
@@ -393,20 +262,20 @@ fn gateway_api_tls_listeners_and_layer_4_routes() {
 
     // The grant: the listener is programmed, istiod serves the Secret of
     // namespace cert to the gateway of istio-system, and the client sees it.
-    write_atomically(&mesh.config_dir.join("grant.yaml"), GRANT);
+    tests::write_atomically(&mesh.config_dir.join("grant.yaml"), GRANT);
     let resp = wait_for("httpbin over HTTPS once granted", WAIT, || {
-        assert!(agent.alive(), "{}", agent.log());
+        assert!(gw.agent.alive(), "{}", gw.agent.log());
         https(&server_ca).ok().filter(|r| r.status == 200)
     });
     assert_eq!(resp.leaf, der(&server_cert), "the Secret's certificate");
-    let gw_status = status(&mesh, "Gateway/istio-system/ingress");
+    let gw_status = mesh.gateway_api_status("Gateway/istio-system/ingress");
     assert!(
         gw_status.contains("listener https (1 routes): ResolvedRefs=True"),
         "{gw_status}"
     );
-    let route = status(&mesh, "TLSRoute/demo/backend-by-sni");
+    let route = mesh.gateway_api_status("TLSRoute/demo/backend-by-sni");
     assert!(route.contains("Accepted=True (Accepted)"), "{route}");
-    let route = status(&mesh, "TCPRoute/demo/echo");
+    let route = mesh.gateway_api_status("TCPRoute/demo/echo");
     assert!(route.contains("ResolvedRefs=True"), "{route}");
 
     // The grant withdrawn: the port closes again.
@@ -418,5 +287,5 @@ fn gateway_api_tls_listeners_and_layer_4_routes() {
         )
         .then_some(())
     });
-    assert!(agent.alive(), "{}", agent.log());
+    assert!(gw.agent.alive(), "{}", gw.agent.log());
 }

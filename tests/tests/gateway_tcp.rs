@@ -13,10 +13,10 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
 use std::time::Duration;
 
 use tests::PodDir;
+use tests::backends::{echo_backend, tls_backend, tls_exchange};
 use tests::mesh::{LocalMesh, MESH_PROXY_CONFIG, serve_app};
 use tests::netns::Netns;
 use tests::wait_for;
@@ -169,12 +169,6 @@ spec:
         port: {number: 80}
 "#;
 
-fn write_atomically(path: &std::path::Path, text: &str) {
-    let tmp = path.with_extension("tmp~");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
 /// A gateway Pod: its own network, no iptables, `pilot-agent proxy router`
 /// with the given identity and `istio: <istio_label>`.
 fn start_gateway(
@@ -218,104 +212,6 @@ fn server_cert(dns: &str) -> (String, String, String) {
     leaf.distinguished_name.push(rcgen::DnType::CommonName, dns);
     let cert = leaf.signed_by(&key, &issuer).unwrap();
     (ca_pem, cert.pem(), key.serialize_pem())
-}
-
-/// A TLS server outside the mesh that terminates TLS itself with `cert`
-/// and answers the first bytes it reads with `tls-backend:<SNI>:<bytes>`.
-fn tls_backend(ns: &Netns, addr: SocketAddr, cert: &str, key: &str) {
-    common::tls::install_crypto_provider();
-    let chain = common::pki::pem_certs("server", cert).unwrap();
-    let key = {
-        use rustls_pki_types::pem::PemObject as _;
-        rustls_pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap()
-    };
-    let config = Arc::new(
-        rustls::ServerConfig::builder()
-            .with_no_client_auth()
-            .with_single_cert(chain, key)
-            .unwrap(),
-    );
-    let listener = ns.run(move || std::net::TcpListener::bind(addr).unwrap());
-    std::thread::spawn(move || {
-        for sock in listener.incoming().take(10_000) {
-            let Ok(mut sock) = sock else { continue };
-            let config = config.clone();
-            std::thread::spawn(move || {
-                let _ = sock.set_read_timeout(Some(Duration::from_secs(10)));
-                let mut conn = rustls::ServerConnection::new(config).unwrap();
-                if conn.complete_io(&mut sock).is_err() {
-                    return;
-                }
-                let sni = conn.server_name().unwrap_or("none").to_string();
-                let mut tls = rustls::Stream::new(&mut conn, &mut sock);
-                let mut buf = [0u8; 256];
-                let Ok(n) = tls.read(&mut buf) else { return };
-                let reply = format!("tls-backend:{sni}:{}", String::from_utf8_lossy(&buf[..n]));
-                let _ = tls.write_all(reply.as_bytes());
-                tls.conn.send_close_notify();
-                let _ = tls.flush();
-            });
-        }
-    });
-}
-
-/// A TCP server outside the mesh: answers each read with `echo:<bytes>`.
-fn echo_backend(ns: &Netns, addr: SocketAddr) {
-    let listener = ns.run(move || std::net::TcpListener::bind(addr).unwrap());
-    std::thread::spawn(move || {
-        for sock in listener.incoming().take(10_000) {
-            let Ok(mut sock) = sock else { continue };
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 256];
-                while let Ok(n) = sock.read(&mut buf) {
-                    if n == 0 {
-                        return;
-                    }
-                    let mut reply = b"echo:".to_vec();
-                    reply.extend_from_slice(&buf[..n]);
-                    if sock.write_all(&reply).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-}
-
-/// A TLS client in `ns`: connects to `addr` with `sni`, verifies the
-/// server against `ca_pem` for that name, sends `hello` and reads the
-/// answer to its end. Returns (the leaf certificate's DER, the answer), or
-/// the I/O error the handshake or exchange ended with.
-fn tls_exchange(
-    ns: &Netns,
-    addr: SocketAddr,
-    sni: &str,
-    ca_pem: &str,
-) -> std::io::Result<(Vec<u8>, String)> {
-    common::tls::install_crypto_provider();
-    let roots = common::tls::root_store("backend CA", ca_pem).unwrap();
-    let config = Arc::new(
-        rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
-            .with_no_client_auth(),
-    );
-    let name = rustls::pki_types::ServerName::try_from(sni.to_string()).unwrap();
-    ns.run(move || {
-        let mut conn = rustls::ClientConnection::new(config, name).unwrap();
-        let mut sock = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-        sock.set_read_timeout(Some(Duration::from_secs(10)))?;
-        conn.complete_io(&mut sock)?;
-        let leaf = conn
-            .peer_certificates()
-            .and_then(|c| c.first())
-            .map(|c| c.as_ref().to_vec())
-            .unwrap_or_default();
-        let mut tls = rustls::Stream::new(&mut conn, &mut sock);
-        tls.write_all(b"hello")?;
-        let mut answer = String::new();
-        tls.read_to_string(&mut answer)?;
-        Ok((leaf, answer))
-    })
 }
 
 /// One exchange over plain TCP from `ns`: sends `data`, reads one answer.
@@ -362,7 +258,7 @@ fn a_gateway_passes_tls_through_by_sni_and_forwards_tcp() {
     let _serial = tests::mesh::one_mesh_at_a_time();
     let tmp = tempfile::tempdir().unwrap();
     let mesh = LocalMesh::start(tmp.path(), &[]);
-    write_atomically(&mesh.config_dir.join("gateway-tcp.yaml"), INGRESS);
+    tests::write_atomically(&mesh.config_dir.join("gateway-tcp.yaml"), INGRESS);
 
     let (ca_pem, cert, key) = server_cert("a.example.com");
     let backend = mesh.plain_pod(TLS_BACKEND_IP);
@@ -421,7 +317,7 @@ fn an_egress_gateway_takes_a_service_entry_host_out_of_the_mesh() {
     let _serial = tests::mesh::one_mesh_at_a_time();
     let tmp = tempfile::tempdir().unwrap();
     let mesh = LocalMesh::start(tmp.path(), &[]);
-    write_atomically(&mesh.config_dir.join("egress.yaml"), EGRESS);
+    tests::write_atomically(&mesh.config_dir.join("egress.yaml"), EGRESS);
 
     let external = mesh.plain_pod(EXTERNAL_IP);
     serve_app(

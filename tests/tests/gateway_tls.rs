@@ -113,12 +113,6 @@ fn secrets(server: &(String, String), client_ca: &str) -> String {
     )
 }
 
-fn write_atomically(path: &std::path::Path, text: &str) {
-    let tmp = path.with_extension("tmp~");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
 fn der(pem: &str) -> Vec<u8> {
     common::pki::pem_certs("cert", pem).unwrap()[0]
         .as_ref()
@@ -194,8 +188,8 @@ fn an_ingress_gateway_terminates_tls_with_certificates_from_secrets() {
     let client_ca = TestCa::new("client CA");
     let first = server_ca.leaf(HOST, "httpbin first");
     let secrets_file = mesh.config_dir.join("secrets.yaml");
-    write_atomically(&secrets_file, &secrets(&first, &client_ca.pem));
-    write_atomically(&mesh.config_dir.join("gateway.yaml"), CONFIG);
+    tests::write_atomically(&secrets_file, &secrets(&first, &client_ca.pem));
+    tests::write_atomically(&mesh.config_dir.join("gateway.yaml"), CONFIG);
 
     let net = mesh.hub.pod("gw", GATEWAY_IP);
     let pod_dir = tests::PodDir::new(
@@ -280,7 +274,7 @@ fn an_ingress_gateway_terminates_tls_with_certificates_from_secrets() {
             outcomes
         })
     };
-    write_atomically(&secrets_file, &secrets(&second, &client_ca.pem));
+    tests::write_atomically(&secrets_file, &secrets(&second, &client_ca.pem));
     wait_for("the replaced certificate served", WAIT, || {
         https(&client.ns, 8443, &server_ca.pem, None)
             .ok()

@@ -94,12 +94,6 @@ enum Config {
     GatewayApi,
 }
 
-fn write_atomically(path: &Path, text: &str) {
-    let tmp = path.with_extension("tmp~");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
 /// Puts `config` in the config directory, taking the other out.
 fn configure(mesh: &LocalMesh, config: Config) {
     let sample =
@@ -108,13 +102,13 @@ fn configure(mesh: &LocalMesh, config: Config) {
     let api_file = mesh.config_dir.join(GATEWAY_API_FILE);
     match config {
         Config::Istio => {
-            write_atomically(&mesh.config_dir.join(SAMPLE_FILE), &sample);
+            tests::write_atomically(&mesh.config_dir.join(SAMPLE_FILE), &sample);
             if api_file.exists() {
                 std::fs::remove_file(api_file).unwrap();
             }
         }
         Config::GatewayApi => {
-            write_atomically(&api_file, GATEWAY_API);
+            tests::write_atomically(&api_file, GATEWAY_API);
             let without: Vec<&str> = sample
                 .split("\n---\n")
                 .filter(|doc| {
@@ -122,7 +116,7 @@ fn configure(mesh: &LocalMesh, config: Config) {
                 })
                 .collect();
             assert_eq!(without.len() + 2, sample.split("\n---\n").count());
-            write_atomically(&mesh.config_dir.join(SAMPLE_FILE), &without.join("\n---\n"));
+            tests::write_atomically(&mesh.config_dir.join(SAMPLE_FILE), &without.join("\n---\n"));
         }
     }
 }
