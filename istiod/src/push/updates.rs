@@ -187,6 +187,9 @@ fn service_ref(s: &Service) -> ServiceRef {
 struct Resolved {
     changes: Vec<Change>,
     clear: Vec<Dependency>,
+    /// Whether the Gateway API's mesh routes were compared already (once
+    /// per batch, however many routes it changed).
+    mesh_routes_compared: bool,
 }
 
 impl Resolved {
@@ -371,6 +374,9 @@ impl Resolved {
     /// `~`, which no stored object's name holds) that differ between the
     /// old and the new context: changed as VirtualServices do.
     fn mesh_routes(&mut self, reason: &str, views: &Views<'_>) {
+        if std::mem::replace(&mut self.mesh_routes_compared, true) {
+            return;
+        }
         let generated = |ctx: &IstioContext| -> Vec<ObjectKey> {
             ctx.virtual_services
                 .iter()
