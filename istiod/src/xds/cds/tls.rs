@@ -95,7 +95,13 @@ pub fn originate(
         return None;
     }
     let credential = !tls.credential_name.is_empty();
-    if credential && !with_selector {
+    // A ConfigMap's CA (a BackendTLSPolicy's) is no privileged credential:
+    // Istio gives it to sidecars of rules without a selector too.
+    let privileged = credential
+        && !tls
+            .credential_name
+            .starts_with(crate::xds::sds::CONFIGMAP_PREFIX);
+    if privileged && !with_selector {
         return None;
     }
     let skip_verify = tls.insecure_skip_verify == Some(true);
