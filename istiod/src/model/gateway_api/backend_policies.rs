@@ -160,9 +160,12 @@ pub(super) fn backend_tls_policies(snapshot: &Snapshot, domain: &str, out: &mut 
                     conds.accepted = Some(("TargetNotFound".into(), format!("targetRefs invalid: {e}")));
                 }
                 Ok((target, hosts)) => {
+                    // Another policy is one of a different name (Istio
+                    // compares uids, which an API server always sets;
+                    // files have none).
                     let conflict = active.iter().find(|o| {
                         let om = &o.object.metadata;
-                        (om.namespace != meta.namespace || om.name != meta.name)
+                        om.name != meta.name
                             && om.namespace == meta.namespace
                             && o.spec.target_refs.iter().any(|ot| ot == t)
                             && older(

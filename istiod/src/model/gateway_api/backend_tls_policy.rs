@@ -49,7 +49,10 @@ pub struct BackendTlsValidation {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub ca_certificate_refs: Vec<LocalObjectReference>,
     /// `System`: the proxy's trust store.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "wellKnownCACertificates",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub well_known_ca_certificates: Option<String>,
     /// The SNI sent, and the name the certificate must carry when no
     /// `subjectAltNames` are given.
