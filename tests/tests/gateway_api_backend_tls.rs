@@ -3,7 +3,7 @@
 //! HTTPRoute to a Service whose backend serves TLS only, with a certificate
 //! for `secure.example.com` from a test CA.
 //! - without a policy the gateway sends plain text: the backend sees a
-//!   failed handshake and the client a 503;
+//!   failed handshake and the client a 502 (an upstream protocol error);
 //! - with a BackendTLSPolicy naming a ConfigMap that holds the test CA and
 //!   the certificate's host name, the gateway originates TLS with that SNI,
 //!   verifies the backend against the CA served over SDS
@@ -202,11 +202,14 @@ fn backend_tls_policy_originates_tls_verified_by_a_configmap_ca() {
     let addr: SocketAddr = format!("{GATEWAY_IP}:{HTTP_PORT}").parse().unwrap();
     let get = || http_request(&client.ns, addr, "app.example.com", "/").ok();
 
-    // No policy: plain text to a TLS-only backend.
-    wait_for("503 from the plain-text route", WAIT, || {
+    // No policy: plain text to a TLS-only backend, which answers the
+    // request line with a TLS alert: Envoy reports an upstream protocol
+    // error (502).
+    let (_, body) = wait_for("502 from the plain-text route", WAIT, || {
         gw.assert_alive();
-        get().filter(|(status, _)| *status == 503)
+        get().filter(|(status, _)| *status == 502)
     });
+    assert!(body.contains("reset reason: protocol error"), "{body}");
     wait_for("the backend's failed handshake", WAIT, || {
         let seen = seen.lock().unwrap();
         seen.iter().any(|s| s.starts_with("handshake failed")).then_some(())
@@ -253,8 +256,17 @@ fn backend_tls_policy_originates_tls_verified_by_a_configmap_ca() {
         (failed && fail_verify_errors(&gw.net.ns) > before).then_some(())
     });
 
+    // The right CA again: 200 again (the ConfigMap is watched).
+    tests::write_atomically(&mesh.config_dir.join("ca.yaml"), &config_map(&ca));
+    wait_for("200 with the CA restored", WAIT, || {
+        gw.assert_alive();
+        get().filter(|(status, _)| *status == 200)
+    });
+
     // A policy naming a ConfigMap that does not exist is refused in status
-    // and blocks the traffic (Istio's `invalid://` credential).
+    // and blocks the traffic (Istio's `invalid://` credential, which no
+    // proxy is ever served: Envoy's cluster waits for it, then fails every
+    // handshake), rather than sending it unverified.
     tests::write_atomically(
         &mesh.config_dir.join("policy.yaml"),
         &POLICY.replace("name: backend-ca", "name: missing-ca"),

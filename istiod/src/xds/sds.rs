@@ -224,6 +224,9 @@ pub fn watching(
 pub fn build(ctx: &IstioContext, proxy: &Proxy, names: &BTreeSet<String>) -> Vec<Arc<Resource>> {
     names
         .iter()
+        // Istio's `invalid://` (a BackendTLSPolicy whose CA cannot be
+        // used) is never served, by design: its status says why.
+        .filter(|name| !name.starts_with(crate::model::gateway_api::backend_policies::INVALID_CREDENTIAL))
         .filter_map(|name| match generate(ctx, proxy, name) {
             Ok(secret) => Some(Arc::new(Resource::encode(name.clone(), &secret))),
             Err(e) => {

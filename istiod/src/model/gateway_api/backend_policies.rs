@@ -18,8 +18,9 @@
 //! sidecars get the TLS too (unlike a Secret `credentialName`).
 //!
 //! A CA reference that cannot be used makes the credential `invalid://`
-//! (Istio's `InvalidSecretTypeURI`): traffic is blocked rather than sent
-//! unverified. Status: one ancestor per target (controller
+//! (Istio's `InvalidSecretTypeURI`), never served: traffic is blocked
+//! rather than sent unverified, on gateways and sidecars alike (Istio's
+//! sidecars send plain text then; see `xds/cds/tls.rs`). Status: one ancestor per target (controller
 //! `istio.io/mesh-controller`) and one per Gateway whose routes send to
 //! a target (`istio.io/gateway-controller`), Accepted and ResolvedRefs with
 //! Istio's reasons and messages; a policy annotated
