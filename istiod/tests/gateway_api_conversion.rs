@@ -180,7 +180,11 @@ const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[
     ("backend-tls-client-cert", "", BACKEND_CLIENT_CERT),
     ("backend-tls-policy", "existing-status", BTLS_STATUS_MERGE),
     ("mix-backend-policy", "tls-upstream-echo-extra", BTLS_UID),
-    ("mix-backend-policy", "XBackendTrafficPolicy", XBACKEND_TRAFFIC),
+    (
+        "mix-backend-policy",
+        "XBackendTrafficPolicy",
+        XBACKEND_TRAFFIC,
+    ),
     ("frontend-tls-invalid", "suffix:80 and istio", PORT_ORDER),
     ("redirect-only", "suffix:80 and istio", PORT_ORDER),
     ("zero", "suffix:80 and istio", PORT_ORDER),

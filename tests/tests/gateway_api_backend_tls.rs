@@ -172,8 +172,8 @@ fn https_backend(ns: &Netns, addr: SocketAddr, cert: &str, key: &str) -> Seen {
 /// `secure` Service's clusters.
 fn fail_verify_errors(gw: &Netns) -> u64 {
     gw.run(|| {
-        let (_, body) =
-            tests::http_get(SocketAddr::from(([127, 0, 0, 1], 15000)), "/stats").unwrap_or_default();
+        let (_, body) = tests::http_get(SocketAddr::from(([127, 0, 0, 1], 15000)), "/stats")
+            .unwrap_or_default();
         body.lines()
             .filter(|l| l.contains("secure.demo.svc") && l.contains(".ssl.fail_verify_error: "))
             .filter_map(|l| l.rsplit(": ").next()?.trim().parse::<u64>().ok())
@@ -212,7 +212,9 @@ fn backend_tls_policy_originates_tls_verified_by_a_configmap_ca() {
     assert!(body.contains("reset reason: protocol error"), "{body}");
     wait_for("the backend's failed handshake", WAIT, || {
         let seen = seen.lock().unwrap();
-        seen.iter().any(|s| s.starts_with("handshake failed")).then_some(())
+        seen.iter()
+            .any(|s| s.starts_with("handshake failed"))
+            .then_some(())
     });
     assert!(
         !seen.lock().unwrap().iter().any(|s| s.starts_with("tls ")),
@@ -250,11 +252,15 @@ fn backend_tls_policy_originates_tls_verified_by_a_configmap_ca() {
     // verification at the gateway.
     let before = fail_verify_errors(&gw.net.ns);
     tests::write_atomically(&mesh.config_dir.join("ca.yaml"), &config_map(&other_ca));
-    wait_for("503 and a verification failure with another CA", WAIT, || {
-        gw.assert_alive();
-        let failed = get().is_some_and(|(status, _)| status == 503);
-        (failed && fail_verify_errors(&gw.net.ns) > before).then_some(())
-    });
+    wait_for(
+        "503 and a verification failure with another CA",
+        WAIT,
+        || {
+            gw.assert_alive();
+            let failed = get().is_some_and(|(status, _)| status == 503);
+            (failed && fail_verify_errors(&gw.net.ns) > before).then_some(())
+        },
+    );
 
     // The right CA again: 200 again (the ConfigMap is watched).
     tests::write_atomically(&mesh.config_dir.join("ca.yaml"), &config_map(&ca));

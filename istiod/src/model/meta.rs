@@ -7,9 +7,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use super::config_map::ConfigMap;
 use super::envoy_filter::EnvoyFilter;
 use super::gateway::Gateway;
-use super::config_map::ConfigMap;
 use super::gateway_api::backend_tls_policy::BackendTlsPolicy;
 use super::gateway_api::grpc_types::GrpcRoute;
 use super::gateway_api::reference_grant::ReferenceGrant;

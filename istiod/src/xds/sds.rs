@@ -226,7 +226,9 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy, names: &BTreeSet<String>) -> Vec
         .iter()
         // Istio's `invalid://` (a BackendTLSPolicy whose CA cannot be
         // used) is never served, by design: its status says why.
-        .filter(|name| !name.starts_with(crate::model::gateway_api::backend_policies::INVALID_CREDENTIAL))
+        .filter(|name| {
+            !name.starts_with(crate::model::gateway_api::backend_policies::INVALID_CREDENTIAL)
+        })
         .filter_map(|name| match generate(ctx, proxy, name) {
             Ok(secret) => Some(Arc::new(Resource::encode(name.clone(), &secret))),
             Err(e) => {
@@ -298,9 +300,10 @@ fn generate(ctx: &IstioContext, proxy: &Proxy, name: &str) -> Result<EnvoySecret
         let cm = ctx
             .config_map(&sr.namespace, base)
             .ok_or_else(|| SdsError::ConfigMapNotFound(key.clone()))?;
-        let ca = cm
-            .ca()
-            .map_err(|error| SdsError::ConfigMapCa { config_map: key, error })?;
+        let ca = cm.ca().map_err(|error| SdsError::ConfigMapCa {
+            config_map: key,
+            error,
+        })?;
         secret::Type::ValidationContext(CertificateValidationContext {
             trusted_ca: Some(inline(ca)),
             ..Default::default()

@@ -152,13 +152,15 @@ pub(super) fn backend_tls_policies(snapshot: &Snapshot, domain: &str, out: &mut 
                 .collect(),
             ..Default::default()
         };
-        tls.credential_name = credential_name(snapshot, &p.spec.validation, &meta.namespace, &mut conds);
+        tls.credential_name =
+            credential_name(snapshot, &p.spec.validation, &meta.namespace, &mut conds);
         let mut list = Vec::new();
         let mut gateways: BTreeSet<(String, String)> = BTreeSet::new();
         for t in &p.spec.target_refs {
             match resolve_target(snapshot, t, &meta.namespace, domain) {
                 Err(e) => {
-                    conds.accepted = Some(("TargetNotFound".into(), format!("targetRefs invalid: {e}")));
+                    conds.accepted =
+                        Some(("TargetNotFound".into(), format!("targetRefs invalid: {e}")));
                 }
                 Ok((target, hosts)) => {
                     // Another policy is one of a different name (Istio
@@ -220,8 +222,7 @@ pub(super) fn backend_tls_policies(snapshot: &Snapshot, domain: &str, out: &mut 
         list.truncate(MAX_ANCESTORS);
         out.status.insert(key, ObjectStatus::Policy(list));
     }
-    out.destination_rules
-        .extend(merge(snapshot, derived));
+    out.destination_rules.extend(merge(snapshot, derived));
 }
 
 /// Whether Istio ignores a policy so annotated.
@@ -273,7 +274,12 @@ fn resolve_target(
                 .ok_or_else(|| not_found("Service"))?;
             if let Some(e) = section_missing(
                 "Service",
-                svc.spec.spec.ports.iter().map(|p| p.name.as_str()).collect(),
+                svc.spec
+                    .spec
+                    .ports
+                    .iter()
+                    .map(|p| p.name.as_str())
+                    .collect(),
             ) {
                 return Err(e);
             }
@@ -401,7 +407,12 @@ fn ancestor_gateways(snapshot: &Snapshot) -> BTreeMap<Target, BTreeSet<(String, 
                 p.group.as_deref().unwrap_or(GROUP) == GROUP
                     && p.kind.as_deref().unwrap_or("Gateway") == "Gateway"
             })
-            .map(|p| (p.namespace.clone().unwrap_or_else(|| ns.into()), p.name.clone()))
+            .map(|p| {
+                (
+                    p.namespace.clone().unwrap_or_else(|| ns.into()),
+                    p.name.clone(),
+                )
+            })
             .collect();
         for (group, kind, bns, name) in backends {
             let kind = match (group.unwrap_or(""), kind.unwrap_or("Service")) {
@@ -418,28 +429,56 @@ fn ancestor_gateways(snapshot: &Snapshot) -> BTreeMap<Target, BTreeSet<(String, 
     for r in snapshot.list::<HttpRoute>() {
         let refs = r.spec.rules.iter().flat_map(|x| &x.backend_refs);
         let refs = refs
-            .map(|b| (b.group.as_deref(), b.kind.as_deref(), b.namespace.as_deref(), b.name.as_str()))
+            .map(|b| {
+                (
+                    b.group.as_deref(),
+                    b.kind.as_deref(),
+                    b.namespace.as_deref(),
+                    b.name.as_str(),
+                )
+            })
             .collect();
         add(&r.object.metadata.namespace, &r.spec.parent_refs, refs);
     }
     for r in snapshot.list::<GrpcRoute>() {
         let refs = r.spec.rules.iter().flat_map(|x| &x.backend_refs);
         let refs = refs
-            .map(|b| (b.group.as_deref(), b.kind.as_deref(), b.namespace.as_deref(), b.name.as_str()))
+            .map(|b| {
+                (
+                    b.group.as_deref(),
+                    b.kind.as_deref(),
+                    b.namespace.as_deref(),
+                    b.name.as_str(),
+                )
+            })
             .collect();
         add(&r.object.metadata.namespace, &r.spec.parent_refs, refs);
     }
     for r in snapshot.list::<TcpRoute>() {
         let refs = r.spec.rules.iter().flat_map(|x| &x.backend_refs);
         let refs = refs
-            .map(|b| (b.group.as_deref(), b.kind.as_deref(), b.namespace.as_deref(), b.name.as_str()))
+            .map(|b| {
+                (
+                    b.group.as_deref(),
+                    b.kind.as_deref(),
+                    b.namespace.as_deref(),
+                    b.name.as_str(),
+                )
+            })
             .collect();
         add(&r.object.metadata.namespace, &r.spec.parent_refs, refs);
     }
     for r in snapshot.list::<TlsRoute>() {
         let refs = r.spec.rules.iter().flat_map(|x| &x.backend_refs);
         let refs = refs
-            .map(|b| (b.group.as_deref(), b.kind.as_deref(), b.namespace.as_deref(), b.name.as_str()))
+            .map(|b| {
+                (
+                    b.group.as_deref(),
+                    b.kind.as_deref(),
+                    b.namespace.as_deref(),
+                    b.name.as_str(),
+                )
+            })
             .collect();
         add(&r.object.metadata.namespace, &r.spec.parent_refs, refs);
     }
@@ -495,7 +534,13 @@ fn derive(
             .unwrap_or_default(),
         _ => snapshot
             .get_typed::<ServiceEntry>(ns, name)
-            .map(|s| s.spec.ports.iter().map(|p| (p.name.clone(), p.number)).collect())
+            .map(|s| {
+                s.spec
+                    .ports
+                    .iter()
+                    .map(|p| (p.name.clone(), p.number))
+                    .collect()
+            })
             .unwrap_or_default(),
     };
     let mut policy = TrafficPolicy::default();

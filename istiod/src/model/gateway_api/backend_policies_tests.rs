@@ -61,7 +61,10 @@ fn of_two_file_policies_on_one_target_the_lower_name_wins_and_the_other_is_confl
     assert_eq!(tls.sni, "a.example");
     assert_eq!(tls.credential_name, "configmap://demo/ca");
     assert_eq!(tp.port_level_settings.len(), 1);
-    assert_eq!(tp.port_level_settings[0].port.as_ref().unwrap().number, 9443);
+    assert_eq!(
+        tp.port_level_settings[0].port.as_ref().unwrap().number,
+        9443
+    );
     assert_eq!(
         tp.port_level_settings[0].tls.as_ref().unwrap().sni,
         "p.example"
@@ -75,7 +78,10 @@ fn of_two_file_policies_on_one_target_the_lower_name_wins_and_the_other_is_confl
     );
     let a = out.status[&ObjectKey::new(Kind::BackendTlsPolicy, "demo", "a")].lines();
     assert!(
-        a.contains(&"ancestor Service/secure: Accepted=True (Accepted): Configuration is valid".to_string()),
+        a.contains(
+            &"ancestor Service/secure: Accepted=True (Accepted): Configuration is valid"
+                .to_string()
+        ),
         "{a:?}"
     );
 }

@@ -127,14 +127,13 @@ pub fn validate(p: &BackendTlsPolicy) -> Vec<FieldError> {
         );
     }
     if v.subject_alt_names.len() > 5 {
-        add(
-            "spec.validation.subjectAltNames".into(),
-            "at most 5 names",
-        );
+        add("spec.validation.subjectAltNames".into(), "at most 5 names");
     }
     for (i, san) in v.subject_alt_names.iter().enumerate() {
         let ok = match san.r#type.as_str() {
-            "Hostname" => san.hostname.as_deref().is_some_and(|h| !h.is_empty()) && san.uri.is_none(),
+            "Hostname" => {
+                san.hostname.as_deref().is_some_and(|h| !h.is_empty()) && san.uri.is_none()
+            }
             "URI" => san.uri.as_deref().is_some_and(|u| !u.is_empty()) && san.hostname.is_none(),
             _ => false,
         };
@@ -170,7 +169,11 @@ mod tests {
         let ok = "{targetRefs: [{group: '', kind: Service, name: echo}], validation: {hostname: a.example, wellKnownCACertificates: System}}";
         assert!(errors(ok).is_empty());
         let both = "{targetRefs: [{group: '', kind: Service, name: echo}], validation: {hostname: a.example, wellKnownCACertificates: System, caCertificateRefs: [{group: '', kind: ConfigMap, name: ca}]}}";
-        assert!(errors(both)[0].contains("exactly one"), "{:?}", errors(both));
+        assert!(
+            errors(both)[0].contains("exactly one"),
+            "{:?}",
+            errors(both)
+        );
         let opts = "{targetRefs: [{group: '', kind: Service, name: echo}], validation: {hostname: a.example, wellKnownCACertificates: System}, options: {a: b}}";
         assert!(errors(opts)[0].contains("spec.options"));
         let san = "{targetRefs: [{group: '', kind: Service, name: echo}], validation: {hostname: a.example, wellKnownCACertificates: System, subjectAltNames: [{type: URI, hostname: x}]}}";
