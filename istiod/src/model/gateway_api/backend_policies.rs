@@ -357,7 +357,7 @@ fn credential_name(
         // Istio reads the Secret, then refuses its kind (core requires
         // ConfigMaps only).
         "Secret" if core => {
-            let e = if snapshot
+            if snapshot
                 .get_typed::<crate::model::secret::Secret>(ns, &r.name)
                 .is_some()
             {
@@ -374,8 +374,7 @@ fn credential_name(
                     format!("Certificate reference not found: {e}"),
                 ));
                 e
-            };
-            e
+            }
         }
         kind => {
             let e = format!("unsupported kind {kind}");
