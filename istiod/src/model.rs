@@ -15,6 +15,7 @@
 /// may only name it.
 pub const ROOT_NAMESPACE: &str = "istio-system";
 
+pub(crate) mod config_map;
 pub(crate) mod delegate;
 pub(crate) mod envoy_filter;
 pub(crate) mod error;

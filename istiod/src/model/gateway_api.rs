@@ -6,6 +6,8 @@
 //! VirtualService objects; [`convert`] does the same, and [`conditions`]
 //! computes the status Istio writes back.
 
+pub mod backend_policies;
+pub mod backend_tls_policy;
 pub mod conditions;
 pub mod convert;
 pub mod gateway_collection;

@@ -7,8 +7,10 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use super::config_map::ConfigMap;
 use super::envoy_filter::EnvoyFilter;
 use super::gateway::Gateway;
+use super::gateway_api::backend_tls_policy::BackendTlsPolicy;
 use super::gateway_api::grpc_types::GrpcRoute;
 use super::gateway_api::reference_grant::ReferenceGrant;
 use super::gateway_api::tls_types::{TcpRoute, TlsRoute};
@@ -102,11 +104,15 @@ pub enum Kind {
     TlsRoute,
     /// Gateway API `GRPCRoute`.
     GrpcRoute,
+    /// Gateway API `BackendTLSPolicy`: TLS to a Service or ServiceEntry.
+    BackendTlsPolicy,
+    /// Kubernetes `v1` ConfigMap: CA certificates named by the Gateway API.
+    ConfigMap,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 28] = [
+    pub const ALL: [Kind; 30] = [
         Kind::ServiceEntry,
         Kind::WorkloadEntry,
         Kind::WorkloadGroup,
@@ -135,6 +141,8 @@ impl Kind {
         Kind::TcpRoute,
         Kind::TlsRoute,
         Kind::GrpcRoute,
+        Kind::BackendTlsPolicy,
+        Kind::ConfigMap,
     ];
 
     /// The kind's name as written in `kind:`.
@@ -168,6 +176,8 @@ impl Kind {
             Kind::TcpRoute => "TCPRoute",
             Kind::TlsRoute => "TLSRoute",
             Kind::GrpcRoute => "GRPCRoute",
+            Kind::BackendTlsPolicy => "BackendTLSPolicy",
+            Kind::ConfigMap => "ConfigMap",
         }
     }
 
@@ -195,8 +205,14 @@ impl Kind {
             | Kind::ReferenceGrant
             | Kind::TcpRoute
             | Kind::TlsRoute
-            | Kind::GrpcRoute => GATEWAY_API_GROUP,
-            Kind::Service | Kind::Pod | Kind::Namespace | Kind::Node | Kind::Secret => "",
+            | Kind::GrpcRoute
+            | Kind::BackendTlsPolicy => GATEWAY_API_GROUP,
+            Kind::Service
+            | Kind::Pod
+            | Kind::Namespace
+            | Kind::Node
+            | Kind::Secret
+            | Kind::ConfigMap => "",
         }
     }
 
@@ -212,6 +228,8 @@ impl Kind {
             Kind::TlsRoute => return &["v1", "v1alpha3", "v1alpha2"],
             // The CRD serves GRPCRoute at v1 only.
             Kind::GrpcRoute => return &["v1"],
+            // v1 (standard channel), v1alpha3 (experimental, same fields).
+            Kind::BackendTlsPolicy => return &["v1", "v1alpha3"],
             _ => {}
         }
         if self == Kind::ProxyConfig {
@@ -471,6 +489,10 @@ pub enum Spec {
     TlsRoute(TlsRoute),
     /// A GRPCRoute's `spec`.
     GrpcRoute(GrpcRoute),
+    /// A BackendTLSPolicy's `spec`.
+    BackendTlsPolicy(BackendTlsPolicy),
+    /// A ConfigMap (its CA keys only).
+    ConfigMap(ConfigMap),
 }
 
 impl Spec {
@@ -505,6 +527,8 @@ impl Spec {
             Spec::TcpRoute(_) => Kind::TcpRoute,
             Spec::TlsRoute(_) => Kind::TlsRoute,
             Spec::GrpcRoute(_) => Kind::GrpcRoute,
+            Spec::BackendTlsPolicy(_) => Kind::BackendTlsPolicy,
+            Spec::ConfigMap(_) => Kind::ConfigMap,
         }
     }
 }
@@ -624,6 +648,8 @@ kind_spec!(
     TcpRoute,
     TlsRoute,
     GrpcRoute,
+    BackendTlsPolicy,
+    ConfigMap,
 );
 
 #[cfg(test)]

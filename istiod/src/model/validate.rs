@@ -92,6 +92,10 @@ pub fn validate(object: &Object) -> Vec<FieldError> {
         Spec::TcpRoute(r) => gateway_api_l4::tcp_route(r, &mut e),
         Spec::TlsRoute(r) => gateway_api_l4::tls_route(r, &mut e),
         Spec::GrpcRoute(r) => gateway_api_grpc::grpc_route(r, &object.metadata.namespace, &mut e),
+        Spec::BackendTlsPolicy(p) => {
+            e.0.extend(super::gateway_api::backend_tls_policy::validate(p));
+        }
+        Spec::ConfigMap(_) => {}
     }
     e.0
 }

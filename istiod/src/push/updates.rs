@@ -190,6 +190,8 @@ struct Resolved {
     /// Whether the Gateway API's mesh routes were compared already (once
     /// per batch, however many routes it changed).
     mesh_routes_compared: bool,
+    /// Whether the derived DestinationRules were compared already.
+    backend_policies_compared: bool,
 }
 
 impl Resolved {
@@ -238,6 +240,23 @@ impl Resolved {
                     self.changes
                         .push(change(&reason, Audience::Routers, Types::LDS | Types::RDS));
                 }
+            }
+            // BackendTLSPolicies become DestinationRules; a ConfigMap is
+            // the CA of some (and of frontendValidation), served over SDS.
+            Kind::BackendTlsPolicy | Kind::ConfigMap => {
+                if key.kind == Kind::ConfigMap {
+                    self.changes.push(change(
+                        &reason,
+                        Audience::Secret {
+                            namespace: key.namespace.clone(),
+                            name: key.name.clone(),
+                        },
+                        Types::SDS,
+                    ));
+                    self.changes
+                        .push(change(&reason, Audience::Routers, Types::LDS | Types::RDS));
+                }
+                self.derived_destination_rules(views);
             }
             Kind::Gateway => {
                 // Sidecars ignore Gateways (Istio's `UnAffectedConfigKinds`).
@@ -393,6 +412,33 @@ impl Resolved {
             let new = find(&views.new.virtual_services, &key).map(|vs| &vs.spec);
             if old != new {
                 self.virtual_service(&key, reason, views);
+            }
+        }
+    }
+
+    /// The DestinationRules derived from BackendTLSPolicies (generated,
+    /// so named with `~`) that differ between the old and the new context:
+    /// changed as DestinationRules do.
+    fn derived_destination_rules(&mut self, views: &Views<'_>) {
+        if std::mem::replace(&mut self.backend_policies_compared, true) {
+            return;
+        }
+        let generated = |ctx: &IstioContext| -> Vec<ObjectKey> {
+            ctx.destination_rules
+                .iter()
+                .filter(|dr| dr.name.contains('~'))
+                .map(|dr| ObjectKey::new(Kind::DestinationRule, &dr.namespace, &dr.name))
+                .collect()
+        };
+        let keys: BTreeSet<ObjectKey> = generated(views.old)
+            .into_iter()
+            .chain(generated(views.new))
+            .collect();
+        for key in keys {
+            let old = find(&views.old.destination_rules, &key).map(|dr| &dr.spec);
+            let new = find(&views.new.destination_rules, &key).map(|dr| &dr.spec);
+            if old != new {
+                self.object(&key, false, views);
             }
         }
     }

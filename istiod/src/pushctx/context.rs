@@ -55,6 +55,8 @@ pub struct IstioContext {
     pub telemetries: Vec<crate::model::telemetry::NamedTelemetry>,
     /// Secrets by (namespace, name), for gateway credentials (SDS).
     pub secrets: HashMap<(String, String), Arc<crate::model::Object>>,
+    /// ConfigMaps by (namespace, name), for Gateway API CAs (SDS).
+    pub config_maps: HashMap<(String, String), Arc<crate::model::Object>>,
     /// The Gateway API's ReferenceGrants (SDS of Secrets of other namespaces).
     pub reference_grants: crate::model::gateway_api::references::ReferenceGrants,
     /// Pod labels by Pod IP, for proxies whose Pod no Service lists yet.
@@ -344,10 +346,23 @@ impl IstioContext {
         let registry = ServiceRegistry::build(snapshot, options);
         // Oldest first, as Istio orders them (`sortConfigBySelectorAndCreationTime`;
         // rules with a selector are preferred at lookup).
-        let destination_rules = oldest_first(snapshot);
+        let mut destination_rules = oldest_first(snapshot);
         // The Gateway API's Gateways and HTTPRoutes join Istio's own, as
         // Istio's gateway controller feeds its config store.
-        let gateway_api = crate::model::gateway_api::convert::convert(snapshot, &options.domain);
+        let mut gateway_api =
+            crate::model::gateway_api::convert::convert(snapshot, &options.domain);
+        // So do the DestinationRules of BackendTLSPolicies; they carry no
+        // creation time (Go's zero time in Istio, the oldest), so first.
+        destination_rules.splice(
+            0..0,
+            std::mem::take(&mut gateway_api.destination_rules)
+                .into_iter()
+                .map(|g| Named {
+                    namespace: g.namespace,
+                    name: g.name,
+                    spec: g.spec,
+                }),
+        );
         let named = |g: crate::model::gateway_api::convert::Generated<_>| Named {
             namespace: g.namespace,
             name: g.name,
@@ -414,6 +429,15 @@ impl IstioContext {
                     )
                 })
                 .collect(),
+            config_maps: snapshot
+                .objects(crate::model::Kind::ConfigMap)
+                .map(|o| {
+                    (
+                        (o.metadata.namespace.clone(), o.metadata.name.clone()),
+                        o.clone(),
+                    )
+                })
+                .collect(),
             reference_grants: crate::model::gateway_api::references::ReferenceGrants::new(snapshot),
             pod_labels: snapshot
                 .list::<crate::model::kube::Pod>()
@@ -427,6 +451,17 @@ impl IstioContext {
             mesh: MeshConfig::default(),
             jwks: Arc::default(),
         }
+    }
+
+    /// The ConfigMap `namespace/name` (its CA keys), if there is one.
+    pub fn config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<&crate::model::config_map::ConfigMap> {
+        self.config_maps
+            .get(&(namespace.to_string(), name.to_string()))
+            .and_then(|o| o.spec_as())
     }
 
     /// The Secret `namespace/name`, if there is one.

@@ -76,6 +76,8 @@ pub fn plural(kind: Kind) -> &'static str {
         Kind::TcpRoute => "tcproutes",
         Kind::TlsRoute => "tlsroutes",
         Kind::GrpcRoute => "grpcroutes",
+        Kind::BackendTlsPolicy => "backendtlspolicies",
+        Kind::ConfigMap => "configmaps",
     }
 }
 

@@ -10,7 +10,7 @@ mod inbound;
 pub(super) mod policy;
 #[cfg(test)]
 mod tests;
-mod tls;
+pub(crate) mod tls;
 
 use std::time::Duration;
 

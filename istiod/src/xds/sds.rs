@@ -13,7 +13,9 @@
 //! `KubernetesGatewaySecretType`) are served to gateways of the Secret's
 //! namespace, and to gateways of another namespace when a `ReferenceGrant`
 //! in the Secret's namespace lets that namespace's Gateways refer to it
-//! (Istio's `VerifiedCertificateReferences`). A refused or missing resource is left out of the response
+//! (Istio's `VerifiedCertificateReferences`). `configmap://<namespace>/<name>`
+//! (a BackendTLSPolicy's or frontendValidation's CA) is served to any
+//! verified proxy, as Istio does. A refused or missing resource is left out of the response
 //! and logged (warn, scope `ads`) naming the proxy and the resource.
 
 use std::collections::BTreeSet;
@@ -33,6 +35,10 @@ use crate::pushctx::{Proxy, Resource};
 /// Istio's resource name prefix for Kubernetes Secrets (`KubernetesSecretTypeURI`).
 pub const KUBERNETES_PREFIX: &str = "kubernetes://";
 
+/// Istio's resource name prefix for a CA in a ConfigMap
+/// (`KubernetesConfigMapTypeURI`), named by the Gateway API.
+pub const CONFIGMAP_PREFIX: &str = crate::model::gateway_api::backend_policies::CONFIGMAP_PREFIX;
+
 /// Istio's resource name prefix for Secrets named by the Gateway API.
 pub const KUBERNETES_GATEWAY_PREFIX: &str =
     crate::model::gateway_api::listener_tls::KUBERNETES_GATEWAY_PREFIX;
@@ -46,6 +52,8 @@ pub struct SecretResource {
     pub name: String,
     /// Named by the Gateway API (`kubernetes-gateway://`).
     pub gateway_api: bool,
+    /// A ConfigMap's CA (`configmap://`), not a Secret.
+    pub config_map: bool,
 }
 
 impl SecretResource {
@@ -76,7 +84,7 @@ impl SecretResource {
 pub enum SdsError {
     /// Not a `kubernetes://` name, or too many parts.
     #[error(
-        "invalid resource name {0:?}: expected kubernetes://<name>, kubernetes://<namespace>/<name> or kubernetes-gateway://<namespace>/<name>"
+        "invalid resource name {0:?}: expected kubernetes://<name>, kubernetes://<namespace>/<name>, kubernetes-gateway://<namespace>/<name> or configmap://<namespace>/<name>"
     )]
     InvalidName(String),
     /// The connection proved no identity (the plaintext port).
@@ -110,6 +118,17 @@ pub enum SdsError {
     /// No such Secret.
     #[error("secret {0} not found")]
     NotFound(String),
+    /// No such ConfigMap.
+    #[error("configmap {0} not found")]
+    ConfigMapNotFound(String),
+    /// The ConfigMap holds no CA.
+    #[error("configmap {config_map}: {error}")]
+    ConfigMapCa {
+        /// `namespace/name`.
+        config_map: String,
+        /// What is missing.
+        error: crate::model::config_map::ConfigMapCaError,
+    },
     /// The Secret holds no credential of the asked kind.
     #[error("secret {secret}: {error}")]
     Credential {
@@ -125,18 +144,20 @@ pub enum SdsError {
 /// `kubernetes-gateway://<namespace>/<name>` always names its namespace.
 pub fn parse_resource_name(resource: &str, proxy_ns: &str) -> Result<SecretResource, SdsError> {
     let invalid = || SdsError::InvalidName(resource.to_string());
+    let config_map = resource.starts_with(CONFIGMAP_PREFIX);
     let (rest, gateway_api) = match resource.strip_prefix(KUBERNETES_GATEWAY_PREFIX) {
         Some(rest) => (rest, true),
         None => (
             resource
                 .strip_prefix(KUBERNETES_PREFIX)
+                .or_else(|| resource.strip_prefix(CONFIGMAP_PREFIX))
                 .ok_or_else(invalid)?,
             false,
         ),
     };
     let parts: Vec<&str> = rest.split('/').collect();
     let (namespace, name) = match parts.as_slice() {
-        [name] if !gateway_api => (proxy_ns, *name),
+        [name] if !gateway_api && !config_map => (proxy_ns, *name),
         [ns, name] => (*ns, *name),
         _ => return Err(invalid()),
     };
@@ -147,6 +168,7 @@ pub fn parse_resource_name(resource: &str, proxy_ns: &str) -> Result<SecretResou
         namespace: namespace.to_string(),
         name: name.to_string(),
         gateway_api,
+        config_map,
     })
 }
 
@@ -202,6 +224,11 @@ pub fn watching(
 pub fn build(ctx: &IstioContext, proxy: &Proxy, names: &BTreeSet<String>) -> Vec<Arc<Resource>> {
     names
         .iter()
+        // Istio's `invalid://` (a BackendTLSPolicy whose CA cannot be
+        // used) is never served, by design: its status says why.
+        .filter(|name| {
+            !name.starts_with(crate::model::gateway_api::backend_policies::INVALID_CREDENTIAL)
+        })
         .filter_map(|name| match generate(ctx, proxy, name) {
             Ok(secret) => Some(Arc::new(Resource::encode(name.clone(), &secret))),
             Err(e) => {
@@ -222,6 +249,12 @@ pub fn build(ctx: &IstioContext, proxy: &Proxy, names: &BTreeSet<String>) -> Vec
 fn authorize(ctx: &IstioContext, proxy: &Proxy, sr: &SecretResource) -> Result<(), SdsError> {
     if !proxy.verified {
         return Err(SdsError::NotVerified);
+    }
+    if sr.config_map {
+        // Istio serves any ConfigMap's CA to any proxy: only `ca.crt` is
+        // read, which is not private, and the client reads the server's CA
+        // (so no namespace rule can hold).
+        return Ok(());
     }
     if sr.gateway_api && sr.namespace != proxy.namespace {
         use crate::model::gateway_api::references::{RefFrom, RefTo};
@@ -259,7 +292,23 @@ fn generate(ctx: &IstioContext, proxy: &Proxy, name: &str) -> Result<EnvoySecret
     };
     let credential =
         |secret: String| move |error: CredentialError| SdsError::Credential { secret, error };
-    let kind = if sr.ca_only() {
+    let kind = if sr.config_map {
+        // Istio's `GetConfigMapCaCert`: the CA, asked for with or without
+        // the `-cacert` suffix.
+        let base = sr.name.strip_suffix(CA_SUFFIX).unwrap_or(&sr.name);
+        let key = format!("{}/{base}", sr.namespace);
+        let cm = ctx
+            .config_map(&sr.namespace, base)
+            .ok_or_else(|| SdsError::ConfigMapNotFound(key.clone()))?;
+        let ca = cm.ca().map_err(|error| SdsError::ConfigMapCa {
+            config_map: key,
+            error,
+        })?;
+        secret::Type::ValidationContext(CertificateValidationContext {
+            trusted_ca: Some(inline(ca)),
+            ..Default::default()
+        })
+    } else if sr.ca_only() {
         // Istio's `GetCaCert`: the `-cacert` Secret, else the Secret
         // without the suffix.
         let base = sr.name.strip_suffix(CA_SUFFIX).unwrap_or(&sr.name);

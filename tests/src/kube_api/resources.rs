@@ -564,6 +564,13 @@ pub static RESOURCES: &[Resource] = &[
         &[],
     ),
     gateway_api_versions("grpcroutes", "grpcroute", "GRPCRoute", &["v1"], &[]),
+    gateway_api_versions(
+        "backendtlspolicies",
+        "backendtlspolicy",
+        "BackendTLSPolicy",
+        &["v1", "v1alpha3"],
+        &["btlspolicy"],
+    ),
     istio(
         "telemetry.istio.io",
         &["v1", "v1alpha1"],

@@ -65,6 +65,17 @@ pub struct RouteParentStatus {
     pub conditions: Vec<Condition>,
 }
 
+/// One ancestor of a policy (`status.ancestors` entry).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AncestorStatus {
+    /// The Service, ServiceEntry or Gateway.
+    pub ancestor_ref: ParentReference,
+    /// `istio.io/mesh-controller` or `istio.io/gateway-controller`.
+    pub controller: &'static str,
+    /// `Accepted` and `ResolvedRefs`.
+    pub conditions: Vec<Condition>,
+}
+
 /// The status of one object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ObjectStatus {
@@ -79,6 +90,8 @@ pub enum ObjectStatus {
     },
     /// An HTTPRoute with at least one parent of Istio's.
     HttpRoute(Vec<RouteParentStatus>),
+    /// A policy (BackendTLSPolicy): one entry per ancestor.
+    Policy(Vec<AncestorStatus>),
 }
 
 fn condition_json(c: &Condition, generation: Option<i64>, now: &str, before: &Value) -> Value {
@@ -177,6 +190,28 @@ impl ObjectStatus {
                 }
                 json!({"parents": out})
             }
+            ObjectStatus::Policy(ancestors) => {
+                let mut out = others;
+                for a in ancestors {
+                    let ancestor_ref = serde_json::to_value(&a.ancestor_ref).unwrap_or(Value::Null);
+                    let old = before["ancestors"]
+                        .as_array()
+                        .and_then(|ps| {
+                            ps.iter().find(|o| {
+                                o["controllerName"] == a.controller
+                                    && o["ancestorRef"] == ancestor_ref
+                            })
+                        })
+                        .map(|o| o["conditions"].clone())
+                        .unwrap_or(Value::Null);
+                    out.push(json!({
+                        "ancestorRef": ancestor_ref,
+                        "controllerName": a.controller,
+                        "conditions": conditions_json(&a.conditions, generation, now, &old),
+                    }));
+                }
+                json!({"ancestors": out})
+            }
         }
     }
 
@@ -226,6 +261,23 @@ impl ObjectStatus {
                         .unwrap_or_default();
                     let prefix = format!("parent {ns}{}{section}: ", p.parent_ref.name);
                     p.conditions.iter().map(move |c| show(&prefix, c))
+                })
+                .collect(),
+            ObjectStatus::Policy(ancestors) => ancestors
+                .iter()
+                .flat_map(|a| {
+                    let section = a
+                        .ancestor_ref
+                        .section_name
+                        .as_deref()
+                        .map(|s| format!(".{s}"))
+                        .unwrap_or_default();
+                    let prefix = format!(
+                        "ancestor {}/{}{section}: ",
+                        a.ancestor_ref.kind.as_deref().unwrap_or(""),
+                        a.ancestor_ref.name
+                    );
+                    a.conditions.iter().map(move |c| show(&prefix, c))
                 })
                 .collect(),
         }

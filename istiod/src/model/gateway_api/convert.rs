@@ -20,6 +20,7 @@ pub fn convert(snapshot: &Snapshot, domain: &str) -> Output {
     super::route_collections::http_routes(snapshot, domain, &mut parents, &mut out);
     super::tcp_route::l4_routes(snapshot, domain, &mut parents, &mut out);
     super::gateway_collection::gateway_status(&parents, gateway_status, &mut out);
+    super::backend_policies::backend_tls_policies(snapshot, domain, &mut out);
     out
 }
 

@@ -290,31 +290,39 @@ fn validation(
             ),
         ));
     }
-    if configmap {
-        // ConfigMaps are not among the kinds this istiod reads, so a CA
-        // there could not be served: refused in status, not ignored.
-        return Err(ca_err(
-            "InvalidCACertificateRef",
+    let (found, prefix) = if configmap {
+        // A ConfigMap's CA, served as `configmap://<ns>/<name>-cacert`
+        // (Istio's `buildCaCertificateReference`).
+        let found = snapshot
+            .get_typed::<crate::model::config_map::ConfigMap>(ca_ns, &r.name)
+            .ok_or_else(|| format!("configmap {ca_ns}/{} not found", r.name))
+            .and_then(|c| {
+                let ca = c.spec.ca().map_err(|e| e.to_string())?;
+                crate::model::secret::check_pem(ca, crate::model::secret::PemKind::Certificates)
+                    .map_err(|_| "the bundle is malformed".to_string())
+            });
+        (
+            found,
             format!(
-                "invalid CA certificate reference {shown}, ConfigMaps are not read by this istiod (put the CA in a Secret, key ca.crt)"
+                "{}{ca_ns}/{}",
+                super::backend_policies::CONFIGMAP_PREFIX,
+                r.name
             ),
-        ));
-    }
-    let found = snapshot
-        .get_typed::<Secret>(ca_ns, &r.name)
-        .ok_or_else(|| format!("secret {ca_ns}/{} not found", r.name))
-        .and_then(|s| s.spec.ca().map(|_| ()).map_err(|e| e.to_string()));
+        )
+    } else {
+        let found = snapshot
+            .get_typed::<Secret>(ca_ns, &r.name)
+            .ok_or_else(|| format!("secret {ca_ns}/{} not found", r.name))
+            .and_then(|s| s.spec.ca().map(|_| ()).map_err(|e| e.to_string()));
+        (found, gateway_credential(ca_ns, &r.name))
+    };
     if let Err(e) = found {
         return Err(ca_err(
             "InvalidCACertificateRef",
             format!("invalid CA certificate reference {shown}, {e}"),
         ));
     }
-    out.ca_cert_credential_name = format!(
-        "{}{}",
-        gateway_credential(ca_ns, &r.name),
-        crate::model::secret::CA_SUFFIX
-    );
+    out.ca_cert_credential_name = format!("{prefix}{}", crate::model::secret::CA_SUFFIX);
     out.mode = ServerTlsMode::Mutual;
     out.insecure_skip_verify = Some(false);
     if v.mode.as_deref() == Some("AllowInsecureFallback") {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use super::conditions::ObjectStatus;
 use crate::model::ObjectKey;
 use crate::model::gateway::Gateway;
-use crate::model::istio::VirtualService;
+use crate::model::istio::{DestinationRule, VirtualService};
 
 /// The routes (`Kind/name.ns`, comma-separated) or listener
 /// (`Gateway/name/listener.ns`) an object was derived from (Istio's
@@ -46,6 +46,8 @@ pub struct Output {
     pub gateways: Vec<Generated<Gateway>>,
     /// The routes, bound to those Gateways.
     pub virtual_services: Vec<Generated<VirtualService>>,
+    /// One per BackendTLSPolicy target and host ([`super::backend_policies`]).
+    pub destination_rules: Vec<Generated<DestinationRule>>,
     /// The status of every object of Istio's classes and of every route
     /// with a parent there (or no parent at all).
     pub status: BTreeMap<ObjectKey, ObjectStatus>,
@@ -76,6 +78,11 @@ impl Output {
                 self.virtual_services
                     .iter()
                     .map(|v| doc("VirtualService", v)),
+            )
+            .chain(
+                self.destination_rules
+                    .iter()
+                    .map(|d| doc("DestinationRule", d)),
             )
             .collect()
     }

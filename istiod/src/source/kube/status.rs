@@ -110,11 +110,14 @@ async fn write(
         // parents other controllers wrote).
         None => api.get_status(&key.name).await?.data["status"].clone(),
     };
+    // A policy's ancestors of other controllers are kept the same way.
+    let mesh = crate::model::gateway_api::backend_policies::MESH_CONTROLLER_NAME;
     let others: Vec<Value> = before["parents"]
         .as_array()
+        .or(before["ancestors"].as_array())
         .map(|ps| {
             ps.iter()
-                .filter(|p| p["controllerName"] != CONTROLLER_NAME)
+                .filter(|p| p["controllerName"] != CONTROLLER_NAME && p["controllerName"] != mesh)
                 .cloned()
                 .collect()
         })

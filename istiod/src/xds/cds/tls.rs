@@ -95,7 +95,21 @@ pub fn originate(
         return None;
     }
     let credential = !tls.credential_name.is_empty();
-    if credential && !with_selector {
+    // A ConfigMap's CA (a BackendTLSPolicy's) is no privileged credential:
+    // Istio gives it to sidecars of rules without a selector too. Nor is
+    // the never-served `invalid://` of a BackendTLSPolicy whose CA cannot
+    // be used: its TLS blocks the traffic on every proxy. (Istio leaves a
+    // sidecar's cluster plain text then, and blocks on gateways; here the
+    // outbound clusters of a scope are shared by gateways and sidecars, so
+    // both block, the safer side.)
+    let privileged = credential
+        && !tls
+            .credential_name
+            .starts_with(crate::xds::sds::CONFIGMAP_PREFIX)
+        && !tls
+            .credential_name
+            .starts_with(crate::model::gateway_api::backend_policies::INVALID_CREDENTIAL);
+    if privileged && !with_selector {
         return None;
     }
     let skip_verify = tls.insecure_skip_verify == Some(true);

@@ -60,6 +60,13 @@ pub fn downstream_tls_context(tls: &ServerTlsSettings) -> DownstreamTlsContext {
         if verifies_clients {
             let ca = if tls.ca_cert_credential_name.is_empty() {
                 ca_resource(credential_names(tls)[0])
+            } else if tls
+                .ca_cert_credential_name
+                .ends_with(crate::model::secret::CA_SUFFIX)
+            {
+                // Already a CA resource (the Gateway API's, e.g.
+                // `configmap://<ns>/<name>-cacert`): as it is, as Istio uses it.
+                credential_resource(&tls.ca_cert_credential_name)
             } else {
                 ca_resource(&tls.ca_cert_credential_name)
             };

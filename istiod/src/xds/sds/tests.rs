@@ -256,3 +256,49 @@ spec:
     // The namespace is required in a Gateway API name.
     assert!(parse_resource_name("kubernetes-gateway://cert", "cert").is_err());
 }
+
+#[test]
+fn a_configmap_ca_is_served_to_any_verified_proxy_of_any_namespace() {
+    let (ca, _) = pem_pair("backend ca");
+    let yaml = format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: backend-ca, namespace: demo}}\ndata:\n  ca.crt: |\n{}  mesh: 'not read'\n",
+        indent(&ca)
+    );
+    let ctx = crate::pushctx::context::context_of_yaml(&yaml);
+    let sidecar = Proxy {
+        proxy_type: common::ProxyType::Sidecar,
+        id: "app-1.other".into(),
+        namespace: "other".into(),
+        verified: true,
+        ..Default::default()
+    };
+    for proxy in [gateway("gw"), sidecar] {
+        let got = secrets(
+            &ctx,
+            &proxy,
+            &[
+                "configmap://demo/backend-ca-cacert",
+                "configmap://demo/backend-ca",
+                "configmap://demo/missing-cacert",
+                "invalid://-cacert",
+            ],
+        );
+        assert_eq!(got.len(), 2, "only the ConfigMap's two names: {got:?}");
+        for s in got {
+            let Some(secret::Type::ValidationContext(v)) = s.r#type else {
+                panic!("{s:?}");
+            };
+            assert_eq!(inline_text(&v.trusted_ca), ca);
+        }
+    }
+    let unverified = Proxy {
+        verified: false,
+        ..gateway("gw")
+    };
+    assert!(secrets(&ctx, &unverified, &["configmap://demo/backend-ca-cacert"]).is_empty());
+    assert_eq!(
+        parse_resource_name("configmap://backend-ca", "demo"),
+        Err(SdsError::InvalidName("configmap://backend-ca".into())),
+        "a ConfigMap resource names its namespace"
+    );
+}

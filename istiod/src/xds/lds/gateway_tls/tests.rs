@@ -357,3 +357,37 @@ fn https_redirect_and_https_route_configs() {
     let m = by_name("https.443.mtls.ingress.istio-system");
     assert_eq!(m.virtual_hosts[0].name, "blackhole:443");
 }
+
+#[test]
+fn a_ca_resource_named_by_the_gateway_api_is_used_as_it_is() {
+    // frontendValidation with a ConfigMap CA: the translation names the CA
+    // resource itself, `configmap://<ns>/<name>-cacert`, as Istio does.
+    let ctx = crate::pushctx::context::context_of_yaml(
+        r#"
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: ingress, namespace: istio-system}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 443, name: mtls, protocol: HTTPS}
+    hosts: ["m.example.com"]
+    tls: {mode: MUTUAL, credentialName: "kubernetes-gateway://istio-system/cert", caCertCredentialName: "configmap://demo/clients-cacert"}
+"#,
+    );
+    let listeners = listeners(&ctx);
+    let chain = &listeners
+        .iter()
+        .find(|l| l.name.contains("443"))
+        .unwrap()
+        .filter_chains[0];
+    let tls = tls_of(chain);
+    let v = combined_of(tls.common_tls_context.as_ref().unwrap());
+    assert_eq!(
+        v.validation_context_sds_secret_config
+            .as_ref()
+            .unwrap()
+            .name,
+        "configmap://demo/clients-cacert"
+    );
+}
