@@ -24,7 +24,9 @@ mod workload_group;
 pub use destination_rule::*;
 pub use workload_group::*;
 
-/// (De)serializes `Option<Duration>` as a Go/protobuf duration string.
+/// (De)serializes `Option<Duration>`: reads a Go or protobuf duration
+/// string (`1ms`, `0.001s`), writes protobuf's JSON form (`0.001s`), as
+/// Istio shows its config objects.
 pub(crate) mod go_duration {
     use std::time::Duration;
 
@@ -33,7 +35,7 @@ pub(crate) mod go_duration {
 
     pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
         match d {
-            Some(d) => common::duration::serialize(d, s),
+            Some(d) => common::duration::serialize_proto(d, s),
             None => s.serialize_none(),
         }
     }

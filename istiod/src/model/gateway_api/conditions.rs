@@ -6,6 +6,7 @@
 
 use serde_json::{Value, json};
 
+use super::gateway_instances::GatewayAddress;
 use super::{CONTROLLER_NAME, GROUP, ParentReference};
 
 /// One condition.
@@ -76,6 +77,8 @@ pub enum ObjectStatus {
         conditions: Vec<Condition>,
         /// One per listener.
         listeners: Vec<ListenerStatus>,
+        /// `status.addresses` (none until the Gateway's Service has one).
+        addresses: Vec<GatewayAddress>,
     },
     /// An HTTPRoute with at least one parent of Istio's.
     HttpRoute(Vec<RouteParentStatus>),
@@ -133,6 +136,7 @@ impl ObjectStatus {
             ObjectStatus::Gateway {
                 conditions,
                 listeners,
+                addresses,
             } => {
                 let listeners: Vec<Value> = listeners
                     .iter()
@@ -150,10 +154,22 @@ impl ObjectStatus {
                         })
                     })
                     .collect();
-                json!({
+                let mut status = json!({
                     "conditions": conditions_json(conditions, generation, now, &before["conditions"]),
                     "listeners": listeners,
-                })
+                });
+                // Istio reports no address until there is one, and once
+                // there is, never removes it.
+                let addresses: Vec<Value> = addresses
+                    .iter()
+                    .map(|a| json!({"type": a.r#type, "value": a.value}))
+                    .collect();
+                if !addresses.is_empty() {
+                    status["addresses"] = Value::Array(addresses);
+                } else if before["addresses"].is_array() {
+                    status["addresses"] = before["addresses"].clone();
+                }
+                status
             }
             ObjectStatus::HttpRoute(parents) => {
                 let mut out = others;
@@ -197,6 +213,7 @@ impl ObjectStatus {
             ObjectStatus::Gateway {
                 conditions,
                 listeners,
+                ..
             } => conditions
                 .iter()
                 .map(|c| show("", c))
