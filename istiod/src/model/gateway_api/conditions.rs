@@ -6,7 +6,6 @@
 
 use serde_json::{Value, json};
 
-use super::gateway_instances::GatewayAddress;
 use super::{CONTROLLER_NAME, GROUP, ParentReference};
 
 /// One condition.
@@ -41,6 +40,30 @@ impl Condition {
     /// A condition that holds, with its type as reason (Istio's usual form).
     pub fn ok(r#type: &'static str, message: impl Into<String>) -> Self {
         Self::new(r#type, true, r#type, message)
+    }
+}
+
+/// One entry of a Gateway's `status.addresses`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayAddress {
+    /// `IPAddress` or `Hostname`.
+    pub r#type: &'static str,
+    /// The address.
+    pub value: String,
+}
+
+impl GatewayAddress {
+    /// `value`, typed `IPAddress` when it parses as one, else `Hostname`.
+    pub fn of(value: &str) -> Self {
+        let r#type = if value.parse::<std::net::IpAddr>().is_ok() {
+            "IPAddress"
+        } else {
+            "Hostname"
+        };
+        Self {
+            r#type,
+            value: value.to_string(),
+        }
     }
 }
 

@@ -16,8 +16,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::conditions::{Condition, ListenerStatus, ObjectStatus};
-use super::gateway_instances::{self, GatewayAddress};
+use super::conditions::{Condition, GatewayAddress, ListenerStatus, ObjectStatus};
+use super::gateway_instances;
 use super::infrastructure::Infrastructure;
 use super::output::{
     GATEWAY_SEMANTICS_ANNOTATION, GATEWAY_SERVICE_ANNOTATION, Generated, Output,

@@ -11,33 +11,10 @@
 
 use std::collections::BTreeSet;
 
-use super::conditions::Condition;
+use super::conditions::{Condition, GatewayAddress};
 use crate::model::istio::ServiceEntry;
 use crate::model::kube::{IntOrString, Service, ServiceType};
 use crate::model::store::Snapshot;
-
-/// One entry of a Gateway's `status.addresses`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GatewayAddress {
-    /// `IPAddress` or `Hostname`.
-    pub r#type: &'static str,
-    /// The address.
-    pub value: String,
-}
-
-impl GatewayAddress {
-    fn of(value: &str) -> Self {
-        let r#type = if value.parse::<std::net::IpAddr>().is_ok() {
-            "IPAddress"
-        } else {
-            "Hostname"
-        };
-        Self {
-            r#type,
-            value: value.to_string(),
-        }
-    }
-}
 
 /// What the Gateway's Services resolved to.
 #[derive(Debug, Default)]
