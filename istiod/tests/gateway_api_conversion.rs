@@ -530,7 +530,9 @@ fn istio_conversion_goldens() {
         }
         listed += 1;
         for d in differences {
-            if std::env::var("GOLDEN_DUMP").is_ok() { println!("DIFF {case}: {d}"); }
+            if std::env::var("GOLDEN_DUMP").is_ok() {
+                println!("DIFF {case}: {d}");
+            }
             let mut known = false;
             for (i, (c, what, _)) in KNOWN_DIFFERENCES.iter().enumerate() {
                 if (*c == "*" || c == case) && d.contains(what) {

@@ -67,7 +67,9 @@ fn lookup(snapshot: &Snapshot, namespace: &str, host: &str, domain: &str) -> Opt
     }
     snapshot
         .list::<ServiceEntry>()
-        .find(|se| se.object.metadata.namespace == namespace && se.spec.hosts.iter().any(|h| h == host))
+        .find(|se| {
+            se.object.metadata.namespace == namespace && se.spec.hosts.iter().any(|h| h == host)
+        })
         .map(|se| Found {
             ports: se.spec.ports.iter().map(|p| p.number).collect(),
             target_ports: Vec::new(),
@@ -117,7 +119,8 @@ pub(super) fn resolve(
     let mut unusable = false;
     for host in services {
         let Some(found) = lookup(snapshot, namespace, host, domain) else {
-            out.warnings.push(not_found(snapshot, namespace, host, domain));
+            out.warnings
+                .push(not_found(snapshot, namespace, host, domain));
             unusable = true;
             continue;
         };
@@ -208,7 +211,9 @@ impl Instances {
         }
         let mut out: Vec<GatewayAddress> = Vec::new();
         for hostport in &self.internal {
-            let host = hostport.rsplit_once(':').map_or(hostport.as_str(), |(h, _)| h);
+            let host = hostport
+                .rsplit_once(':')
+                .map_or(hostport.as_str(), |(h, _)| h);
             if !self.pending.contains(host) && !out.iter().any(|a| a.value == host) {
                 out.push(GatewayAddress::of(host));
             }
@@ -243,7 +248,11 @@ mod tests {
     #[test]
     fn programmed_reads_as_istio_writes_it() {
         let svc = vec!["gw.ns.svc.cluster.local".to_string()];
-        let ok = instances(&["gw.ns.svc.cluster.local:443", "gw.ns.svc.cluster.local:80"], &[], true);
+        let ok = instances(
+            &["gw.ns.svc.cluster.local:443", "gw.ns.svc.cluster.local:80"],
+            &[],
+            true,
+        );
         let c = ok.programmed(&svc);
         assert!(c.status);
         assert_eq!(
@@ -264,6 +273,26 @@ mod tests {
             c.message,
             "Failed to assign to any requested addresses: hostname \"b\" not found"
         );
+    }
+
+    #[test]
+    fn an_address_once_written_stays_while_none_is_resolved() {
+        use super::super::conditions::ObjectStatus;
+        let status = |addresses: Vec<GatewayAddress>| ObjectStatus::Gateway {
+            conditions: Vec::new(),
+            listeners: Vec::new(),
+            addresses,
+        };
+        let null = serde_json::Value::Null;
+        assert!(status(Vec::new()).to_json(None, "t", &null, Vec::new())["addresses"].is_null());
+        let first =
+            status(vec![GatewayAddress::of("1.2.3.4")]).to_json(None, "t", &null, Vec::new());
+        assert_eq!(
+            first["addresses"],
+            serde_json::json!([{"type": "IPAddress", "value": "1.2.3.4"}])
+        );
+        let later = status(Vec::new()).to_json(None, "t", &first, Vec::new());
+        assert_eq!(later["addresses"], first["addresses"]);
     }
 
     #[test]
