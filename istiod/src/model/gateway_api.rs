@@ -449,13 +449,13 @@ pub struct HttpBackendRef {
 pub struct HttpRouteTimeouts {
     /// The whole request.
     #[serde(
-        with = "super::istio::go_duration",
+        with = "super::istio::gateway_api_duration",
         skip_serializing_if = "Option::is_none"
     )]
     pub request: Option<std::time::Duration>,
     /// One attempt to the backend.
     #[serde(
-        with = "super::istio::go_duration",
+        with = "super::istio::gateway_api_duration",
         skip_serializing_if = "Option::is_none"
     )]
     pub backend_request: Option<std::time::Duration>,
