@@ -92,6 +92,28 @@ pub fn format(d: Duration) -> String {
     }
 }
 
+/// Formats a duration as protobuf's JSON mapping writes a
+/// `google.protobuf.Duration` (seconds, with 0, 3, 6 or 9 fractional
+/// digits: `10s`, `0.001s`, `1.500s`): how Istio shows the durations of its
+/// config objects.
+pub fn format_proto(d: Duration) -> String {
+    let (secs, nanos) = (d.as_secs(), d.subsec_nanos());
+    if nanos == 0 {
+        format!("{secs}s")
+    } else if nanos.is_multiple_of(1_000_000) {
+        format!("{secs}.{:03}s", nanos / 1_000_000)
+    } else if nanos.is_multiple_of(1000) {
+        format!("{secs}.{:06}s", nanos / 1000)
+    } else {
+        format!("{secs}.{nanos:09}s")
+    }
+}
+
+/// Serializes a duration in protobuf's JSON form ([`format_proto`]).
+pub fn serialize_proto<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format_proto(*d))
+}
+
 /// Serializes a duration as Go prints it (for logged configurations).
 pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&format(*d))
@@ -109,6 +131,17 @@ mod tests {
         assert_eq!(parse("1.5s").unwrap(), Duration::from_millis(1500));
         assert_eq!(parse("0").unwrap(), Duration::ZERO);
         assert_eq!(parse("300us").unwrap(), Duration::from_micros(300));
+    }
+
+    #[test]
+    fn formats_as_protobuf_json() {
+        assert_eq!(format_proto(Duration::from_secs(10)), "10s");
+        assert_eq!(format_proto(Duration::ZERO), "0s");
+        assert_eq!(format_proto(Duration::from_millis(1)), "0.001s");
+        assert_eq!(format_proto(Duration::from_millis(1500)), "1.500s");
+        assert_eq!(format_proto(Duration::from_micros(100)), "0.000100s");
+        assert_eq!(format_proto(Duration::from_nanos(1)), "0.000000001s");
+        assert_eq!(format_proto(Duration::from_secs(5400)), "5400s");
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod ads;
 pub mod backends;
 pub mod ca_root;
 pub mod fault;
+pub mod gateway_api_source;
 pub mod gateway_pod;
 pub mod injected;
 pub mod jwt;

@@ -1,4 +1,6 @@
-//! Gateway API routes beyond the gateway's HTTPRoute (`gateway_api.rs`):
+//! Gateway API routes beyond the gateway's HTTPRoute (`gateway_api.rs`),
+//! in one mesh per config source (istiod on files, then on Kubernetes: the
+//! API stand-in, status read back from the objects as istiod writes it):
 //! - a mesh route (GAMMA): an HTTPRoute whose parent is the Service
 //!   `httpbin` splits sidecar-to-service traffic from sleep 90/10 between
 //!   the Services of httpbin's two versions, within a binomial bound, and
@@ -19,8 +21,9 @@ use hyper::body::{Bytes, Frame, Incoming};
 use hyper::header::{HeaderMap, HeaderValue};
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use tests::gateway_api_source::{GatewayApiMesh, Source};
 use tests::gateway_pod::GatewaySpec;
-use tests::mesh::{HTTPBIN_VIP, LocalMesh, http_request};
+use tests::mesh::{HTTPBIN_VIP, http_request};
 use tests::netns::Netns;
 use tests::wait_for;
 
@@ -123,25 +126,35 @@ fn routed(body: &str) -> bool {
 }
 
 #[test]
-fn an_httproute_on_a_service_splits_sidecar_traffic() {
+fn gateway_api_routes_on_files() {
+    mesh_and_grpc_routes(Source::Files);
+}
+
+#[test]
+fn gateway_api_routes_on_kubernetes() {
+    mesh_and_grpc_routes(Source::Kube);
+}
+
+/// One mesh for both routes: the mesh route on sidecars, then the
+/// GRPCRoute on a gateway.
+fn mesh_and_grpc_routes(source: Source) {
     let _serial = tests::mesh::one_mesh_at_a_time();
     let tmp = tempfile::tempdir().unwrap();
-    let mesh = LocalMesh::start(tmp.path(), &[]);
+    let m = GatewayApiMesh::start(source, tmp.path());
+    an_httproute_on_a_service_splits_sidecar_traffic(&m);
+    a_grpcroute_sends_each_method_to_its_backend(&m);
+}
+
+fn an_httproute_on_a_service_splits_sidecar_traffic(m: &GatewayApiMesh) {
+    let mesh = &m.mesh;
     // The sample's own 90/10 VirtualService for httpbin goes, so that only
     // the HTTPRoute can split (the DestinationRule and mTLS stay).
-    let istio_yaml = mesh.config_dir.join("istio.yaml");
-    let text = std::fs::read_to_string(&istio_yaml).unwrap();
-    let kept: Vec<&str> = text
-        .split("\n---")
-        .filter(|doc| !doc.contains("kind: VirtualService"))
-        .collect();
-    assert_eq!(kept.len() + 1, text.split("\n---").count(), "{text}");
-    tests::write_atomically(&istio_yaml, &kept.join("\n---"));
-    tests::write_atomically(
-        &mesh.config_dir.join("versions.yaml"),
-        tests::mesh::HTTPBIN_VERSION_SERVICES,
+    assert_eq!(
+        m.remove_sample_kind("networking.istio.io/v1", "VirtualService"),
+        1
     );
-    tests::write_atomically(&mesh.config_dir.join("mesh-route.yaml"), MESH_ROUTE);
+    m.apply("versions.yaml", tests::mesh::HTTPBIN_VERSION_SERVICES);
+    m.apply("mesh-route.yaml", MESH_ROUTE);
 
     let sleep = &mesh.pod("sleep-1").ns;
     let httpbin: SocketAddr = format!("{HTTPBIN_VIP}:8000").parse().unwrap();
@@ -176,9 +189,11 @@ fn an_httproute_on_a_service_splits_sidecar_traffic() {
         "v2's share within 4 sigma of 10% ({low:.1}..={high:.1} of {n}): v1={v1} v2={v2}"
     );
 
-    let route = mesh.gateway_api_status("HTTPRoute/demo/httpbin-split");
-    assert!(route.contains("Accepted=True (Accepted)"), "{route}");
-    assert!(route.contains("ResolvedRefs=True"), "{route}");
+    m.expect_status(
+        "HTTPRoute/demo/httpbin-split",
+        &["Accepted=True (Accepted)", "ResolvedRefs=True"],
+        WAIT,
+    );
 }
 
 /// What a gRPC call got back.
@@ -319,13 +334,10 @@ fn grpc_backend(ns: &Netns, addr: SocketAddr, name: &'static str) {
     });
 }
 
-#[test]
-fn a_grpcroute_sends_each_method_to_its_backend() {
-    let _serial = tests::mesh::one_mesh_at_a_time();
-    let tmp = tempfile::tempdir().unwrap();
-    let mesh = LocalMesh::start(tmp.path(), &[]);
-    tests::write_atomically(&mesh.config_dir.join("grpc-backends.yaml"), GRPC_BACKENDS);
-    tests::write_atomically(&mesh.config_dir.join("gateway-api.yaml"), GRPC_GATEWAY);
+fn a_grpcroute_sends_each_method_to_its_backend(m: &GatewayApiMesh) {
+    let mesh = &m.mesh;
+    m.apply("grpc-backends.yaml", GRPC_BACKENDS);
+    m.apply("gateway-api.yaml", GRPC_GATEWAY);
 
     let a = mesh.plain_pod(GRPC_A_IP);
     grpc_backend(
@@ -377,8 +389,10 @@ fn a_grpcroute_sends_each_method_to_its_backend() {
     assert_eq!(r.backend, None, "{r:?}");
     assert_eq!(r.grpc_status.as_deref(), Some("12"), "{r:?}");
 
-    let route = mesh.gateway_api_status("GRPCRoute/demo/echo");
-    assert!(route.contains("Accepted=True (Accepted)"), "{route}");
-    assert!(route.contains("ResolvedRefs=True"), "{route}");
+    m.expect_status(
+        "GRPCRoute/demo/echo",
+        &["Accepted=True (Accepted)", "ResolvedRefs=True"],
+        WAIT,
+    );
     assert!(gw.agent.alive(), "{}", gw.agent.log());
 }

@@ -1,6 +1,8 @@
 //! Gateway API listeners beyond HTTP, with real Envoys configured by
-//! istiod through the file source, as Istio's gateway controller
-//! translates them:
+//! istiod as Istio's gateway controller translates them, once with istiod
+//! on the file source and once on Kubernetes (the API stand-in: objects
+//! created and deleted through the API, status read back from the objects
+//! as istiod writes it):
 //! - an `HTTPS` listener whose `certificateRefs` names a Secret of another
 //!   namespace reports `ResolvedRefs=False` (`RefNotPermitted`) and serves
 //!   nothing (Istio emits no Gateway for it: the port is closed); once a
@@ -18,8 +20,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use tests::backends::{echo_backend, tls_backend, tls_exchange};
+use tests::gateway_api_source::{GatewayApiMesh, Source};
 use tests::gateway_pod::GatewaySpec;
-use tests::mesh::LocalMesh;
 use tests::netns::Netns;
 use tests::tls::{HttpsError, https_request};
 use tests::wait_for;
@@ -124,6 +126,13 @@ endpoints:
   conditions: {ready: true}
 "#;
 
+/// The namespaces of the test's objects beyond the sample's (the API
+/// refuses objects in a namespace that does not exist).
+const NAMESPACES: &str = r#"apiVersion: v1
+kind: Namespace
+metadata: {name: cert}
+"#;
+
 const GRANT: &str = r#"apiVersion: gateway.networking.k8s.io/v1beta1
 kind: ReferenceGrant
 metadata: {name: gateways-of-istio-system, namespace: cert}
@@ -184,19 +193,27 @@ fn tcp_exchange(ns: &Netns, addr: SocketAddr) -> std::io::Result<(String, String
 }
 
 #[test]
-fn gateway_api_tls_listeners_and_layer_4_routes() {
+fn gateway_api_tls_listeners_and_layer_4_routes_on_files() {
+    tls_listeners_and_layer_4_routes(Source::Files);
+}
+
+#[test]
+fn gateway_api_tls_listeners_and_layer_4_routes_on_kubernetes() {
+    tls_listeners_and_layer_4_routes(Source::Kube);
+}
+
+fn tls_listeners_and_layer_4_routes(source: Source) {
     let _serial = tests::mesh::one_mesh_at_a_time();
     let tmp = tempfile::tempdir().unwrap();
-    let mesh = LocalMesh::start(tmp.path(), &[]);
+    let m = GatewayApiMesh::start(source, tmp.path());
+    let mesh = &m.mesh;
 
     let (server_ca, server_cert, server_key) = signed_cert("gateway CA", HOST);
     let (backend_ca, backend_cert, backend_key) = signed_cert("backend CA", "a.example.com");
-    tests::write_atomically(
-        &mesh.config_dir.join("secret.yaml"),
-        &secret(&server_cert, &server_key),
-    );
-    tests::write_atomically(&mesh.config_dir.join("backends.yaml"), BACKENDS);
-    tests::write_atomically(&mesh.config_dir.join("gateway-api.yaml"), GATEWAY);
+    m.apply("namespaces.yaml", NAMESPACES);
+    m.apply("secret.yaml", &secret(&server_cert, &server_key));
+    m.apply("backends.yaml", BACKENDS);
+    m.apply("gateway-api.yaml", GATEWAY);
 
     let backend = mesh.plain_pod(TLS_BACKEND_IP);
     tls_backend(
@@ -235,18 +252,13 @@ fn gateway_api_tls_listeners_and_layer_4_routes() {
     // The Secret of another namespace without a grant: the listener is
     // refused in status and no Gateway is generated for it, so the
     // gateway (whose other listeners are up) has nothing on the port.
-    let gw_status = mesh.gateway_api_status("Gateway/istio-system/ingress");
-    assert!(
-        gw_status.contains(
-            "listener https (1 routes): ResolvedRefs=False (RefNotPermitted): certificateRef httpbin-cert/cert not accessible to a Gateway in namespace \\\"istio-system\\\" (missing a ReferenceGrant?)"
-        ),
-        "{gw_status}"
-    );
-    assert!(
-        gw_status.contains(
-            "listener https (1 routes): Programmed=False (Invalid): Bad TLS configuration"
-        ),
-        "{gw_status}"
+    m.expect_status(
+        "Gateway/istio-system/ingress",
+        &[
+            "listener https (1 routes): ResolvedRefs=False (RefNotPermitted): certificateRef httpbin-cert/cert not accessible to a Gateway in namespace \\\"istio-system\\\" (missing a ReferenceGrant?)",
+            "listener https (1 routes): Programmed=False (Invalid): Bad TLS configuration",
+        ],
+        WAIT,
     );
     let https = |root: &str| {
         let root = root.to_string();
@@ -262,24 +274,26 @@ fn gateway_api_tls_listeners_and_layer_4_routes() {
 
     // The grant: the listener is programmed, istiod serves the Secret of
     // namespace cert to the gateway of istio-system, and the client sees it.
-    tests::write_atomically(&mesh.config_dir.join("grant.yaml"), GRANT);
+    m.apply("grant.yaml", GRANT);
     let resp = wait_for("httpbin over HTTPS once granted", WAIT, || {
         assert!(gw.agent.alive(), "{}", gw.agent.log());
         https(&server_ca).ok().filter(|r| r.status == 200)
     });
     assert_eq!(resp.leaf, der(&server_cert), "the Secret's certificate");
-    let gw_status = mesh.gateway_api_status("Gateway/istio-system/ingress");
-    assert!(
-        gw_status.contains("listener https (1 routes): ResolvedRefs=True"),
-        "{gw_status}"
+    m.expect_status(
+        "Gateway/istio-system/ingress",
+        &["listener https (1 routes): ResolvedRefs=True"],
+        WAIT,
     );
-    let route = mesh.gateway_api_status("TLSRoute/demo/backend-by-sni");
-    assert!(route.contains("Accepted=True (Accepted)"), "{route}");
-    let route = mesh.gateway_api_status("TCPRoute/demo/echo");
-    assert!(route.contains("ResolvedRefs=True"), "{route}");
+    m.expect_status(
+        "TLSRoute/demo/backend-by-sni",
+        &["Accepted=True (Accepted)"],
+        WAIT,
+    );
+    m.expect_status("TCPRoute/demo/echo", &["ResolvedRefs=True"], WAIT);
 
-    // The grant withdrawn: the port closes again.
-    std::fs::remove_file(mesh.config_dir.join("grant.yaml")).unwrap();
+    // The grant withdrawn: the port closes again, and the status says why.
+    m.remove("grant.yaml");
     wait_for("the HTTPS port closed without the grant", WAIT, || {
         matches!(
             https(&server_ca),
@@ -287,5 +301,10 @@ fn gateway_api_tls_listeners_and_layer_4_routes() {
         )
         .then_some(())
     });
+    m.expect_status(
+        "Gateway/istio-system/ingress",
+        &["listener https (1 routes): ResolvedRefs=False (RefNotPermitted)"],
+        WAIT,
+    );
     assert!(gw.agent.alive(), "{}", gw.agent.log());
 }

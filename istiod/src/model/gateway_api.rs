@@ -11,6 +11,7 @@ pub mod backend_tls_policy;
 pub mod conditions;
 pub mod convert;
 pub mod gateway_collection;
+pub mod gateway_instances;
 pub mod grpc_route;
 pub mod grpc_types;
 pub mod http_route;
@@ -438,9 +439,10 @@ pub struct HttpBackendRef {
     /// The share of requests, relative to the others (1 when unset).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub weight: Option<u32>,
-    /// Refused (not implemented).
+    /// The backend's own filters: Istio applies the header modifiers
+    /// (validation refuses the other types).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub filters: Vec<Value>,
+    pub filters: Vec<HttpRouteFilter>,
 }
 
 /// A rule's `timeouts` (Gateway API durations, e.g. `10s`, `500ms`).
@@ -449,13 +451,13 @@ pub struct HttpBackendRef {
 pub struct HttpRouteTimeouts {
     /// The whole request.
     #[serde(
-        with = "super::istio::go_duration",
+        with = "super::istio::gateway_api_duration",
         skip_serializing_if = "Option::is_none"
     )]
     pub request: Option<std::time::Duration>,
     /// One attempt to the backend.
     #[serde(
-        with = "super::istio::go_duration",
+        with = "super::istio::gateway_api_duration",
         skip_serializing_if = "Option::is_none"
     )]
     pub backend_request: Option<std::time::Duration>,

@@ -24,7 +24,27 @@ mod workload_group;
 pub use destination_rule::*;
 pub use workload_group::*;
 
-/// (De)serializes `Option<Duration>` as a Go/protobuf duration string.
+/// (De)serializes the `Option<Duration>` of a Gateway API object: reads
+/// as [`go_duration`], writes Go's form (`500ms`, `10s`), the form the
+/// Gateway API's duration fields take (GEP-2257), not protobuf's.
+pub(crate) mod gateway_api_duration {
+    use std::time::Duration;
+
+    use serde::Serializer;
+
+    pub use super::go_duration::deserialize;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => common::duration::serialize(d, s),
+            None => s.serialize_none(),
+        }
+    }
+}
+
+/// (De)serializes `Option<Duration>`: reads a Go or protobuf duration
+/// string (`1ms`, `0.001s`), writes protobuf's JSON form (`0.001s`), as
+/// Istio shows its config objects.
 pub(crate) mod go_duration {
     use std::time::Duration;
 
@@ -33,7 +53,7 @@ pub(crate) mod go_duration {
 
     pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
         match d {
-            Some(d) => common::duration::serialize(d, s),
+            Some(d) => common::duration::serialize_proto(d, s),
             None => s.serialize_none(),
         }
     }
@@ -838,4 +858,31 @@ pub enum MtlsMode {
     Permissive,
     /// mTLS only.
     Strict,
+}
+
+#[cfg(test)]
+mod duration_form_tests {
+    use std::time::Duration;
+
+    use super::HttpRetry;
+
+    #[test]
+    fn istio_objects_write_protobuf_durations_gateway_api_objects_go_ones() {
+        let t = crate::model::gateway_api::HttpRouteTimeouts {
+            request: Some(Duration::from_millis(500)),
+            backend_request: None,
+        };
+        assert_eq!(
+            serde_json::to_value(&t).unwrap(),
+            serde_json::json!({"request": "500ms"})
+        );
+        let r = HttpRetry {
+            per_try_timeout: Some(Duration::from_millis(500)),
+            ..Default::default()
+        };
+        assert_eq!(serde_json::to_value(&r).unwrap()["perTryTimeout"], "0.500s");
+        let back: HttpRetry =
+            serde_json::from_value(serde_json::json!({"perTryTimeout": "0.500s"})).unwrap();
+        assert_eq!(back.per_try_timeout, Some(Duration::from_millis(500)));
+    }
 }

@@ -31,6 +31,53 @@ pub const LEGACY_ZONE_LABEL: &str = "failure-domain.beta.kubernetes.io/zone";
 pub struct Service {
     /// The spec.
     pub spec: ServiceSpec,
+    /// The status: the load balancer's addresses, once it has them.
+    #[serde(skip_serializing_if = "ServiceStatus::is_empty")]
+    pub status: ServiceStatus,
+}
+
+/// `Service.status`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ServiceStatus {
+    /// `status.loadBalancer`.
+    pub load_balancer: LoadBalancerStatus,
+}
+
+impl ServiceStatus {
+    fn is_empty(&self) -> bool {
+        self.load_balancer.ingress.is_empty()
+    }
+
+    /// The load balancer's addresses (`ip`, else `hostname`, of each
+    /// `ingress`): what Istio calls the Service's external addresses.
+    pub fn external_addresses(&self) -> Vec<String> {
+        self.load_balancer
+            .ingress
+            .iter()
+            .filter_map(|i| i.ip.clone().or_else(|| i.hostname.clone()))
+            .collect()
+    }
+}
+
+/// `Service.status.loadBalancer`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct LoadBalancerStatus {
+    /// The load balancer's ingress points.
+    pub ingress: Vec<LoadBalancerIngress>,
+}
+
+/// One ingress point of a load balancer.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct LoadBalancerIngress {
+    /// Its IP address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+    /// Its DNS name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
 }
 
 /// `Service.spec`.

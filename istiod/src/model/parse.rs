@@ -401,9 +401,10 @@ spec:
             Some("/api")
         );
         assert!(http.r#match[0].headers["x-present"].matcher().is_none());
-        // Durations dump as Go prints them and decode back.
+        // Durations dump in protobuf's JSON form, as Istio shows them, and
+        // decode back.
         let json = serde_json::to_value(&o).unwrap();
-        assert_eq!(json["spec"]["http"][0]["timeout"], "1.5s");
+        assert_eq!(json["spec"]["http"][0]["timeout"], "1.500s");
         assert_eq!(decode(json).unwrap(), Decoded::Object(o.clone()));
     }
 

@@ -43,6 +43,30 @@ impl Condition {
     }
 }
 
+/// One entry of a Gateway's `status.addresses`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayAddress {
+    /// `IPAddress` or `Hostname`.
+    pub r#type: &'static str,
+    /// The address.
+    pub value: String,
+}
+
+impl GatewayAddress {
+    /// `value`, typed `IPAddress` when it parses as one, else `Hostname`.
+    pub fn of(value: &str) -> Self {
+        let r#type = if value.parse::<std::net::IpAddr>().is_ok() {
+            "IPAddress"
+        } else {
+            "Hostname"
+        };
+        Self {
+            r#type,
+            value: value.to_string(),
+        }
+    }
+}
+
 /// A listener's status.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListenerStatus {
@@ -87,6 +111,8 @@ pub enum ObjectStatus {
         conditions: Vec<Condition>,
         /// One per listener.
         listeners: Vec<ListenerStatus>,
+        /// `status.addresses` (none until the Gateway's Service has one).
+        addresses: Vec<GatewayAddress>,
     },
     /// An HTTPRoute with at least one parent of Istio's.
     HttpRoute(Vec<RouteParentStatus>),
@@ -146,6 +172,7 @@ impl ObjectStatus {
             ObjectStatus::Gateway {
                 conditions,
                 listeners,
+                addresses,
             } => {
                 let listeners: Vec<Value> = listeners
                     .iter()
@@ -163,10 +190,22 @@ impl ObjectStatus {
                         })
                     })
                     .collect();
-                json!({
+                let mut status = json!({
                     "conditions": conditions_json(conditions, generation, now, &before["conditions"]),
                     "listeners": listeners,
-                })
+                });
+                // Istio reports no address until there is one, and once
+                // there is, never removes it.
+                let addresses: Vec<Value> = addresses
+                    .iter()
+                    .map(|a| json!({"type": a.r#type, "value": a.value}))
+                    .collect();
+                if !addresses.is_empty() {
+                    status["addresses"] = Value::Array(addresses);
+                } else if before["addresses"].is_array() {
+                    status["addresses"] = before["addresses"].clone();
+                }
+                status
             }
             ObjectStatus::HttpRoute(parents) => {
                 let mut out = others;
@@ -232,6 +271,7 @@ impl ObjectStatus {
             ObjectStatus::Gateway {
                 conditions,
                 listeners,
+                ..
             } => conditions
                 .iter()
                 .map(|c| show("", c))

@@ -14,9 +14,11 @@
 //!   gateway deployed by hand), with one server whose hosts are
 //!   `<allowed namespace>/<hostname or *>`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::conditions::{Condition, ListenerStatus, ObjectStatus};
+use super::conditions::{Condition, GatewayAddress, ListenerStatus, ObjectStatus};
+use super::gateway_instances;
+use super::infrastructure::Infrastructure;
 use super::output::{
     GATEWAY_SEMANTICS_ANNOTATION, GATEWAY_SERVICE_ANNOTATION, Generated, Output,
     PARENTS_ANNOTATION, SERVICE_ACCOUNT_ANNOTATION,
@@ -60,6 +62,9 @@ pub fn internal_gateway_name(gateway: &str, listener: &str) -> String {
     format!("{gateway}~{GENERATED_SUFFIX}~{listener}")
 }
 
+/// A Gateway's own conditions and addresses, before its listeners' status.
+pub(super) type GatewayStatus = (ObjectKey, Vec<Condition>, Vec<GatewayAddress>);
+
 /// Istio's Gateways (of a class of Istio's controller): the Istio Gateway
 /// generated for each listener (into `out`, with the classes' status), the
 /// listeners routes attach to, and each Gateway's own conditions.
@@ -67,7 +72,7 @@ pub(super) fn gateways<'a>(
     snapshot: &'a Snapshot,
     domain: &str,
     out: &mut Output,
-) -> (Vec<ParentListener<'a>>, Vec<(ObjectKey, Vec<Condition>)>) {
+) -> (Vec<ParentListener<'a>>, Vec<GatewayStatus>) {
     let classes: HashMap<&str, &str> = snapshot
         .list::<GatewayClass>()
         .map(|c| {
@@ -100,7 +105,7 @@ pub(super) fn gateways<'a>(
         .collect();
     gateways.sort_by_key(|g| g.object.key());
     let mut parents: Vec<ParentListener<'_>> = Vec::new();
-    let mut gateway_status: Vec<(ObjectKey, Vec<Condition>)> = Vec::new();
+    let mut gateway_status: Vec<GatewayStatus> = Vec::new();
     let grants = super::references::ReferenceGrants::new(snapshot);
     for g in gateways {
         let ns = g.object.metadata.namespace.as_str();
@@ -110,9 +115,10 @@ pub(super) fn gateways<'a>(
             g.object.key(),
             vec![
                 Condition::ok("Accepted", "Resource accepted"),
-                d.programmed,
+                d.programmed.clone(),
                 Condition::ok("ResolvedRefs", "All references resolved"),
             ],
+            d.addresses.clone(),
         ));
         let mut valid_listeners = 0;
         for l in &g.spec.listeners {
@@ -133,7 +139,7 @@ pub(super) fn gateways<'a>(
                 ),
                 (
                     GATEWAY_SERVICE_ANNOTATION.to_string(),
-                    d.service_host.clone(),
+                    d.service_hosts.join(","),
                 ),
                 (
                     PARENTS_ANNOTATION.to_string(),
@@ -179,8 +185,9 @@ pub(super) fn gateways<'a>(
                 conditions: built.conditions,
             });
         }
-        if let Some((_, conditions)) = gateway_status.last_mut() {
+        if let Some((_, conditions, _)) = gateway_status.last_mut() {
             super::listener::gateway_accepted(conditions, valid_listeners, g.spec.listeners.len());
+            invalid_parameters(snapshot, ns, g.spec, conditions);
         }
     }
     (parents, gateway_status)
@@ -190,10 +197,10 @@ pub(super) fn gateways<'a>(
 /// number of routes attached to each).
 pub(super) fn gateway_status(
     parents: &[ParentListener<'_>],
-    gateway_status: Vec<(ObjectKey, Vec<Condition>)>,
+    gateway_status: Vec<GatewayStatus>,
     out: &mut Output,
 ) {
-    for (key, conditions) in gateway_status {
+    for (key, conditions, addresses) in gateway_status {
         let listeners = parents
             .iter()
             .filter(|l| l.gw_namespace == key.namespace && l.gw_name == key.name)
@@ -209,8 +216,42 @@ pub(super) fn gateway_status(
             ObjectStatus::Gateway {
                 conditions,
                 listeners,
+                addresses,
             },
         );
+    }
+}
+
+/// A `parametersRef` that is not a ConfigMap: the Gateway is not
+/// accepted (Istio's `InvalidParameters`, which wins over the listeners'
+/// verdict); its listeners are still served.
+fn invalid_parameters(
+    snapshot: &Snapshot,
+    ns: &str,
+    gw: &KubernetesGateway,
+    conditions: &mut [Condition],
+) {
+    let infrastructure = gw
+        .infrastructure
+        .as_ref()
+        .and_then(|v| serde_json::from_value::<Infrastructure>(v.clone()).ok());
+    let Some(infrastructure) = infrastructure else {
+        return;
+    };
+    // A ConfigMap that does not exist is Istio's `InvalidParameters` too
+    // (its `validateParametersRef`); the deployment then waits for it.
+    let missing = || {
+        let p = infrastructure.parameters_ref.as_ref()?;
+        snapshot
+            .get_typed::<crate::model::config_map::ConfigMap>(ns, &p.name)
+            .is_none()
+            .then(|| format!("parametersRef ConfigMap {ns}/{} does not exist", p.name))
+    };
+    let message = infrastructure.invalid_parameters().or_else(missing);
+    if let Some(message) = message
+        && let Some(c) = conditions.iter_mut().find(|c| c.r#type == "Accepted")
+    {
+        *c = Condition::new("Accepted", false, "InvalidParameters", message);
     }
 }
 
@@ -218,20 +259,23 @@ pub(super) fn gateway_status(
 struct Deployment {
     /// The workloads selected.
     selector: BTreeMap<String, String>,
-    /// The Service's host name.
-    service_host: String,
+    /// The Services' host names (Istio's `gatewayServices`).
+    service_hosts: Vec<String>,
     /// The gateway's service account (`<name>-istio` when deployed by Istio,
     /// empty for a gateway deployed by hand).
     service_account: String,
     /// The Gateway's `Programmed` condition.
     programmed: Condition,
+    /// The Gateway's `status.addresses`.
+    addresses: Vec<GatewayAddress>,
 }
 
-/// The workloads a Gateway selects and its `Programmed` condition: a
-/// `Hostname` address names the Service of a gateway deployed by hand (its
-/// Pods are selected); otherwise the Pods of Istio's automated deployment,
-/// whose Service is `<name>-istio`. Istio reports `AddressNotUsable`
-/// while that Service does not exist (it still configures the Pods).
+/// The workloads a Gateway selects, its `Programmed` condition and its
+/// addresses: each `Hostname` address names a Service of a gateway
+/// deployed by hand (the Pods of the first, a Kubernetes Service, are
+/// selected); otherwise the Pods of Istio's automated deployment, whose
+/// Service is `<name>-istio`. Istio reports `AddressNotUsable` while a
+/// Service does not exist (it still configures the Pods).
 fn deployment(
     snapshot: &Snapshot,
     gw: &KubernetesGateway,
@@ -240,106 +284,42 @@ fn deployment(
     domain: &str,
 ) -> Deployment {
     let label = BTreeMap::from([(GATEWAY_NAME_LABEL.to_string(), name.to_string())]);
-    let hostname = gw
+    let hostnames: Vec<String> = gw
         .addresses
         .iter()
-        .find(|a| a.r#type.as_deref() == Some("Hostname"))
-        .map(|a| a.value.clone());
-    let (host, manual) = match hostname {
+        .filter(|a| a.r#type.as_deref() == Some("Hostname"))
         // A short name is a Service in the Gateway's namespace.
-        Some(h) if !h.contains('.') => (format!("{h}.{ns}.svc.{domain}"), true),
-        Some(h) => (h, true),
-        None => (format!("{name}-istio.{ns}.svc.{domain}"), false),
+        .map(|a| match a.value.contains('.') {
+            true => a.value.clone(),
+            false => format!("{}.{ns}.svc.{domain}", a.value),
+        })
+        .collect();
+    let manual = !hostnames.is_empty();
+    let service_hosts = if manual {
+        hostnames
+    } else {
+        vec![format!("{name}-istio.{ns}.svc.{domain}")]
     };
     let service_account = if manual {
         String::new()
     } else {
         format!("{name}-istio")
     };
-    let service = host
-        .strip_suffix(&format!(".svc.{domain}"))
+    let selector = service_hosts
+        .first()
+        .filter(|_| manual)
+        .and_then(|h| h.strip_suffix(&format!(".svc.{domain}")))
         .and_then(|n| n.split_once('.'))
-        .and_then(|(svc, svc_ns)| snapshot.get_typed::<Service>(svc_ns, svc));
-    match service {
-        Some(svc) => Deployment {
-            selector: if manual {
-                svc.spec.spec.selector.clone()
-            } else {
-                label
-            },
-            programmed: programmed(&host, gw, &svc.spec.spec.ports),
-            service_host: host,
-            service_account,
-        },
-        None => Deployment {
-            selector: label,
-            programmed: Condition::new(
-                "Programmed",
-                false,
-                "AddressNotUsable",
-                format!("Failed to assign to any requested addresses: hostname {host:?} not found"),
-            ),
-            service_host: host,
-            service_account,
-        },
-    }
-}
-
-/// `Programmed` for a gateway whose Service exists: each listener's port
-/// must be one of the Service's (Istio's `ResolveGatewayInstances`, with
-/// the Service's ports standing for its endpoints).
-fn programmed(
-    host: &str,
-    gw: &KubernetesGateway,
-    ports: &[crate::model::kube::ServicePort],
-) -> Condition {
-    let wanted: std::collections::BTreeSet<u32> = gw.listeners.iter().map(|l| l.port).collect();
-    let (found, missing): (Vec<u32>, Vec<u32>) = wanted
-        .into_iter()
-        .partition(|p| ports.iter().any(|sp| sp.port == *p));
-    let internal = human_join(
-        &found
-            .iter()
-            .map(|p| format!("{host}:{p}"))
-            .collect::<Vec<_>>(),
-    );
-    let warnings: Vec<String> = missing
-        .iter()
-        .map(|p| format!("port {p} not found for hostname {host:?}"))
-        .collect();
-    match (internal.is_empty(), warnings.is_empty()) {
-        (_, true) => Condition::ok(
-            "Programmed",
-            format!("Resource programmed, assigned to service(s) {internal}"),
-        ),
-        (true, false) => Condition::new(
-            "Programmed",
-            false,
-            "AddressNotUsable",
-            format!(
-                "Failed to assign to any requested addresses: {}",
-                warnings.join("; ")
-            ),
-        ),
-        (false, false) => Condition::new(
-            "Programmed",
-            false,
-            "AddressNotUsable",
-            format!(
-                "Assigned to service(s) {internal}, but failed to assign to all requested addresses: {}",
-                warnings.join("; ")
-            ),
-        ),
-    }
-}
-
-/// `a`, `a and b`, `a, b, and c` (Istio's `HumanReadableJoin`).
-fn human_join(items: &[String]) -> String {
-    match items {
-        [] => String::new(),
-        [a] => a.clone(),
-        [a, b] => format!("{a} and {b}"),
-        [rest @ .., last] => format!("{}, and {last}", rest.join(", ")),
+        .and_then(|(svc, svc_ns)| snapshot.get_typed::<Service>(svc_ns, svc))
+        .map_or(label, |svc| svc.spec.spec.selector.clone());
+    let ports: BTreeSet<u32> = gw.listeners.iter().map(|l| l.port).collect();
+    let instances = gateway_instances::resolve(snapshot, ns, &service_hosts, &ports, domain);
+    Deployment {
+        selector,
+        programmed: instances.programmed(&service_hosts),
+        addresses: instances.addresses(),
+        service_hosts,
+        service_account,
     }
 }
 

@@ -122,10 +122,16 @@ fn rule_route(rule: &HttpRouteRule, backends: &mut Backends<'_>) -> crate::model
         // An unresolved backend keeps its share with no host: it answers
         // 500 (gateway semantics).
         let destination = backends.destination(&target).unwrap_or_default();
+        // The backend's own header modifiers, on its destination (Istio's
+        // `buildHTTPDestination`; validation refuses other types).
+        let mut own = crate::model::istio::HttpRoute::default();
+        for f in &b.filters {
+            apply_filter(&mut own, f, backends);
+        }
         h.route.push(HttpRouteDestination {
             destination,
             weight: Some(i32::try_from(weight).unwrap_or(i32::MAX)),
-            headers: None,
+            headers: own.headers,
         });
     }
     if let [only] = h.route.as_mut_slice() {

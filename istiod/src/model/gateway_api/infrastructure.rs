@@ -1,7 +1,8 @@
 //! A Gateway's `spec.infrastructure`, as Istio reads it: labels and
 //! annotations for what the automated deployment generates, and the
 //! `parametersRef` ConfigMap of customizations. Types only; the
-//! deployment renders them, validation checks them.
+//! deployment renders them, validation checks their shape, the
+//! translation reports a `parametersRef` of another kind in status.
 
 use std::collections::BTreeMap;
 
@@ -42,6 +43,19 @@ impl Infrastructure {
         (!(p.group.is_empty() && p.kind == "ConfigMap")).then(|| {
             format!(
                 "unknown infrastructure parameters type {}/{} (only a core ConfigMap)",
+                p.group, p.kind
+            )
+        })
+    }
+
+    /// The Gateway's `Accepted=False` (`InvalidParameters`) message for a
+    /// `parametersRef` that is not a ConfigMap, as Istio's
+    /// `validateParametersRef` words it.
+    pub fn invalid_parameters(&self) -> Option<String> {
+        let p = self.parameters_ref.as_ref()?;
+        (!(p.group.is_empty() && p.kind == "ConfigMap")).then(|| {
+            format!(
+                "Unsupported parametersRef group/kind {}/{}, only ConfigMap is supported",
                 p.group, p.kind
             )
         })

@@ -59,10 +59,11 @@ pub fn gateway_credential(namespace: &str, name: &str) -> String {
 }
 
 fn ref_string(r: &SecretObjectReference) -> String {
-    // Go's `%v` of the struct, as Istio's messages print it.
-    let opt = |o: &Option<String>| o.clone().unwrap_or_else(|| "<nil>".into());
+    // `group/kind/name.namespace`, unset parts empty, as Istio's
+    // `secretObjectReferenceString` prints it.
+    let opt = |o: &Option<String>| o.clone().unwrap_or_default();
     format!(
-        "{{{} {} {} {}}}",
+        "{}/{}/{}.{}",
         opt(&r.group),
         opt(&r.kind),
         r.name,

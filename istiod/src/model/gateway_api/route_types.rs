@@ -85,7 +85,7 @@ pub struct HttpRouteRetry {
     pub attempts: Option<u32>,
     /// The pause between retries.
     #[serde(
-        with = "crate::model::istio::go_duration",
+        with = "crate::model::istio::gateway_api_duration",
         skip_serializing_if = "Option::is_none"
     )]
     pub backoff: Option<std::time::Duration>,

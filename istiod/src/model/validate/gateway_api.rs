@@ -41,18 +41,15 @@ pub(super) fn gateway(gw: &KubernetesGateway, e: &mut Errors) {
             "is required (Istio's built-in class is istio)",
         );
     }
-    // Honoured by the automated deployment (inject::kube_gateway).
-    if let Some(infra) = &gw.infrastructure {
-        match serde_json::from_value::<crate::model::gateway_api::infrastructure::Infrastructure>(
-            infra.clone(),
-        ) {
-            Ok(i) => {
-                if let Some(p) = i.problem() {
-                    e.add("spec.infrastructure.parametersRef", p);
-                }
-            }
-            Err(err) => e.add("spec.infrastructure", err.to_string()),
-        }
+    // Honoured by the automated deployment (inject::kube_gateway); a
+    // `parametersRef` that is not a ConfigMap is reported in the Gateway's
+    // status (`InvalidParameters`) and not deployed, as Istio does.
+    if let Some(infra) = &gw.infrastructure
+        && let Err(err) = serde_json::from_value::<
+            crate::model::gateway_api::infrastructure::Infrastructure,
+        >(infra.clone())
+    {
+        e.add("spec.infrastructure", err.to_string());
     }
     refuse_if("spec.allowedListeners", &gw.allowed_listeners, e);
     if let Some(tls) = &gw.tls {
@@ -571,11 +568,28 @@ pub(super) fn backend_ref(field: &str, b: &HttpBackendRef, namespace: &str, e: &
             format!("{w} is above the maximum 1000000"),
         );
     }
-    if !b.filters.is_empty() {
-        e.add(
-            format!("{field}.filters"),
-            "per-backend filters are not implemented by this istiod yet (put the filter on the rule)",
-        );
+    // Istio applies a backend's header modifiers to its destination and
+    // refuses every other filter type there (`InvalidFilter`).
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, f) in b.filters.iter().enumerate() {
+        let ff = format!("{field}.filters[{i}]");
+        match f.r#type.as_str() {
+            "RequestHeaderModifier" | "ResponseHeaderModifier" => {
+                if !seen.insert(f.r#type.as_str()) {
+                    e.add(
+                        format!("{ff}.type"),
+                        format!("{} appears twice (the Gateway API allows it once)", f.r#type),
+                    );
+                }
+                filter(&ff, f, e);
+            }
+            other => e.add(
+                format!("{ff}.type"),
+                format!(
+                    "{other:?} on a backend is not applied by Istio (only RequestHeaderModifier and ResponseHeaderModifier are; put it on the rule)"
+                ),
+            ),
+        }
     }
 }
 
@@ -624,11 +638,9 @@ mod tests {
                 "{{gatewayClassName: istio, {listeners}, infrastructure: {{parametersRef: {{group: example.com, kind: Params, name: p}}}}}}"
             ),
         );
-        refused(
-            &e,
-            "spec.infrastructure.parametersRef",
-            "only a core ConfigMap",
-        );
+        // Another kind is Istio's `InvalidParameters` in status, not a
+        // refusal.
+        assert_eq!(e, Vec::<String>::new());
         let e = errors(
             "gw.yaml",
             GW,
@@ -700,15 +712,21 @@ mod tests {
         let e = errors(
             "r.yaml",
             ROUTE,
-            r#"{parentRefs: [{name: gw, kind: ServiceEntry, group: networking.istio.io}], rules: [{filters: [{type: RequestMirror, requestMirror: {backendRef: {name: m, port: 80}, percent: 50}}, {type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /}}}, {type: ExtensionRef, extensionRef: {group: x, kind: y, name: z}}], backendRefs: [{name: a, namespace: other, port: 80}, {name: b}, {name: c, port: 80, filters: [{type: RequestHeaderModifier}]}, {group: networking.istio.io, kind: Hostname, name: example.com, namespace: other, port: 80}], retry: {attempts: 2, codes: [503]}}]}"#,
+            r#"{parentRefs: [{name: gw, kind: ServiceEntry, group: networking.istio.io}], rules: [{filters: [{type: RequestMirror, requestMirror: {backendRef: {name: m, port: 80}, percent: 50}}, {type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /}}}, {type: ExtensionRef, extensionRef: {group: x, kind: y, name: z}}], backendRefs: [{name: a, namespace: other, port: 80}, {name: b}, {name: c, port: 80, filters: [{type: RequestMirror, requestMirror: {backendRef: {name: m, port: 80}}}, {type: ResponseHeaderModifier, responseHeaderModifier: {set: [{name: x-b, value: "1"}]}}]}, {group: networking.istio.io, kind: Hostname, name: example.com, namespace: other, port: 80}], retry: {attempts: 2, codes: [503]}}]}"#,
         );
         refused(&e, "spec.parentRefs[0].kind", "only Gateways");
         refused(&e, "spec.rules[0].filters[2].type", "ExtensionRef filters");
         refused(&e, "spec.rules[0].backendRefs[1].port", "is required");
         refused(
             &e,
-            "spec.rules[0].backendRefs[2].filters",
-            "not implemented",
+            "spec.rules[0].backendRefs[2].filters[0].type",
+            "on a backend is not applied by Istio",
+        );
+        // A backend's header modifiers are applied (to its destination).
+        assert!(
+            !e.iter()
+                .any(|x| x.starts_with("spec.rules[0].backendRefs[2].filters[1]")),
+            "{e:#?}"
         );
         refused(&e, "spec.rules[0].backendRefs[3].namespace", "Hostname");
         // Mirrors, prefix rewrites, retries and backends of another

@@ -104,6 +104,9 @@ pub enum DeploymentError {
     /// `parametersRef` names a ConfigMap that does not exist.
     #[error("parametersRef targeting configmap {0:?}, but configmap does not exist")]
     MissingParameters(String),
+    /// `parametersRef` is not a ConfigMap (the Gateway's status says so).
+    #[error("{0}")]
+    InvalidParameters(String),
 }
 
 /// Starts the controller with its `settings` (built by the composition
@@ -478,6 +481,9 @@ async fn overlays(
 ) -> Result<Vec<BTreeMap<String, String>>, DeploymentError> {
     let mut out: Vec<BTreeMap<String, String>> =
         defaults.get(&gw.class).cloned().into_iter().collect();
+    if let Some(problem) = gw.infrastructure.as_ref().and_then(|i| i.problem()) {
+        return Err(DeploymentError::InvalidParameters(problem));
+    }
     if let Some(p) = gw
         .infrastructure
         .as_ref()
