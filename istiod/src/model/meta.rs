@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::envoy_filter::EnvoyFilter;
 use super::gateway::Gateway;
 use super::gateway_api::grpc_types::GrpcRoute;
+use super::gateway_api::listener_set::ListenerSet;
 use super::gateway_api::reference_grant::ReferenceGrant;
 use super::gateway_api::tls_types::{TcpRoute, TlsRoute};
 use super::gateway_api::{GatewayClass, HttpRoute, KubernetesGateway};
@@ -102,11 +103,13 @@ pub enum Kind {
     TlsRoute,
     /// Gateway API `GRPCRoute`.
     GrpcRoute,
+    /// Gateway API `ListenerSet`: listeners added to a Gateway that allows them.
+    ListenerSet,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 28] = [
+    pub const ALL: [Kind; 29] = [
         Kind::ServiceEntry,
         Kind::WorkloadEntry,
         Kind::WorkloadGroup,
@@ -135,6 +138,7 @@ impl Kind {
         Kind::TcpRoute,
         Kind::TlsRoute,
         Kind::GrpcRoute,
+        Kind::ListenerSet,
     ];
 
     /// The kind's name as written in `kind:`.
@@ -168,6 +172,7 @@ impl Kind {
             Kind::TcpRoute => "TCPRoute",
             Kind::TlsRoute => "TLSRoute",
             Kind::GrpcRoute => "GRPCRoute",
+            Kind::ListenerSet => "ListenerSet",
         }
     }
 
@@ -195,7 +200,8 @@ impl Kind {
             | Kind::ReferenceGrant
             | Kind::TcpRoute
             | Kind::TlsRoute
-            | Kind::GrpcRoute => GATEWAY_API_GROUP,
+            | Kind::GrpcRoute
+            | Kind::ListenerSet => GATEWAY_API_GROUP,
             Kind::Service | Kind::Pod | Kind::Namespace | Kind::Node | Kind::Secret => "",
         }
     }
@@ -212,6 +218,8 @@ impl Kind {
             Kind::TlsRoute => return &["v1", "v1alpha3", "v1alpha2"],
             // The CRD serves GRPCRoute at v1 only.
             Kind::GrpcRoute => return &["v1"],
+            // The standard channel's ListenerSet (Gateway API v1.5).
+            Kind::ListenerSet => return &["v1"],
             _ => {}
         }
         if self == Kind::ProxyConfig {
@@ -471,6 +479,8 @@ pub enum Spec {
     TlsRoute(TlsRoute),
     /// A GRPCRoute's `spec`.
     GrpcRoute(GrpcRoute),
+    /// A ListenerSet's `spec`.
+    ListenerSet(ListenerSet),
 }
 
 impl Spec {
@@ -505,6 +515,7 @@ impl Spec {
             Spec::TcpRoute(_) => Kind::TcpRoute,
             Spec::TlsRoute(_) => Kind::TlsRoute,
             Spec::GrpcRoute(_) => Kind::GrpcRoute,
+            Spec::ListenerSet(_) => Kind::ListenerSet,
         }
     }
 }
@@ -624,6 +635,7 @@ kind_spec!(
     TcpRoute,
     TlsRoute,
     GrpcRoute,
+    ListenerSet,
 );
 
 #[cfg(test)]

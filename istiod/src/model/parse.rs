@@ -242,6 +242,7 @@ fn decode_body(kind: Kind, map: Map<String, Value>) -> Result<Spec, FieldError> 
         Kind::TcpRoute => Spec::TcpRoute(istio(body)?),
         Kind::TlsRoute => Spec::TlsRoute(istio(body)?),
         Kind::GrpcRoute => Spec::GrpcRoute(istio(body)?),
+        Kind::ListenerSet => Spec::ListenerSet(istio(body)?),
     })
 }
 

@@ -24,6 +24,7 @@ mod gateway;
 mod gateway_api;
 mod gateway_api_grpc;
 mod gateway_api_l4;
+mod gateway_api_listener_set;
 mod gateway_tcp;
 mod gateway_tls;
 mod ingress;
@@ -92,6 +93,7 @@ pub fn validate(object: &Object) -> Vec<FieldError> {
         Spec::TcpRoute(r) => gateway_api_l4::tcp_route(r, &mut e),
         Spec::TlsRoute(r) => gateway_api_l4::tls_route(r, &mut e),
         Spec::GrpcRoute(r) => gateway_api_grpc::grpc_route(r, &object.metadata.namespace, &mut e),
+        Spec::ListenerSet(l) => gateway_api_listener_set::listener_set(l, &mut e),
     }
     e.0
 }

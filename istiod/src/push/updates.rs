@@ -311,6 +311,7 @@ impl Resolved {
             Kind::GatewayClass
             | Kind::KubernetesGateway
             | Kind::ReferenceGrant
+            | Kind::ListenerSet
             | Kind::TcpRoute
             | Kind::TlsRoute
             | Kind::Ingress

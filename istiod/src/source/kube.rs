@@ -76,6 +76,7 @@ pub fn plural(kind: Kind) -> &'static str {
         Kind::TcpRoute => "tcproutes",
         Kind::TlsRoute => "tlsroutes",
         Kind::GrpcRoute => "grpcroutes",
+        Kind::ListenerSet => "listenersets",
     }
 }
 

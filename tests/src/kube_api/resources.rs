@@ -564,6 +564,13 @@ pub static RESOURCES: &[Resource] = &[
         &[],
     ),
     gateway_api_versions("grpcroutes", "grpcroute", "GRPCRoute", &["v1"], &[]),
+    gateway_api_versions(
+        "listenersets",
+        "listenerset",
+        "ListenerSet",
+        &["v1"],
+        &["lset"],
+    ),
     istio(
         "telemetry.istio.io",
         &["v1", "v1alpha1"],

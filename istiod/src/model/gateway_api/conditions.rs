@@ -70,12 +70,14 @@ pub struct RouteParentStatus {
 pub enum ObjectStatus {
     /// A GatewayClass of Istio's controller.
     GatewayClass(Vec<Condition>),
-    /// A Gateway of one of Istio's classes.
+    /// A Gateway of one of Istio's classes, or a ListenerSet (same shape).
     Gateway {
         /// `Accepted`, `Programmed`.
         conditions: Vec<Condition>,
         /// One per listener.
         listeners: Vec<ListenerStatus>,
+        /// The ListenerSets attached (a Gateway's; written when not 0).
+        attached_listener_sets: u32,
     },
     /// An HTTPRoute with at least one parent of Istio's.
     HttpRoute(Vec<RouteParentStatus>),
@@ -133,6 +135,7 @@ impl ObjectStatus {
             ObjectStatus::Gateway {
                 conditions,
                 listeners,
+                attached_listener_sets,
             } => {
                 let listeners: Vec<Value> = listeners
                     .iter()
@@ -150,10 +153,14 @@ impl ObjectStatus {
                         })
                     })
                     .collect();
-                json!({
+                let mut out = json!({
                     "conditions": conditions_json(conditions, generation, now, &before["conditions"]),
                     "listeners": listeners,
-                })
+                });
+                if *attached_listener_sets > 0 {
+                    out["attachedListenerSets"] = json!(attached_listener_sets);
+                }
+                out
             }
             ObjectStatus::HttpRoute(parents) => {
                 let mut out = others;
@@ -197,6 +204,7 @@ impl ObjectStatus {
             ObjectStatus::Gateway {
                 conditions,
                 listeners,
+                ..
             } => conditions
                 .iter()
                 .map(|c| show("", c))

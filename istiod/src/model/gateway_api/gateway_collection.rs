@@ -30,11 +30,20 @@ use crate::model::gateway::{Gateway, Server, ServerPort};
 use crate::model::kube::{Namespace, Service};
 use crate::model::store::{Snapshot, Typed};
 
-/// One listener of one of Istio's Gateways, ready for routes to attach.
+/// One listener of one of Istio's Gateways (or of a ListenerSet attached
+/// to one), ready for routes to attach.
 pub(super) struct ParentListener<'a> {
+    /// The owner's kind: `Gateway` or `ListenerSet`.
+    pub(super) kind: &'static str,
+    /// Whether routes may attach (a conflicted listener is kept for its
+    /// status only).
+    pub(super) routable: bool,
+    /// The owner's namespace.
     pub(super) gw_namespace: &'a str,
+    /// The owner's name.
     pub(super) gw_name: &'a str,
-    pub(super) listener: &'a Listener,
+    /// The listener (a ListenerSet's with its port defaulted).
+    pub(super) listener: std::borrow::Cow<'a, Listener>,
     /// The generated Istio Gateway's name.
     pub(super) internal: String,
     /// Namespaces whose routes may attach (`None`: all).
@@ -52,6 +61,34 @@ impl ParentListener<'_> {
     pub(super) fn internal_ref(&self) -> String {
         format!("{}/{}", self.gw_namespace, self.internal)
     }
+
+    /// Whether a route's parent reference (from namespace `route_ns`)
+    /// names this listener's owner.
+    pub(super) fn owned_by(&self, p: &super::ParentReference, route_ns: &str) -> bool {
+        self.routable
+            && self.gw_namespace == p.namespace.as_deref().unwrap_or(route_ns)
+            && self.gw_name == p.name
+            && p.group.as_deref().unwrap_or(super::GROUP) == super::GROUP
+            && p.kind.as_deref().unwrap_or("Gateway") == self.kind
+    }
+}
+
+/// The object a route's parent reference names, when it is a Gateway or a
+/// ListenerSet.
+pub(super) fn parent_key(p: &super::ParentReference, route_ns: &str) -> Option<ObjectKey> {
+    if p.group.as_deref().unwrap_or(super::GROUP) != super::GROUP {
+        return None;
+    }
+    let kind = match p.kind.as_deref().unwrap_or("Gateway") {
+        "Gateway" => crate::model::Kind::KubernetesGateway,
+        "ListenerSet" => crate::model::Kind::ListenerSet,
+        _ => return None,
+    };
+    Some(ObjectKey::new(
+        kind,
+        p.namespace.as_deref().unwrap_or(route_ns),
+        &p.name,
+    ))
 }
 
 /// The name of the Istio Gateway generated for a listener (Istio's
@@ -67,7 +104,7 @@ pub(super) fn gateways<'a>(
     snapshot: &'a Snapshot,
     domain: &str,
     out: &mut Output,
-) -> (Vec<ParentListener<'a>>, Vec<(ObjectKey, Vec<Condition>)>) {
+) -> (Vec<ParentListener<'a>>, Vec<GatewayStatus>) {
     let classes: HashMap<&str, &str> = snapshot
         .list::<GatewayClass>()
         .map(|c| {
@@ -94,28 +131,50 @@ pub(super) fn gateways<'a>(
         None => class == BUILTIN_CLASS,
     };
     let namespaces: Vec<Typed<'_, Namespace>> = snapshot.list::<Namespace>().collect();
+    super::listener_set_collection::unattached_status(snapshot, &classes, &namespaces, out);
     let mut gateways: Vec<Typed<'_, KubernetesGateway>> = snapshot
         .list::<KubernetesGateway>()
         .filter(|g| ours(&g.spec.gateway_class_name))
         .collect();
     gateways.sort_by_key(|g| g.object.key());
     let mut parents: Vec<ParentListener<'_>> = Vec::new();
-    let mut gateway_status: Vec<(ObjectKey, Vec<Condition>)> = Vec::new();
+    let mut gateway_status: Vec<GatewayStatus> = Vec::new();
     let grants = super::references::ReferenceGrants::new(snapshot);
     for g in gateways {
         let ns = g.object.metadata.namespace.as_str();
         let name = g.object.metadata.name.as_str();
         let d = deployment(snapshot, g.spec, ns, name, domain);
-        gateway_status.push((
-            g.object.key(),
-            vec![
-                Condition::ok("Accepted", "Resource accepted"),
-                d.programmed,
-                Condition::ok("ResolvedRefs", "All references resolved"),
-            ],
-        ));
+        let sets =
+            super::listener_set_collection::eligible(snapshot, g.spec, ns, name, &namespaces);
+        let own: super::listener_conflict::Owner = ("Gateway", ns.to_string(), name.to_string());
+        let mut merged: Vec<(super::listener_conflict::Owner, &Listener, u32)> = g
+            .spec
+            .listeners
+            .iter()
+            .map(|l| (own.clone(), l, l.port))
+            .collect();
+        merged.extend(super::listener_set_collection::merged(&sets));
+        let conflicts = super::listener_conflict::compute(&merged);
+        let mut ports = std::collections::BTreeSet::new();
         let mut valid_listeners = 0;
         for l in &g.spec.listeners {
+            if let Some(reason) = conflicts.get(&(own.clone(), l.name.clone())) {
+                // Kept for its status only: no route attaches to it.
+                parents.push(ParentListener {
+                    kind: "Gateway",
+                    routable: false,
+                    gw_namespace: ns,
+                    gw_name: name,
+                    listener: std::borrow::Cow::Borrowed(l),
+                    internal: internal_gateway_name(name, &l.name),
+                    allowed: None,
+                    attached: 0,
+                    kinds: super::listener_protocol::supported_kinds(l).0,
+                    conditions: super::listener_conflict::conditions(reason),
+                });
+                continue;
+            }
+            ports.insert(l.port);
             let built = super::listener::build(snapshot, &grants, g.spec, ns, l);
             valid_listeners += usize::from(built.valid);
             let internal = internal_gateway_name(name, &l.name);
@@ -169,9 +228,11 @@ pub(super) fn gateways<'a>(
                 });
             }
             parents.push(ParentListener {
+                kind: "Gateway",
+                routable: true,
                 gw_namespace: ns,
                 gw_name: name,
-                listener: l,
+                listener: std::borrow::Cow::Borrowed(l),
                 internal,
                 allowed,
                 attached: 0,
@@ -179,24 +240,54 @@ pub(super) fn gateways<'a>(
                 conditions: built.conditions,
             });
         }
-        if let Some((_, conditions)) = gateway_status.last_mut() {
-            super::listener::gateway_accepted(conditions, valid_listeners, g.spec.listeners.len());
-        }
+        let parent = super::listener_set_collection::Parent {
+            gateway: g.spec,
+            namespace: ns,
+            service_host: &d.service_host,
+            service_account: &d.service_account,
+            selector: &d.selector,
+            namespaces: &namespaces,
+        };
+        let attached = super::listener_set_collection::translate(
+            snapshot,
+            &grants,
+            &parent,
+            &sets,
+            &conflicts,
+            &|ports| d.programmed(ports),
+            out,
+            &mut parents,
+        );
+        ports.extend(attached.ports);
+        let mut conditions = vec![
+            Condition::ok("Accepted", "Resource accepted"),
+            d.programmed(&ports),
+            Condition::ok("ResolvedRefs", "All references resolved"),
+        ];
+        super::listener::gateway_accepted(&mut conditions, valid_listeners, g.spec.listeners.len());
+        gateway_status.push((g.object.key(), conditions, attached.count));
     }
     (parents, gateway_status)
 }
 
+/// A Gateway's own conditions and the number of ListenerSets attached.
+pub(super) type GatewayStatus = (ObjectKey, Vec<Condition>, u32);
+
 /// Each Gateway's status: its own conditions and its listeners' (with the
-/// number of routes attached to each).
+/// number of routes attached to each); and its ListenerSets' listeners'
+/// route counts.
 pub(super) fn gateway_status(
     parents: &[ParentListener<'_>],
-    gateway_status: Vec<(ObjectKey, Vec<Condition>)>,
+    gateway_status: Vec<GatewayStatus>,
     out: &mut Output,
 ) {
-    for (key, conditions) in gateway_status {
+    super::listener_set_collection::final_status(parents, out);
+    for (key, conditions, attached_listener_sets) in gateway_status {
         let listeners = parents
             .iter()
-            .filter(|l| l.gw_namespace == key.namespace && l.gw_name == key.name)
+            .filter(|l| {
+                l.kind == "Gateway" && l.gw_namespace == key.namespace && l.gw_name == key.name
+            })
             .map(|l| ListenerStatus {
                 name: l.listener.name.clone(),
                 attached_routes: l.attached,
@@ -209,6 +300,7 @@ pub(super) fn gateway_status(
             ObjectStatus::Gateway {
                 conditions,
                 listeners,
+                attached_listener_sets,
             },
         );
     }
@@ -223,8 +315,28 @@ struct Deployment {
     /// The gateway's service account (`<name>-istio` when deployed by Istio,
     /// empty for a gateway deployed by hand).
     service_account: String,
-    /// The Gateway's `Programmed` condition.
-    programmed: Condition,
+    /// The ports of the gateway's Service (`None`: no such Service).
+    service_ports: Option<Vec<crate::model::kube::ServicePort>>,
+}
+
+impl Deployment {
+    /// `Programmed` for the listeners on `ports`: Istio reports
+    /// `AddressNotUsable` while the Service does not exist (it still
+    /// configures the Pods), or when a port is not one of the Service's.
+    pub(super) fn programmed(&self, ports: &std::collections::BTreeSet<u32>) -> Condition {
+        match &self.service_ports {
+            Some(service_ports) => programmed(&self.service_host, ports, service_ports),
+            None => Condition::new(
+                "Programmed",
+                false,
+                "AddressNotUsable",
+                format!(
+                    "Failed to assign to any requested addresses: hostname {:?} not found",
+                    self.service_host
+                ),
+            ),
+        }
+    }
 }
 
 /// The workloads a Gateway selects and its `Programmed` condition: a
@@ -267,18 +379,13 @@ fn deployment(
             } else {
                 label
             },
-            programmed: programmed(&host, gw, &svc.spec.spec.ports),
+            service_ports: Some(svc.spec.spec.ports.clone()),
             service_host: host,
             service_account,
         },
         None => Deployment {
             selector: label,
-            programmed: Condition::new(
-                "Programmed",
-                false,
-                "AddressNotUsable",
-                format!("Failed to assign to any requested addresses: hostname {host:?} not found"),
-            ),
+            service_ports: None,
             service_host: host,
             service_account,
         },
@@ -290,23 +397,22 @@ fn deployment(
 /// the Service's ports standing for its endpoints).
 fn programmed(
     host: &str,
-    gw: &KubernetesGateway,
+    wanted: &std::collections::BTreeSet<u32>,
     ports: &[crate::model::kube::ServicePort],
 ) -> Condition {
-    let wanted: std::collections::BTreeSet<u32> = gw.listeners.iter().map(|l| l.port).collect();
     let (found, missing): (Vec<u32>, Vec<u32>) = wanted
-        .into_iter()
+        .iter()
+        .copied()
         .partition(|p| ports.iter().any(|sp| sp.port == *p));
-    let internal = human_join(
-        &found
-            .iter()
-            .map(|p| format!("{host}:{p}"))
-            .collect::<Vec<_>>(),
-    );
-    let warnings: Vec<String> = missing
+    // Istio sorts both lists as strings (`sets.SortedList`, `sort.Strings`).
+    let mut found: Vec<String> = found.iter().map(|p| format!("{host}:{p}")).collect();
+    found.sort();
+    let internal = human_join(&found);
+    let mut warnings: Vec<String> = missing
         .iter()
         .map(|p| format!("port {p} not found for hostname {host:?}"))
         .collect();
+    warnings.sort();
     match (internal.is_empty(), warnings.is_empty()) {
         (_, true) => Condition::ok(
             "Programmed",
@@ -344,7 +450,7 @@ fn human_join(items: &[String]) -> String {
 }
 
 /// The namespaces whose routes a listener admits: `None` for all.
-fn allowed_namespaces(
+pub(super) fn allowed_namespaces(
     l: &Listener,
     gw_ns: &str,
     namespaces: &[Typed<'_, Namespace>],

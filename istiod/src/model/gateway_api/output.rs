@@ -25,6 +25,9 @@ pub const GATEWAY_SERVICE_ANNOTATION: &str = "internal.istio.io/gateway-service"
 /// The gateway's service account (Istio's
 /// `constants.InternalServiceAccount`).
 pub const SERVICE_ACCOUNT_ANNOTATION: &str = "internal.istio.io/service-account-name";
+/// The parent Gateway's namespace, on the Gateways of a ListenerSet's
+/// listeners (`constants.InternalParentNamespace`).
+pub const PARENT_NAMESPACE_ANNOTATION: &str = "internal.istio.io/parent-namespace";
 
 /// A generated Istio object.
 #[derive(Debug, Clone, PartialEq)]

@@ -340,8 +340,8 @@ fn l4_route(
 ) {
     use super::conditions::{ObjectStatus, RouteParentStatus};
     use super::route_collections::{Denied, Refusal, accepted, attach};
+    use crate::model::Kind;
     use crate::model::istio::VirtualService;
-    use crate::model::{Kind, ObjectKey};
 
     let (tcp, tls, resolved) = match kind {
         L4Kind::Tcp => {
@@ -361,14 +361,15 @@ fn l4_route(
         let candidates: Vec<usize> = parents
             .iter()
             .enumerate()
-            .filter(|(_, l)| l.gw_namespace == gw_ns && l.gw_name == p.name)
+            .filter(|(_, l)| l.owned_by(p, r.ns))
             .map(|(i, _)| i)
             .collect();
         if candidates.is_empty() {
-            let gw_key = ObjectKey::new(Kind::KubernetesGateway, gw_ns, &p.name);
+            let gw_key = super::gateway_collection::parent_key(p, r.ns);
             if snapshot
                 .objects(Kind::KubernetesGateway)
-                .any(|o| o.key() == gw_key)
+                .chain(snapshot.objects(Kind::ListenerSet))
+                .any(|o| Some(o.key()) == gw_key)
             {
                 // Another controller's Gateway: not Istio's to report.
                 continue;
