@@ -152,10 +152,6 @@ const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[
     ("http", "attachedRoutes: want 14, got 11", INFERENCE),
     ("http", ".timeout: want \"0.001s\", got \"1ms\"", DURATION),
     ("http", ".backoff: want \"0.003s\", got \"3ms\"", DURATION),
-    ("mesh", "TCPRoute default/tcp", MESH),
-    ("mesh", "TLSRoute default/tls", MESH),
-    ("mesh", "default/tcp~tcp~0~", MESH),
-    ("mesh", "default/tls~tls~0~", MESH),
     (
         "listenerset-https-missing-tls",
         "https-missing-tls",
@@ -217,7 +213,6 @@ const ADDRESSES: &str = "a Gateway's status.addresses come from its Service's ex
 const SELECTOR: &str = "istiod binds a generated Gateway to its Pods by a selector (the automated deployment's label, or the hand-deployed Service's selector); Istio binds by the gateway-service annotation, which both carry: the same Pods";
 const INFERENCE: &str = "Gateway API inference extension (InferencePool): not in this project";
 const DURATION: &str = "the same duration, written in Go's form rather than protobuf's seconds";
-const MESH: &str = "TCPRoute and TLSRoute with a Service parent (mesh L4 routes): TCPRoute/TLSRoute are the listeners branch's, which serves them for Gateways only";
 const SERVICE_ENTRY: &str = "a ServiceEntry as a route parent (a mesh route on its hosts) is refused by validation: not asked for by this issue; its TCPRoute/TLSRoute are the listeners branch's";
 const STATUS_MERGE: &str = "other controllers' parent entries and foreign condition types already on a route are kept at write time by source/kube/status.rs (appended after Istio's), not by the translation this test runs";
 const INVALID: &str = "routes named with upper-case letters are refused as the API server refuses them (Istio's test skips validation for them), so their VirtualServices and status are missing; UDP, unknown and lower-case protocols and unknown address types are refused by validation where Istio reports status; HTTPS certificate and frontendValidation messages are the listeners branch's";

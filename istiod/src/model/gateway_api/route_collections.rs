@@ -314,7 +314,7 @@ pub(super) fn parent_ref_string(p: &ParentReference, route_ns: &str) -> String {
 }
 
 /// Whether a parent is a Service (a mesh route, GAMMA).
-fn is_service_parent(p: &ParentReference) -> bool {
+pub(super) fn is_service_parent(p: &ParentReference) -> bool {
     p.group.as_deref() == Some("") && p.kind.as_deref() == Some("Service")
 }
 

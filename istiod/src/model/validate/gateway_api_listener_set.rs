@@ -81,3 +81,42 @@ pub(super) fn listener_set(ls: &ListenerSet, e: &mut Errors) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn errors(yaml: &str) -> Vec<String> {
+        let ls: ListenerSet = serde_yaml_ng::from_str(yaml).unwrap();
+        let mut e = Errors::default();
+        listener_set(&ls, &mut e);
+        e.0.iter()
+            .map(|x| format!("{}: {}", x.field, x.message))
+            .collect()
+    }
+
+    #[test]
+    fn listener_sets_are_checked_by_field() {
+        assert!(
+            errors("{parentRef: {name: gw}, listeners: [{name: a, protocol: HTTP}, {name: b, protocol: HTTPS, tls: {certificateRefs: [{name: c}]}}]}")
+                .is_empty()
+        );
+        let e = errors(
+            "{parentRef: {name: gw, kind: Service, group: \"\"}, listeners: [{name: a, protocol: TCP}, {name: b, protocol: HTTP, port: 8080}, {name: b, protocol: HTTP, port: 8081}]}",
+        );
+        for want in [
+            "spec.parentRef.kind",
+            "spec.listeners[0].port",
+            "spec.listeners[2].name",
+        ] {
+            assert!(e.iter().any(|l| l.starts_with(want)), "{want}: {e:?}");
+        }
+        let mut e = Errors::default();
+        let a: AllowedListeners =
+            serde_yaml_ng::from_str("{namespaces: {from: Selector}}").unwrap();
+        allowed_listeners(&a, &mut e);
+        assert_eq!(e.0[0].field, "spec.allowedListeners.namespaces.selector");
+    }
+}
