@@ -7,15 +7,20 @@
 //!   `Programmed` with its listener's route counted;
 //! - a ListenerSet of another namespace, which the Gateway does not admit,
 //!   is `NotAllowed` and its port stays closed (connection refused) once
-//!   the gateway has the configuration that opened the admitted one.
+//!   the gateway has the configuration that opened the admitted one;
+//! - a mesh `TCPRoute` (its parent the Service `echo-a`) sends sleep's
+//!   sidecar's TCP connections for `echo-a` to `echo-b`: the echo that
+//!   answers says which it is.
 
 #![allow(clippy::unwrap_used)]
 
-use std::net::SocketAddr;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use tests::gateway_pod::GatewaySpec;
 use tests::mesh::{LocalMesh, http_request};
+use tests::netns::Netns;
 use tests::wait_for;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -87,6 +92,84 @@ spec:
   - backendRefs: [{name: httpbin, port: 8000}]
 "#;
 
+/// Two TCP echo Services whose endpoints are Pods outside the mesh.
+const ECHOES: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: echo-a, namespace: demo}
+spec:
+  clusterIP: 198.19.0.67
+  ports: [{name: tcp, port: 9000, targetPort: 9000}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: echo-a-1, namespace: demo, labels: {kubernetes.io/service-name: echo-a}}
+addressType: IPv4
+ports: [{name: tcp, port: 9000, protocol: TCP}]
+endpoints:
+- addresses: [198.18.0.67]
+  conditions: {ready: true}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo-b, namespace: demo}
+spec:
+  clusterIP: 198.19.0.68
+  ports: [{name: tcp, port: 9000, targetPort: 9000}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: echo-b-1, namespace: demo, labels: {kubernetes.io/service-name: echo-b}}
+addressType: IPv4
+ports: [{name: tcp, port: 9000, protocol: TCP}]
+endpoints:
+- addresses: [198.18.0.68]
+  conditions: {ready: true}
+"#;
+
+/// The mesh route: connections for `echo-a` go to `echo-b`.
+const MESH_TCP_ROUTE: &str = r#"apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: TCPRoute
+metadata: {name: echo-a-to-b, namespace: demo}
+spec:
+  parentRefs: [{group: "", kind: Service, name: echo-a}]
+  rules:
+  - backendRefs: [{name: echo-b, port: 9000}]
+"#;
+
+/// A TCP server in `ns` answering each read with `<name>:<bytes>`.
+fn named_echo(ns: &Netns, addr: SocketAddr, name: &'static str) {
+    let listener = ns.run(move || std::net::TcpListener::bind(addr).unwrap());
+    std::thread::spawn(move || {
+        for sock in listener.incoming().take(1_000) {
+            let Ok(mut sock) = sock else { continue };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 256];
+                while let Ok(n) = sock.read(&mut buf) {
+                    if n == 0
+                        || sock
+                            .write_all(&[name.as_bytes(), b":", &buf[..n]].concat())
+                            .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// One exchange over a new TCP connection from `ns`: the answer.
+fn exchange(ns: &Netns, addr: SocketAddr) -> std::io::Result<String> {
+    ns.run(move || {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"ping")?;
+        let mut buf = [0u8; 256];
+        let n = s.read(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+    })
+}
+
 #[test]
 fn listener_sets_join_the_gateway_that_allows_them() {
     let _serial = tests::mesh::one_mesh_at_a_time();
@@ -147,4 +230,31 @@ fn listener_sets_join_the_gateway_that_allows_them() {
         "{route}"
     );
     gw.assert_alive();
+
+    // A mesh TCPRoute: sleep's connections for echo-a reach echo-b.
+    let a = mesh.plain_pod("198.18.0.67");
+    named_echo(&a.ns, "198.18.0.67:9000".parse().unwrap(), "a");
+    let b = mesh.plain_pod("198.18.0.68");
+    named_echo(&b.ns, "198.18.0.68:9000".parse().unwrap(), "b");
+    tests::write_atomically(&mesh.config_dir.join("echoes.yaml"), ECHOES);
+    let sleep = &mesh.pod("sleep-1").ns;
+    let echo_a: SocketAddr = "198.19.0.67:9000".parse().unwrap();
+    wait_for("echo-a answering sleep before the route", WAIT, || {
+        exchange(sleep, echo_a).ok().filter(|r| r == "a:ping")
+    });
+    tests::write_atomically(&mesh.config_dir.join("mesh-tcp.yaml"), MESH_TCP_ROUTE);
+    wait_for(
+        "echo-b answering for echo-a through the TCPRoute",
+        WAIT,
+        || exchange(sleep, echo_a).ok().filter(|r| r == "b:ping"),
+    );
+    // Every later connection follows the route.
+    for _ in 0..5 {
+        assert_eq!(exchange(sleep, echo_a).unwrap(), "b:ping");
+    }
+    let route = mesh.gateway_api_status("TCPRoute/demo/echo-a-to-b");
+    assert!(
+        route.contains("parent echo-a: Accepted=True (Accepted): Route was valid"),
+        "{route}"
+    );
 }
