@@ -960,6 +960,7 @@ fn rbac_grants_what_istiod_uses_to_its_service_account() {
         "tcproutes/status",
         "tlsroutes/status",
         "grpcroutes/status",
+        "listenersets/status",
     ] {
         for verb in ["update", "patch"] {
             assert!(
@@ -990,7 +991,8 @@ fn rbac_grants_what_istiod_uses_to_its_service_account() {
                             "httproutes/status",
                             "tcproutes/status",
                             "tlsroutes/status",
-                            "grpcroutes/status"
+                            "grpcroutes/status",
+                            "listenersets/status"
                         ]
                         // Auto-registered VMs' WorkloadEntries and their health.
                         | ["workloadentries"]

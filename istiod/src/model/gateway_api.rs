@@ -20,6 +20,7 @@ pub mod listener_set;
 pub mod listener_set_collection;
 pub mod listener_tls;
 pub mod output;
+pub mod parent_listener;
 pub mod reference_grant;
 pub mod references;
 pub mod route_collections;

@@ -1,8 +1,8 @@
 //! The Gateway API `ListenerSet` (`gateway.networking.k8s.io/v1`): listeners
 //! that join a parent Gateway when the Gateway's `allowedListeners` admits
 //! the ListenerSet's namespace, and the Gateway's `allowedListeners`
-//! itself. [`super::listener_set_collection`] translates them as Istio's
-//! `ListenerSetCollection` does.
+//! itself, as the API defines them (their translation is in
+//! `listener_set_collection.rs`, as Istio's `ListenerSetCollection`).
 
 use std::collections::BTreeMap;
 

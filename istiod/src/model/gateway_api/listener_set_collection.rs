@@ -10,13 +10,13 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::conditions::{Condition, ListenerStatus, ObjectStatus};
-use super::gateway_collection::{ParentListener, internal_gateway_name};
 use super::listener_conflict::{Conflicts, Owner};
 use super::listener_set::{ListenerSet, entry_port, namespace_allowed};
 use super::output::{
     GATEWAY_SEMANTICS_ANNOTATION, GATEWAY_SERVICE_ANNOTATION, Generated, Output,
     PARENT_NAMESPACE_ANNOTATION, PARENTS_ANNOTATION, SERVICE_ACCOUNT_ANNOTATION,
 };
+use super::parent_listener::{ParentListener, allowed_namespaces, internal_gateway_name};
 use super::references::ReferenceGrants;
 use super::{BUILTIN_CLASS, CONTROLLER_NAME, KubernetesGateway, Listener};
 use crate::model::gateway::{Gateway, Server, ServerPort};
@@ -167,7 +167,7 @@ pub(super) fn translate<'a>(
             valid += 1;
             attached.ports.insert(port);
             let internal = internal_gateway_name(name, &l.name);
-            let allowed = super::gateway_collection::allowed_namespaces(&l, ns, parent.namespaces);
+            let allowed = allowed_namespaces(&l, ns, parent.namespaces);
             let host = l.hostname.as_deref().unwrap_or("*");
             let hosts = match &allowed {
                 None => vec![format!("*/{host}")],

@@ -54,9 +54,7 @@ pub(super) fn gateway(gw: &KubernetesGateway, e: &mut Errors) {
             Err(err) => e.add("spec.infrastructure", err.to_string()),
         }
     }
-    if let Some(a) = &gw.allowed_listeners {
-        super::gateway_api_listener_set::allowed_listeners(a, e);
-    }
+    // `allowedListeners` is checked with ListenerSets (validate.rs).
     if let Some(tls) = &gw.tls {
         super::gateway_api_l4::gateway_tls(tls, e);
     }
