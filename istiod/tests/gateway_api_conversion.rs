@@ -128,15 +128,6 @@ const SKIPPED: &[(&str, &str)] = &[
         "xbackend",
         "XBackend (experimental x-k8s.io backends): not asked for by this issue",
     ),
-    ("listenerset", LISTENER_SET),
-    ("listenerset-cross-namespace", LISTENER_SET),
-    ("listenerset-empty-listeners", LISTENER_SET),
-    ("listenerset-hostname-conflict", LISTENER_SET),
-    ("listenerset-https-missing-tls", LISTENER_SET),
-    ("listenerset-invalid", LISTENER_SET),
-    ("listenerset-overlapping-port", LISTENER_SET),
-    ("listenerset-protocol-conflict", LISTENER_SET),
-    ("listenerset-same-name-different-ns", LISTENER_SET),
 ];
 
 /// Reasons for [`KNOWN_DIFFERENCES`] of the BackendTLSPolicy cases.
@@ -144,9 +135,6 @@ const BACKEND_CLIENT_CERT: &str = "a Gateway's spec.tls.backend (the client cert
 const BTLS_UID: &str = "Istio's test objects carry no uid, which Istio's conflict check takes as the same policy, so neither conflicts; here another policy is one of another name, so the newer of two on one target is Conflicted (as Istio reports on an API server, where every object has a uid)";
 const BTLS_STATUS_MERGE: &str = "other controllers' ancestor entries already on a policy are kept at write time by source/kube/status.rs (before Istio's), not by the translation this test runs";
 const XBACKEND_TRAFFIC: &str = "XBackendTrafficPolicy (experimental): not asked for by this issue; its share of the merged DestinationRule is missing";
-/// Why the ListenerSet cases are skipped.
-const LISTENER_SET: &str =
-    "ListenerSet is not translated yet (the kind is not read, so nothing is accepted and ignored)";
 
 /// Differences accepted: (case, or `*` for every case; a substring of the
 /// difference's line; the reason). Each must still occur somewhere.
@@ -156,10 +144,19 @@ const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[
     ("http", "nferencePool", INFERENCE),
     ("http", "nferencepool", INFERENCE),
     ("http", "attachedRoutes: want 14, got 11", INFERENCE),
-    ("mesh", "TCPRoute default/tcp", MESH),
-    ("mesh", "TLSRoute default/tls", MESH),
-    ("mesh", "default/tcp~tcp~0~", MESH),
-    ("mesh", "default/tls~tls~0~", MESH),
+    (
+        "listenerset-https-missing-tls",
+        "https-missing-tls",
+        LISTENER_SET_TLS,
+    ),
+    ("listenerset-overlapping-port", "", LISTENER_SET_TLS),
+    ("listenerset-invalid", "waypoint", LISTENER_SET_CLASSES),
+    ("listenerset-invalid", "invalid-class", LISTENER_SET_CLASSES),
+    (
+        "listenerset-invalid",
+        "not-accepted-parent",
+        LISTENER_SET_ADDRESS,
+    ),
     ("serviceentry", "", SERVICE_ENTRY),
     ("valid-invalid-parent-ref", "", SERVICE_ENTRY),
     ("status", "existing-istio-", STATUS_MERGE),
@@ -185,12 +182,15 @@ const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[
 const FAKE_PEM: &str = "the case's Secret holds placeholder text, not PEM: this istiod refuses such a Secret when reading it (the other listeners of the case still compare)";
 const MCS: &str = "multi-cluster services (ServiceImport backends): not in this project; the TCPRoute naming one is refused by validation";
 
+/// Reasons for [`KNOWN_DIFFERENCES`] of the ListenerSet cases.
+const LISTENER_SET_TLS: &str = "an HTTPS listener without tls (a Gateway's or a ListenerSet's) is refused by validation, as the CRD's rules refuse it, where Istio's test (which skips validation) reports it in status";
+const LISTENER_SET_CLASSES: &str = "ambient waypoint Gateways (HBONE listeners) are refused by validation (no ambient mode), so the ListenerSet naming one has no parent to report on";
+const LISTENER_SET_ADDRESS: &str = "a Gateway with an address of an unknown type is refused by validation where Istio reports UnsupportedAddress, so neither it nor its ListenerSet gets a status";
 
 /// Reasons for [`KNOWN_DIFFERENCES`].
-const SELECTOR: &str = "a design difference: Istio emits no selector and binds a generated Gateway to the router Pods behind a Service its internal.istio.io/gateway-service annotation names (in the Gateway's namespace); this istiod's push path binds Gateways by selector only, so for an automatically deployed Gateway the translation emits the selector of that Service, the label gateway.networking.k8s.io/gateway-name (the same Pods, and it also binds such a Pod whose Service does not exist yet, or of another namespace, which Istio would not). Hand-deployed gateways (Hostname addresses) carry their Service's selector, which these cases' Services lack, so they compare equal";
+const SELECTOR: &str = "a design difference: Istio emits no selector and binds a generated Gateway to the router Pods behind the Services its internal.istio.io/gateway-service annotation names; this istiod's push path binds Gateways by selector only, so the translation emits one: for an automatically deployed Gateway the label gateway.networking.k8s.io/gateway-name (its Service's selector: the same Pods), for a Gateway deployed by hand its Service's selector, and, when that Service has none (as the Services of Istio's test), again the gateway-name label, never an empty selector, which would bind every router Pod of the mesh";
 const INFERENCE: &str = "Gateway API inference extension (InferencePool): not in this project";
-const MESH: &str = "TCPRoute and TLSRoute with a Service parent (mesh L4 routes): TCPRoute/TLSRoute are the listeners branch's, which serves them for Gateways only";
-const SERVICE_ENTRY: &str = "a ServiceEntry as a route parent (a mesh route on its hosts) is refused by validation: not asked for by this issue; TCPRoute and TLSRoute are served for Gateway parents only, so theirs are refused too, as is a ServiceEntry (networking.istio.io Hostname) backend of a TCPRoute or TLSRoute";
+const SERVICE_ENTRY: &str = "a ServiceEntry as a route parent (a mesh route on its hosts) is refused by validation: not asked for by this issue; so are its TCPRoute and TLSRoute, and a ServiceEntry (networking.istio.io Hostname) backend of a TCPRoute or TLSRoute";
 const STATUS_MERGE: &str = "other controllers' parent entries and foreign condition types already on a route are kept at write time by source/kube/status.rs (appended after Istio's), not by the translation this test runs";
 const INVALID: &str = "routes named with upper-case letters are refused as the API server refuses them (Istio's test skips validation for them), so their VirtualServices and status are missing; UDP, unknown and lower-case protocols and unknown address types are refused by validation where Istio reports status; a mirror to an unknown backend kind is refused by validation; Istio's `malformed` Secret is left out of the inputs (this istiod refuses a Secret without PEM when reading it), so its listener reports it not found";
 

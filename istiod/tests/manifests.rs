@@ -961,6 +961,7 @@ fn rbac_grants_what_istiod_uses_to_its_service_account() {
         "tlsroutes/status",
         "grpcroutes/status",
         "backendtlspolicies/status",
+        "listenersets/status",
     ] {
         for verb in ["update", "patch"] {
             assert!(
@@ -992,7 +993,8 @@ fn rbac_grants_what_istiod_uses_to_its_service_account() {
                             "tcproutes/status",
                             "tlsroutes/status",
                             "grpcroutes/status",
-                            "backendtlspolicies/status"
+                            "backendtlspolicies/status",
+                            "listenersets/status"
                         ]
                         // Auto-registered VMs' WorkloadEntries and their health.
                         | ["workloadentries"]

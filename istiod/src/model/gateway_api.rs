@@ -17,9 +17,13 @@ pub mod grpc_types;
 pub mod http_route;
 pub mod infrastructure;
 pub mod listener;
+pub mod listener_conflict;
 pub mod listener_protocol;
+pub mod listener_set;
+pub mod listener_set_collection;
 pub mod listener_tls;
 pub mod output;
+pub mod parent_listener;
 pub mod reference_grant;
 pub mod references;
 pub mod route_collections;
@@ -70,9 +74,9 @@ pub struct KubernetesGateway {
     /// Refused (not implemented).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub infrastructure: Option<Value>,
-    /// Refused (not implemented).
+    /// Which namespaces' ListenerSets may add listeners (none when unset).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub allowed_listeners: Option<Value>,
+    pub allowed_listeners: Option<listener_set::AllowedListeners>,
     /// Frontend client-certificate validation of the TLS listeners.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<tls_types::GatewayTls>,
@@ -468,5 +472,11 @@ impl ParentReference {
     pub fn is_gateway(&self) -> bool {
         self.group.as_deref().unwrap_or(GROUP) == GROUP
             && self.kind.as_deref().unwrap_or("Gateway") == "Gateway"
+    }
+
+    /// Whether it names a ListenerSet.
+    pub fn is_listener_set(&self) -> bool {
+        self.group.as_deref().unwrap_or(GROUP) == GROUP
+            && self.kind.as_deref() == Some("ListenerSet")
     }
 }

@@ -12,6 +12,7 @@ use super::envoy_filter::EnvoyFilter;
 use super::gateway::Gateway;
 use super::gateway_api::backend_tls_policy::BackendTlsPolicy;
 use super::gateway_api::grpc_types::GrpcRoute;
+use super::gateway_api::listener_set::ListenerSet;
 use super::gateway_api::reference_grant::ReferenceGrant;
 use super::gateway_api::tls_types::{TcpRoute, TlsRoute};
 use super::gateway_api::{GatewayClass, HttpRoute, KubernetesGateway};
@@ -108,11 +109,13 @@ pub enum Kind {
     BackendTlsPolicy,
     /// Kubernetes `v1` ConfigMap: CA certificates named by the Gateway API.
     ConfigMap,
+    /// Gateway API `ListenerSet`: listeners added to a Gateway that allows them.
+    ListenerSet,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 30] = [
+    pub const ALL: [Kind; 31] = [
         Kind::ServiceEntry,
         Kind::WorkloadEntry,
         Kind::WorkloadGroup,
@@ -143,6 +146,7 @@ impl Kind {
         Kind::GrpcRoute,
         Kind::BackendTlsPolicy,
         Kind::ConfigMap,
+        Kind::ListenerSet,
     ];
 
     /// The kind's name as written in `kind:`.
@@ -178,6 +182,7 @@ impl Kind {
             Kind::GrpcRoute => "GRPCRoute",
             Kind::BackendTlsPolicy => "BackendTLSPolicy",
             Kind::ConfigMap => "ConfigMap",
+            Kind::ListenerSet => "ListenerSet",
         }
     }
 
@@ -206,7 +211,8 @@ impl Kind {
             | Kind::TcpRoute
             | Kind::TlsRoute
             | Kind::GrpcRoute
-            | Kind::BackendTlsPolicy => GATEWAY_API_GROUP,
+            | Kind::BackendTlsPolicy
+            | Kind::ListenerSet => GATEWAY_API_GROUP,
             Kind::Service
             | Kind::Pod
             | Kind::Namespace
@@ -230,6 +236,8 @@ impl Kind {
             Kind::GrpcRoute => return &["v1"],
             // v1 (standard channel), v1alpha3 (experimental, same fields).
             Kind::BackendTlsPolicy => return &["v1", "v1alpha3"],
+            // The standard channel's ListenerSet (Gateway API v1.5).
+            Kind::ListenerSet => return &["v1"],
             _ => {}
         }
         if self == Kind::ProxyConfig {
@@ -493,6 +501,8 @@ pub enum Spec {
     BackendTlsPolicy(BackendTlsPolicy),
     /// A ConfigMap (its CA keys only).
     ConfigMap(ConfigMap),
+    /// A ListenerSet's `spec`.
+    ListenerSet(ListenerSet),
 }
 
 impl Spec {
@@ -529,6 +539,7 @@ impl Spec {
             Spec::GrpcRoute(_) => Kind::GrpcRoute,
             Spec::BackendTlsPolicy(_) => Kind::BackendTlsPolicy,
             Spec::ConfigMap(_) => Kind::ConfigMap,
+            Spec::ListenerSet(_) => Kind::ListenerSet,
         }
     }
 }
@@ -650,6 +661,7 @@ kind_spec!(
     GrpcRoute,
     BackendTlsPolicy,
     ConfigMap,
+    ListenerSet,
 );
 
 #[cfg(test)]

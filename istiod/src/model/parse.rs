@@ -244,6 +244,7 @@ fn decode_body(kind: Kind, map: Map<String, Value>) -> Result<Spec, FieldError> 
         Kind::GrpcRoute => Spec::GrpcRoute(istio(body)?),
         Kind::BackendTlsPolicy => Spec::BackendTlsPolicy(istio(body)?),
         Kind::ConfigMap => Spec::ConfigMap(typed(body)?),
+        Kind::ListenerSet => Spec::ListenerSet(istio(body)?),
     })
 }
 

@@ -24,6 +24,7 @@ mod gateway;
 mod gateway_api;
 mod gateway_api_grpc;
 mod gateway_api_l4;
+mod gateway_api_listener_set;
 mod gateway_tcp;
 mod gateway_tls;
 mod ingress;
@@ -82,7 +83,12 @@ pub fn validate(object: &Object) -> Vec<FieldError> {
         Spec::Secret(secret) => self::secret(secret, &mut e),
         Spec::Namespace(_) | Spec::Node(_) => {}
         Spec::GatewayClass(gc) => gateway_api::gateway_class(gc, &mut e),
-        Spec::KubernetesGateway(gw) => gateway_api::gateway(gw, &mut e),
+        Spec::KubernetesGateway(gw) => {
+            gateway_api::gateway(gw, &mut e);
+            if let Some(a) = &gw.allowed_listeners {
+                gateway_api_listener_set::allowed_listeners(a, &mut e);
+            }
+        }
         Spec::HttpRoute(r) => gateway_api::http_route(r, &object.metadata.namespace, &mut e),
         Spec::Telemetry(t) => telemetry::telemetry(t, &mut e),
         Spec::ProxyConfig(pc) => proxy_config::proxy_config(pc, &mut e),
@@ -96,6 +102,7 @@ pub fn validate(object: &Object) -> Vec<FieldError> {
             e.0.extend(super::gateway_api::backend_tls_policy::validate(p));
         }
         Spec::ConfigMap(_) => {}
+        Spec::ListenerSet(l) => gateway_api_listener_set::listener_set(l, &mut e),
     }
     e.0
 }

@@ -330,16 +330,15 @@ impl Resolved {
             Kind::GatewayClass
             | Kind::KubernetesGateway
             | Kind::ReferenceGrant
-            | Kind::TcpRoute
-            | Kind::TlsRoute
+            | Kind::ListenerSet
             | Kind::Ingress
             | Kind::IngressClass => {
                 self.changes
                     .push(change(&reason, Audience::Routers, Types::LDS | Types::RDS));
             }
-            // HTTP routes also make mesh routes (a Service parent): the
+            // Routes also make mesh routes (a Service parent): the
             // sidecars calling the Service see them as VirtualServices.
-            Kind::HttpRoute | Kind::GrpcRoute => {
+            Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute | Kind::TlsRoute => {
                 self.changes
                     .push(change(&reason, Audience::Routers, Types::LDS | Types::RDS));
                 self.mesh_routes(&reason, views);

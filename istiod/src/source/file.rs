@@ -145,7 +145,7 @@ impl FileSource {
     }
 
     /// The documents whose kind this istiod does not implement although it
-    /// is Istio configuration (WasmPlugin, ListenerSet, ...), with
+    /// is Istio configuration (WasmPlugin, BackendTLSPolicy, ...), with
     /// their file: stored nowhere and applied to nothing, so reported.
     pub fn unimplemented(&self) -> Vec<(String, IgnoredKind)> {
         let state = self

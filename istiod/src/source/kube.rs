@@ -78,6 +78,7 @@ pub fn plural(kind: Kind) -> &'static str {
         Kind::GrpcRoute => "grpcroutes",
         Kind::BackendTlsPolicy => "backendtlspolicies",
         Kind::ConfigMap => "configmaps",
+        Kind::ListenerSet => "listenersets",
     }
 }
 

@@ -571,6 +571,13 @@ pub static RESOURCES: &[Resource] = &[
         &["v1", "v1alpha3"],
         &["btlspolicy"],
     ),
+    gateway_api_versions(
+        "listenersets",
+        "listenerset",
+        "ListenerSet",
+        &["v1"],
+        &["lset"],
+    ),
     istio(
         "telemetry.istio.io",
         &["v1", "v1alpha1"],

@@ -110,31 +110,12 @@ fn an_unusable_ca_blocks_traffic_and_says_why() {
 #[test]
 fn sidecars_get_the_configmap_ca_without_a_workload_selector() {
     let out = output(&policy("a", "", "a.example"));
-    let tls = out.destination_rules[0]
-        .spec
-        .traffic_policy
-        .as_ref()
-        .unwrap()
-        .tls
-        .clone()
-        .unwrap();
-    // A rule without a workloadSelector (`with_selector` false), as a
-    // sidecar builds it: TLS, verified against the ConfigMap's CA over SDS.
-    let (ctx, _) = crate::xds::cds::tls::originate(&tls, &[], false, false).unwrap();
-    assert_eq!(ctx.sni, "a.example");
-    let common = ctx.common_tls_context.unwrap();
-    let Some(
-        proto::pb::envoy::extensions::transport_sockets::tls::v3::common_tls_context::ValidationContextType::CombinedValidationContext(c),
-    ) = common.validation_context_type
-    else {
-        panic!("no combined validation context");
-    };
-    assert_eq!(
-        c.validation_context_sds_secret_config.unwrap().name,
-        "configmap://demo/ca-cacert"
-    );
-    // A Secret credential still needs a selector on sidecars.
-    let mut secret = tls.clone();
-    secret.credential_name = "client-cred".into();
-    assert!(crate::xds::cds::tls::originate(&secret, &[], false, false).is_none());
+    let rule = &out.destination_rules[0].spec;
+    // No workloadSelector: sidecars apply it too, as in Istio (how a
+    // sidecar builds TLS from it is tested in xds/cds/tls.rs).
+    assert!(rule.workload_selector.is_none());
+    let tls = rule.traffic_policy.as_ref().unwrap().tls.clone().unwrap();
+    assert_eq!(tls.mode, crate::model::istio::TlsMode::Simple);
+    assert_eq!(tls.sni, "a.example");
+    assert_eq!(tls.credential_name, "configmap://demo/ca");
 }

@@ -4,7 +4,7 @@
 //! ServiceEntry. Every field of the CRD is typed; the schema's and CEL's
 //! rules that a file bypasses are checked here ([`validate`]), and the one
 //! field Istio does not read (`options`) is refused rather than ignored.
-//! [`super::backend_policies`] translates the policies.
+//! `backend_policies.rs` translates the policies.
 
 use std::collections::BTreeMap;
 

@@ -105,7 +105,7 @@ pub struct AncestorStatus {
 pub enum ObjectStatus {
     /// A GatewayClass of Istio's controller.
     GatewayClass(Vec<Condition>),
-    /// A Gateway of one of Istio's classes.
+    /// A Gateway of one of Istio's classes, or a ListenerSet (same shape).
     Gateway {
         /// `Accepted`, `Programmed`.
         conditions: Vec<Condition>,
@@ -113,6 +113,8 @@ pub enum ObjectStatus {
         listeners: Vec<ListenerStatus>,
         /// `status.addresses` (none until the Gateway's Service has one).
         addresses: Vec<GatewayAddress>,
+        /// The ListenerSets attached (a Gateway's; written when not 0).
+        attached_listener_sets: u32,
     },
     /// An HTTPRoute with at least one parent of Istio's.
     HttpRoute(Vec<RouteParentStatus>),
@@ -173,6 +175,7 @@ impl ObjectStatus {
                 conditions,
                 listeners,
                 addresses,
+                attached_listener_sets,
             } => {
                 let listeners: Vec<Value> = listeners
                     .iter()
@@ -204,6 +207,9 @@ impl ObjectStatus {
                     status["addresses"] = Value::Array(addresses);
                 } else if before["addresses"].is_array() {
                     status["addresses"] = before["addresses"].clone();
+                }
+                if *attached_listener_sets > 0 {
+                    status["attachedListenerSets"] = json!(attached_listener_sets);
                 }
                 status
             }

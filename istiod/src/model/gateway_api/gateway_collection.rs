@@ -23,47 +23,16 @@ use super::output::{
     GATEWAY_SEMANTICS_ANNOTATION, GATEWAY_SERVICE_ANNOTATION, Generated, Output,
     PARENTS_ANNOTATION, SERVICE_ACCOUNT_ANNOTATION,
 };
+use super::parent_listener::allowed_namespaces;
+pub use super::parent_listener::internal_gateway_name;
+pub(super) use super::parent_listener::{ParentListener, parent_key};
 use super::{
-    BUILTIN_CLASS, CONTROLLER_NAME, FromNamespaces, GATEWAY_NAME_LABEL, GENERATED_SUFFIX,
-    GatewayClass, KubernetesGateway, Listener,
+    BUILTIN_CLASS, CONTROLLER_NAME, GATEWAY_NAME_LABEL, GatewayClass, KubernetesGateway, Listener,
 };
 use crate::model::ObjectKey;
 use crate::model::gateway::{Gateway, Server, ServerPort};
 use crate::model::kube::{Namespace, Service};
 use crate::model::store::{Snapshot, Typed};
-
-/// One listener of one of Istio's Gateways, ready for routes to attach.
-pub(super) struct ParentListener<'a> {
-    pub(super) gw_namespace: &'a str,
-    pub(super) gw_name: &'a str,
-    pub(super) listener: &'a Listener,
-    /// The generated Istio Gateway's name.
-    pub(super) internal: String,
-    /// Namespaces whose routes may attach (`None`: all).
-    pub(super) allowed: Option<Vec<String>>,
-    /// How many routes attached.
-    pub(super) attached: u32,
-    /// The route kinds it takes.
-    pub(super) kinds: Vec<&'static str>,
-    /// Its conditions (Istio's `buildListener`).
-    pub(super) conditions: Vec<Condition>,
-}
-
-impl ParentListener<'_> {
-    /// The generated Istio Gateway as routes name it (`<ns>/<name>`).
-    pub(super) fn internal_ref(&self) -> String {
-        format!("{}/{}", self.gw_namespace, self.internal)
-    }
-}
-
-/// The name of the Istio Gateway generated for a listener (Istio's
-/// `InternalGatewayName`).
-pub fn internal_gateway_name(gateway: &str, listener: &str) -> String {
-    format!("{gateway}~{GENERATED_SUFFIX}~{listener}")
-}
-
-/// A Gateway's own conditions and addresses, before its listeners' status.
-pub(super) type GatewayStatus = (ObjectKey, Vec<Condition>, Vec<GatewayAddress>);
 
 /// Istio's Gateways (of a class of Istio's controller): the Istio Gateway
 /// generated for each listener (into `out`, with the classes' status), the
@@ -99,6 +68,7 @@ pub(super) fn gateways<'a>(
         None => class == BUILTIN_CLASS,
     };
     let namespaces: Vec<Typed<'_, Namespace>> = snapshot.list::<Namespace>().collect();
+    super::listener_set_collection::unattached_status(snapshot, &classes, &namespaces, out);
     let mut gateways: Vec<Typed<'_, KubernetesGateway>> = snapshot
         .list::<KubernetesGateway>()
         .filter(|g| ours(&g.spec.gateway_class_name))
@@ -111,17 +81,37 @@ pub(super) fn gateways<'a>(
         let ns = g.object.metadata.namespace.as_str();
         let name = g.object.metadata.name.as_str();
         let d = deployment(snapshot, g.spec, ns, name, domain);
-        gateway_status.push((
-            g.object.key(),
-            vec![
-                Condition::ok("Accepted", "Resource accepted"),
-                d.programmed.clone(),
-                Condition::ok("ResolvedRefs", "All references resolved"),
-            ],
-            d.addresses.clone(),
-        ));
+        let sets =
+            super::listener_set_collection::eligible(snapshot, g.spec, ns, name, &namespaces);
+        let own: super::listener_conflict::Owner = ("Gateway", ns.to_string(), name.to_string());
+        let mut merged: Vec<(super::listener_conflict::Owner, &Listener, u32)> = g
+            .spec
+            .listeners
+            .iter()
+            .map(|l| (own.clone(), l, l.port))
+            .collect();
+        merged.extend(super::listener_set_collection::merged(&sets));
+        let conflicts = super::listener_conflict::compute(&merged);
+        let mut ports = BTreeSet::new();
         let mut valid_listeners = 0;
         for l in &g.spec.listeners {
+            if let Some(reason) = conflicts.get(&(own.clone(), l.name.clone())) {
+                // Kept for its status only: no route attaches to it.
+                parents.push(ParentListener {
+                    kind: "Gateway",
+                    routable: false,
+                    gw_namespace: ns,
+                    gw_name: name,
+                    listener: std::borrow::Cow::Borrowed(l),
+                    internal: internal_gateway_name(name, &l.name),
+                    allowed: None,
+                    attached: 0,
+                    kinds: super::listener_protocol::supported_kinds(l).0,
+                    conditions: super::listener_conflict::conditions(reason),
+                });
+                continue;
+            }
+            ports.insert(l.port);
             let built = super::listener::build(snapshot, &grants, g.spec, ns, l);
             valid_listeners += usize::from(built.valid);
             let internal = internal_gateway_name(name, &l.name);
@@ -175,9 +165,11 @@ pub(super) fn gateways<'a>(
                 });
             }
             parents.push(ParentListener {
+                kind: "Gateway",
+                routable: true,
                 gw_namespace: ns,
                 gw_name: name,
-                listener: l,
+                listener: std::borrow::Cow::Borrowed(l),
                 internal,
                 allowed,
                 attached: 0,
@@ -185,25 +177,66 @@ pub(super) fn gateways<'a>(
                 conditions: built.conditions,
             });
         }
-        if let Some((_, conditions, _)) = gateway_status.last_mut() {
-            super::listener::gateway_accepted(conditions, valid_listeners, g.spec.listeners.len());
-            invalid_parameters(snapshot, ns, g.spec, conditions);
-        }
+        let service_hosts = d.service_hosts.join(",");
+        let parent = super::listener_set_collection::Parent {
+            gateway: g.spec,
+            namespace: ns,
+            service_host: &service_hosts,
+            service_account: &d.service_account,
+            selector: &d.selector,
+            namespaces: &namespaces,
+        };
+        let attached = super::listener_set_collection::translate(
+            snapshot,
+            &grants,
+            &parent,
+            &sets,
+            &conflicts,
+            &|ports| {
+                d.instances(snapshot, ns, ports, domain)
+                    .programmed(&d.service_hosts)
+            },
+            out,
+            &mut parents,
+        );
+        ports.extend(attached.ports);
+        let instances = d.instances(snapshot, ns, &ports, domain);
+        let mut conditions = vec![
+            Condition::ok("Accepted", "Resource accepted"),
+            instances.programmed(&d.service_hosts),
+            Condition::ok("ResolvedRefs", "All references resolved"),
+        ];
+        super::listener::gateway_accepted(&mut conditions, valid_listeners, g.spec.listeners.len());
+        invalid_parameters(snapshot, ns, g.spec, &mut conditions);
+        gateway_status.push((
+            g.object.key(),
+            conditions,
+            instances.addresses(),
+            attached.count,
+        ));
     }
     (parents, gateway_status)
 }
 
+/// A Gateway's own conditions, its addresses and the number of
+/// ListenerSets attached.
+pub(super) type GatewayStatus = (ObjectKey, Vec<Condition>, Vec<GatewayAddress>, u32);
+
 /// Each Gateway's status: its own conditions and its listeners' (with the
-/// number of routes attached to each).
+/// number of routes attached to each); and its ListenerSets' listeners'
+/// route counts.
 pub(super) fn gateway_status(
     parents: &[ParentListener<'_>],
     gateway_status: Vec<GatewayStatus>,
     out: &mut Output,
 ) {
-    for (key, conditions, addresses) in gateway_status {
+    super::listener_set_collection::final_status(parents, out);
+    for (key, conditions, addresses, attached_listener_sets) in gateway_status {
         let listeners = parents
             .iter()
-            .filter(|l| l.gw_namespace == key.namespace && l.gw_name == key.name)
+            .filter(|l| {
+                l.kind == "Gateway" && l.gw_namespace == key.namespace && l.gw_name == key.name
+            })
             .map(|l| ListenerStatus {
                 name: l.listener.name.clone(),
                 attached_routes: l.attached,
@@ -217,6 +250,7 @@ pub(super) fn gateway_status(
                 conditions,
                 listeners,
                 addresses,
+                attached_listener_sets,
             },
         );
     }
@@ -264,10 +298,6 @@ struct Deployment {
     /// The gateway's service account (`<name>-istio` when deployed by Istio,
     /// empty for a gateway deployed by hand).
     service_account: String,
-    /// The Gateway's `Programmed` condition.
-    programmed: Condition,
-    /// The Gateway's `status.addresses`.
-    addresses: Vec<GatewayAddress>,
 }
 
 /// The workloads a Gateway selects, its `Programmed` condition and its
@@ -311,40 +341,28 @@ fn deployment(
         .and_then(|h| h.strip_suffix(&format!(".svc.{domain}")))
         .and_then(|n| n.split_once('.'))
         .and_then(|(svc, svc_ns)| snapshot.get_typed::<Service>(svc_ns, svc))
-        .map_or(label, |svc| svc.spec.spec.selector.clone());
-    let ports: BTreeSet<u32> = gw.listeners.iter().map(|l| l.port).collect();
-    let instances = gateway_instances::resolve(snapshot, ns, &service_hosts, &ports, domain);
+        .map(|svc| svc.spec.spec.selector.clone())
+        // A Service without a selector (endpoints managed by hand) selects
+        // no Pods: bind the Gateway's own label rather than every router.
+        .filter(|s| !s.is_empty())
+        .unwrap_or(label);
     Deployment {
         selector,
-        programmed: instances.programmed(&service_hosts),
-        addresses: instances.addresses(),
         service_hosts,
         service_account,
     }
 }
 
-/// The namespaces whose routes a listener admits: `None` for all.
-fn allowed_namespaces(
-    l: &Listener,
-    gw_ns: &str,
-    namespaces: &[Typed<'_, Namespace>],
-) -> Option<Vec<String>> {
-    let from = l
-        .allowed_routes
-        .as_ref()
-        .and_then(|a| a.namespaces.as_ref());
-    match from.and_then(|n| n.from).unwrap_or_default() {
-        FromNamespaces::Same => Some(vec![gw_ns.to_string()]),
-        FromNamespaces::All => None,
-        FromNamespaces::Selector => {
-            let selector = from.and_then(|n| n.selector.as_ref());
-            Some(
-                namespaces
-                    .iter()
-                    .filter(|n| selector.is_some_and(|s| s.matches(&n.object.metadata.labels)))
-                    .map(|n| n.object.metadata.name.clone())
-                    .collect(),
-            )
-        }
+impl Deployment {
+    /// The Gateway's Services resolved for the listeners on `ports` (its
+    /// own and its ListenerSets'): `Programmed` and `status.addresses`.
+    fn instances(
+        &self,
+        snapshot: &Snapshot,
+        ns: &str,
+        ports: &BTreeSet<u32>,
+        domain: &str,
+    ) -> gateway_instances::Instances {
+        gateway_instances::resolve(snapshot, ns, &self.service_hosts, ports, domain)
     }
 }

@@ -282,6 +282,7 @@ mod tests {
             conditions: Vec::new(),
             listeners: Vec::new(),
             addresses,
+            attached_listener_sets: 0,
         };
         let null = serde_json::Value::Null;
         assert!(status(Vec::new()).to_json(None, "t", &null, Vec::new())["addresses"].is_null());

@@ -40,12 +40,25 @@ pub fn build(
     ns: &str,
     l: &Listener,
 ) -> BuiltListener {
+    build_as(snapshot, grants, gw, "Gateway", ns, l)
+}
+
+/// Builds listener `l` owned by an object of kind `owner` in namespace
+/// `ns` (a ListenerSet's listeners join Gateway `gw`).
+pub fn build_as(
+    snapshot: &Snapshot,
+    grants: &ReferenceGrants,
+    gw: &KubernetesGateway,
+    owner: &str,
+    ns: &str,
+    l: &Listener,
+) -> BuiltListener {
     let mut accepted = Condition::ok("Accepted", OK);
     let conflicted = Condition::new("Conflicted", false, "NoConflicts", OK);
     let mut programmed = Condition::ok("Programmed", OK);
     let mut resolved = Condition::ok("ResolvedRefs", OK);
     let mut ok = true;
-    let tls = match listener_tls::build(snapshot, grants, gw, ns, l) {
+    let tls = match listener_tls::build_as(snapshot, grants, gw, owner, ns, l) {
         Ok(t) => t,
         Err(e) => {
             tracing::info!(

@@ -91,6 +91,20 @@ pub fn build(
     ns: &str,
     l: &Listener,
 ) -> Result<Option<ServerTlsSettings>, TlsError> {
+    build_as(snapshot, grants, gw, "Gateway", ns, l)
+}
+
+/// [`build`] for a listener owned by an object of kind `owner` (`Gateway`,
+/// or `ListenerSet` for its listeners): cross-namespace references are
+/// held to the ReferenceGrants from that kind, as Istio holds them.
+pub fn build_as(
+    snapshot: &Snapshot,
+    grants: &ReferenceGrants,
+    gw: &KubernetesGateway,
+    owner: &str,
+    ns: &str,
+    l: &Listener,
+) -> Result<Option<ServerTlsSettings>, TlsError> {
     let Some(tls) = l.tls.as_ref() else {
         return Ok(None);
     };
@@ -110,11 +124,11 @@ pub fn build(
                 }
                 _ => {}
             }
-            terminate(snapshot, grants, ns, tls, &mut out)?;
+            terminate(snapshot, grants, owner, ns, tls, &mut out)?;
             if let Some(v) = frontend(gw, l.port).and_then(|f| f.validation.as_ref())
                 && !v.ca_certificate_refs.is_empty()
             {
-                validation(snapshot, grants, ns, tls, v, &mut out)?;
+                validation(snapshot, grants, owner, ns, tls, v, &mut out)?;
             }
         }
     }
@@ -133,6 +147,7 @@ pub fn build(
 fn terminate(
     snapshot: &Snapshot,
     grants: &ReferenceGrants,
+    owner: &str,
     ns: &str,
     tls: &ListenerTls,
     out: &mut ServerTlsSettings,
@@ -147,7 +162,16 @@ fn terminate(
     let mut errors: Vec<TlsError> = Vec::new();
     for r in &tls.certificate_refs {
         let cred_ns = r.namespace.as_deref().unwrap_or(ns);
-        if cred_ns != ns && !grants.granted(RefFrom::gateway(ns), RefTo::secret(cred_ns, &r.name)) {
+        if cred_ns != ns
+            && !grants.granted(
+                RefFrom {
+                    group: super::GROUP,
+                    kind: owner,
+                    namespace: ns,
+                },
+                RefTo::secret(cred_ns, &r.name),
+            )
+        {
             // Istio reports a reference not permitted as it does a CA's:
             // the listener is not accepted either.
             errors.push(TlsError {
@@ -240,6 +264,7 @@ fn secret_reference(
 fn validation(
     snapshot: &Snapshot,
     grants: &ReferenceGrants,
+    owner: &str,
     ns: &str,
     tls: &ListenerTls,
     v: &super::tls_types::FrontendValidation,
@@ -265,7 +290,16 @@ fn validation(
         namespace: ca_ns,
         name: &r.name,
     };
-    if ca_ns != ns && !grants.granted(RefFrom::gateway(ns), to) {
+    if ca_ns != ns
+        && !grants.granted(
+            RefFrom {
+                group: super::GROUP,
+                kind: owner,
+                namespace: ns,
+            },
+            to,
+        )
+    {
         return Err(ca_err(
             "RefNotPermitted",
             format!(
@@ -349,30 +383,43 @@ pub fn protocol(l: &Listener) -> Option<ListenerProtocol> {
     ListenerProtocol::parse(&l.protocol)
 }
 
-/// Whether a Gateway API Gateway of `snapshot` names Secret `ns/name` as a
-/// certificate or CA (a change of it changes the Gateway's translation).
+/// Whether a Gateway API Gateway (or ListenerSet) of `snapshot` names
+/// Secret `ns/name` as a certificate or CA (a change of it changes the
+/// Gateway's translation).
 pub fn references_secret(snapshot: &Snapshot, ns: &str, name: &str) -> bool {
-    snapshot.list::<KubernetesGateway>().any(|g| {
-        let gw_ns = g.object.metadata.namespace.as_str();
-        let certs = g
-            .spec
-            .listeners
-            .iter()
-            .filter_map(|l| l.tls.as_ref())
-            .flat_map(|t| &t.certificate_refs)
-            .any(|r| r.name == name && r.namespace.as_deref().unwrap_or(gw_ns) == ns);
-        let cas = g
-            .spec
-            .tls
-            .as_ref()
-            .and_then(|t| t.frontend.as_ref())
-            .into_iter()
-            .flat_map(|f| std::iter::once(&f.default).chain(f.per_port.iter().map(|p| &p.tls)))
-            .filter_map(|c| c.validation.as_ref())
-            .flat_map(|v| &v.ca_certificate_refs)
-            .any(|r| r.name == name && r.namespace.as_deref().unwrap_or(gw_ns) == ns);
-        certs || cas
-    })
+    let in_sets = snapshot
+        .list::<super::listener_set::ListenerSet>()
+        .any(|s| {
+            let set_ns = s.object.metadata.namespace.as_str();
+            s.spec
+                .listeners
+                .iter()
+                .filter_map(|l| l.tls.as_ref())
+                .flat_map(|t| &t.certificate_refs)
+                .any(|r| r.name == name && r.namespace.as_deref().unwrap_or(set_ns) == ns)
+        });
+    in_sets
+        || snapshot.list::<KubernetesGateway>().any(|g| {
+            let gw_ns = g.object.metadata.namespace.as_str();
+            let certs = g
+                .spec
+                .listeners
+                .iter()
+                .filter_map(|l| l.tls.as_ref())
+                .flat_map(|t| &t.certificate_refs)
+                .any(|r| r.name == name && r.namespace.as_deref().unwrap_or(gw_ns) == ns);
+            let cas = g
+                .spec
+                .tls
+                .as_ref()
+                .and_then(|t| t.frontend.as_ref())
+                .into_iter()
+                .flat_map(|f| std::iter::once(&f.default).chain(f.per_port.iter().map(|p| &p.tls)))
+                .filter_map(|c| c.validation.as_ref())
+                .flat_map(|v| &v.ca_certificate_refs)
+                .any(|r| r.name == name && r.namespace.as_deref().unwrap_or(gw_ns) == ns);
+            certs || cas
+        })
 }
 
 #[cfg(test)]

@@ -25,6 +25,9 @@ pub const GATEWAY_SERVICE_ANNOTATION: &str = "internal.istio.io/gateway-service"
 /// The gateway's service account (Istio's
 /// `constants.InternalServiceAccount`).
 pub const SERVICE_ACCOUNT_ANNOTATION: &str = "internal.istio.io/service-account-name";
+/// The parent Gateway's namespace, on the Gateways of a ListenerSet's
+/// listeners (`constants.InternalParentNamespace`).
+pub const PARENT_NAMESPACE_ANNOTATION: &str = "internal.istio.io/parent-namespace";
 
 /// A generated Istio object.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,7 +49,7 @@ pub struct Output {
     pub gateways: Vec<Generated<Gateway>>,
     /// The routes, bound to those Gateways.
     pub virtual_services: Vec<Generated<VirtualService>>,
-    /// One per BackendTLSPolicy target and host ([`super::backend_policies`]).
+    /// One per BackendTLSPolicy target and host (by `backend_policies.rs`).
     pub destination_rules: Vec<Generated<DestinationRule>>,
     /// The status of every object of Istio's classes and of every route
     /// with a parent there (or no parent at all).

@@ -88,6 +88,7 @@ pub(super) fn http_routes(
 ) {
     let all_gateways: Vec<ObjectKey> = snapshot
         .objects(Kind::KubernetesGateway)
+        .chain(snapshot.objects(Kind::ListenerSet))
         .map(|o| o.key())
         .collect();
     let grants = super::references::ReferenceGrants::new(snapshot);
@@ -149,15 +150,15 @@ pub(super) fn http_routes(
                 continue;
             }
             let gw_ns = p.namespace.as_deref().unwrap_or(route_ns);
-            let gw_key = ObjectKey::new(Kind::KubernetesGateway, gw_ns, &p.name);
+            let gw_key = super::gateway_collection::parent_key(p, route_ns);
             let candidates: Vec<usize> = parents
                 .iter()
                 .enumerate()
-                .filter(|(_, l)| l.gw_namespace == gw_ns && l.gw_name == p.name)
+                .filter(|(_, l)| l.owned_by(p, route_ns))
                 .map(|(i, _)| i)
                 .collect();
             if candidates.is_empty() {
-                if all_gateways.contains(&gw_key) {
+                if gw_key.is_some_and(|k| all_gateways.contains(&k)) {
                     // Another controller's Gateway: not Istio's to report.
                     continue;
                 }
@@ -313,7 +314,7 @@ pub(super) fn parent_ref_string(p: &ParentReference, route_ns: &str) -> String {
 }
 
 /// Whether a parent is a Service (a mesh route, GAMMA).
-fn is_service_parent(p: &ParentReference) -> bool {
+pub(super) fn is_service_parent(p: &ParentReference) -> bool {
     p.group.as_deref() == Some("") && p.kind.as_deref() == Some("Service")
 }
 
@@ -364,13 +365,15 @@ fn add_to_bucket(
 
 /// The hostnames of the other listeners of listener `i`'s Gateway on the
 /// same port (Istio's `BannedHostnames`).
-fn banned_hostnames<'a>(parents: &[ParentListener<'a>], i: usize) -> Vec<&'a str> {
+fn banned_hostnames<'b>(parents: &'b [ParentListener<'_>], i: usize) -> Vec<&'b str> {
     let l = &parents[i];
     parents
         .iter()
         .enumerate()
         .filter(|(j, o)| {
             *j != i
+                && o.routable
+                && o.kind == l.kind
                 && o.gw_namespace == l.gw_namespace
                 && o.gw_name == l.gw_name
                 && o.listener.port == l.listener.port

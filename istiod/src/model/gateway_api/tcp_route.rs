@@ -340,8 +340,8 @@ fn l4_route(
 ) {
     use super::conditions::{ObjectStatus, RouteParentStatus};
     use super::route_collections::{Denied, Refusal, accepted, attach};
+    use crate::model::Kind;
     use crate::model::istio::VirtualService;
-    use crate::model::{Kind, ObjectKey};
 
     let (tcp, tls, resolved) = match kind {
         L4Kind::Tcp => {
@@ -356,19 +356,31 @@ fn l4_route(
     let mut parent_status = Vec::new();
     // (listener index, hosts) of every listener the route binds to.
     let mut bound_to: Vec<(usize, Vec<String>)> = Vec::new();
+    // (Service host, parent port) of every Service parent (mesh routes).
+    let mut mesh: Vec<(String, Option<u32>)> = Vec::new();
     for p in r.parent_refs {
+        if super::route_collections::is_service_parent(p) {
+            let svc_ns = p.namespace.as_deref().unwrap_or(r.ns);
+            mesh.push((format!("{}.{svc_ns}.svc.{domain}", p.name), p.port));
+            parent_status.push(RouteParentStatus {
+                parent_ref: p.clone(),
+                conditions: vec![accepted(1, &[]), resolved.clone()],
+            });
+            continue;
+        }
         let gw_ns = p.namespace.as_deref().unwrap_or(r.ns);
         let candidates: Vec<usize> = parents
             .iter()
             .enumerate()
-            .filter(|(_, l)| l.gw_namespace == gw_ns && l.gw_name == p.name)
+            .filter(|(_, l)| l.owned_by(p, r.ns))
             .map(|(i, _)| i)
             .collect();
         if candidates.is_empty() {
-            let gw_key = ObjectKey::new(Kind::KubernetesGateway, gw_ns, &p.name);
+            let gw_key = super::gateway_collection::parent_key(p, r.ns);
             if snapshot
                 .objects(Kind::KubernetesGateway)
-                .any(|o| o.key() == gw_key)
+                .chain(snapshot.objects(Kind::ListenerSet))
+                .any(|o| Some(o.key()) == gw_key)
             {
                 // Another controller's Gateway: not Istio's to report.
                 continue;
@@ -414,12 +426,35 @@ fn l4_route(
         out.status
             .insert(r.key.clone(), ObjectStatus::HttpRoute(parent_status));
     }
-    // Istio numbers the VirtualServices in the order of the listeners'
-    // generated Gateway names.
+    // Istio numbers the VirtualServices in the order of the parents'
+    // internal names (a generated Gateway's, or `mesh`).
     bound_to.sort_by_key(|(i, _)| parents[*i].internal_ref());
     bound_to.dedup_by_key(|(i, _)| *i);
+    let mut bindings: Vec<(String, Vec<String>, Option<u32>)> = bound_to
+        .into_iter()
+        .map(|(i, hosts)| (parents[i].internal_ref(), hosts, None))
+        .chain(
+            mesh.into_iter()
+                .map(|(host, port)| ("mesh".to_string(), vec![host], port)),
+        )
+        .collect();
+    bindings.sort_by(|a, b| a.0.cmp(&b.0));
     let mut count = 0;
-    for (i, hosts) in bound_to {
+    for (gateway, hosts, port) in bindings {
+        // A Service parent's port narrows each route to it (Istio's
+        // `augmentTCPPortMatch`, `augmentTLSPortMatch`).
+        let (mut tcp, mut tls) = (tcp.clone(), tls.clone());
+        if let Some(port) = port {
+            for t in &mut tcp {
+                if t.r#match.is_empty() {
+                    t.r#match.push(Default::default());
+                }
+                t.r#match.iter_mut().for_each(|m| m.port = Some(port));
+            }
+            for t in &mut tls {
+                t.r#match.iter_mut().for_each(|m| m.port = Some(port));
+            }
+        }
         for host in hosts {
             out.virtual_services.push(super::output::Generated {
                 namespace: r.ns.to_string(),
@@ -432,7 +467,7 @@ fn l4_route(
                 annotations: route_annotations(kind, r.name, r.ns),
                 spec: VirtualService {
                     hosts: vec![host],
-                    gateways: vec![parents[i].internal_ref()],
+                    gateways: vec![gateway.clone()],
                     tcp: tcp.clone(),
                     tls: tls.clone(),
                     gateway_semantics: true,

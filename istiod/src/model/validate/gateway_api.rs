@@ -51,7 +51,7 @@ pub(super) fn gateway(gw: &KubernetesGateway, e: &mut Errors) {
     {
         e.add("spec.infrastructure", err.to_string());
     }
-    refuse_if("spec.allowedListeners", &gw.allowed_listeners, e);
+    // `allowedListeners` is checked with ListenerSets (validate.rs).
     if let Some(tls) = &gw.tls {
         super::gateway_api_l4::gateway_tls(tls, e);
     }
@@ -73,8 +73,12 @@ pub(super) fn gateway(gw: &KubernetesGateway, e: &mut Errors) {
             ),
         }
     }
-    if gw.listeners.is_empty() {
-        e.add("spec.listeners", "a Gateway needs at least one listener");
+    // A Gateway may leave its listeners to ListenerSets it allows.
+    if gw.listeners.is_empty() && gw.allowed_listeners.is_none() {
+        e.add(
+            "spec.listeners",
+            "a Gateway needs at least one listener (or allowedListeners, for ListenerSets)",
+        );
     }
     let mut names = BTreeSet::new();
     for (i, l) in gw.listeners.iter().enumerate() {
@@ -92,7 +96,7 @@ pub(super) fn gateway(gw: &KubernetesGateway, e: &mut Errors) {
     }
 }
 
-fn listener(field: &str, l: &Listener, e: &mut Errors) {
+pub(super) fn listener(field: &str, l: &Listener, e: &mut Errors) {
     if !is_dns1123_label(&l.name) {
         e.add(
             format!("{field}.name"),
@@ -184,11 +188,11 @@ pub(super) fn parent_refs(refs: &[crate::model::gateway_api::ParentReference], e
     for (i, p) in refs.iter().enumerate() {
         let field = format!("spec.parentRefs[{i}]");
         let service = p.group.as_deref() == Some("") && p.kind.as_deref() == Some("Service");
-        if !p.is_gateway() && !service {
+        if !p.is_gateway() && !p.is_listener_set() && !service {
             e.add(
                 format!("{field}.kind"),
                 format!(
-                    "parent {}/{} is not implemented by this istiod (only Gateways of gateway.networking.k8s.io, or core Services for mesh routes)",
+                    "parent {}/{} is not implemented by this istiod (only Gateways and ListenerSets of gateway.networking.k8s.io, or core Services for mesh routes)",
                     p.group.as_deref().unwrap_or(""),
                     p.kind.as_deref().unwrap_or("")
                 ),

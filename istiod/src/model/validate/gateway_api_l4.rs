@@ -183,10 +183,11 @@ pub(super) fn tls_route(r: &TlsRoute, e: &mut Errors) {
 fn parents(refs: &[ParentReference], e: &mut Errors) {
     for (i, p) in refs.iter().enumerate() {
         let field = format!("spec.parentRefs[{i}]");
-        if !p.is_gateway() {
+        let service = p.group.as_deref() == Some("") && p.kind.as_deref() == Some("Service");
+        if !p.is_gateway() && !p.is_listener_set() && !service {
             e.add(
                 format!("{field}.kind"),
-                "only Gateways of gateway.networking.k8s.io are implemented by this istiod as parents of TCPRoute and TLSRoute",
+                "only Gateways and ListenerSets of gateway.networking.k8s.io, or core Services for mesh routes, are implemented by this istiod as parents of TCPRoute and TLSRoute",
             );
         }
         if p.name.is_empty() {
@@ -272,7 +273,7 @@ mod tests {
     #[test]
     fn layer_4_routes_and_grants_are_checked_by_field() {
         let r: TlsRoute = serde_yaml_ng::from_str(
-            "{parentRefs: [{name: gw, kind: Service, group: \"\"}], hostnames: [\"10.0.0.1\"], rules: [{backendRefs: [{name: a.b, kind: ServiceImport, group: multicluster.x-k8s.io}]}]}",
+            "{parentRefs: [{name: gw, kind: ServiceImport, group: multicluster.x-k8s.io}], hostnames: [\"10.0.0.1\"], rules: [{backendRefs: [{name: a.b, kind: ServiceImport, group: multicluster.x-k8s.io}]}]}",
         )
         .unwrap();
         let e = errors(|e| tls_route(&r, e));
@@ -286,7 +287,7 @@ mod tests {
             assert!(e.iter().any(|l| l.starts_with(want)), "{want}: {e:?}");
         }
         let ok: TcpRoute =
-            serde_yaml_ng::from_str("{parentRefs: [{name: gw}], rules: [{backendRefs: [{name: a, port: 9000}]}, {backendRefs: [{name: b, port: 9000}]}]}")
+            serde_yaml_ng::from_str("{parentRefs: [{name: gw}, {name: a, kind: Service, group: \"\"}, {name: s, kind: ListenerSet}], rules: [{backendRefs: [{name: a, port: 9000}]}, {backendRefs: [{name: b, port: 9000}]}]}")
                 .unwrap();
         assert!(errors(|e| tcp_route(&ok, e)).is_empty());
         let g: ReferenceGrant =

@@ -317,4 +317,33 @@ mod tests {
             assert!(originate(&tls, &[], false, false).is_none());
         }
     }
+
+    #[test]
+    fn a_configmap_ca_is_fetched_over_sds_even_on_sidecars() {
+        // A BackendTLSPolicy's CA: a ConfigMap credential, which a sidecar
+        // (no workloadSelector) may use; a Secret credential it may not.
+        let tls = ClientTlsSettings {
+            mode: TlsMode::Simple,
+            credential_name: "configmap://demo/ca".into(),
+            sni: "a.example".into(),
+            ..Default::default()
+        };
+        let (c, _) = originate(&tls, &[], false, false).unwrap();
+        assert_eq!(c.sni, "a.example");
+        let common = c.common_tls_context.unwrap();
+        let Some(common_tls_context::ValidationContextType::CombinedValidationContext(v)) =
+            common.validation_context_type
+        else {
+            panic!("no combined validation context");
+        };
+        assert_eq!(
+            v.validation_context_sds_secret_config.unwrap().name,
+            "configmap://demo/ca-cacert"
+        );
+        let secret = ClientTlsSettings {
+            credential_name: "client-cred".into(),
+            ..tls
+        };
+        assert!(originate(&secret, &[], false, false).is_none());
+    }
 }
