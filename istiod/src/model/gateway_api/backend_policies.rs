@@ -425,62 +425,22 @@ fn ancestor_gateways(snapshot: &Snapshot) -> BTreeMap<Target, BTreeSet<(String, 
                 .extend(gateways.iter().cloned());
         }
     };
-    for r in snapshot.list::<HttpRoute>() {
-        let refs = r.spec.rules.iter().flat_map(|x| &x.backend_refs);
-        let refs = refs
-            .map(|b| {
-                (
-                    b.group.as_deref(),
-                    b.kind.as_deref(),
-                    b.namespace.as_deref(),
-                    b.name.as_str(),
-                )
-            })
-            .collect();
-        add(&r.object.metadata.namespace, &r.spec.parent_refs, refs);
+    // Every route kind has rules with backend refs of the same fields.
+    macro_rules! routes {
+        ($($kind:ty),*) => {$(
+            for r in snapshot.list::<$kind>() {
+                let refs = r.spec.rules.iter().flat_map(|x| &x.backend_refs);
+                let refs = refs
+                    .map(|b| {
+                        let (group, kind) = (b.group.as_deref(), b.kind.as_deref());
+                        (group, kind, b.namespace.as_deref(), b.name.as_str())
+                    })
+                    .collect();
+                add(&r.object.metadata.namespace, &r.spec.parent_refs, refs);
+            }
+        )*};
     }
-    for r in snapshot.list::<GrpcRoute>() {
-        let refs = r.spec.rules.iter().flat_map(|x| &x.backend_refs);
-        let refs = refs
-            .map(|b| {
-                (
-                    b.group.as_deref(),
-                    b.kind.as_deref(),
-                    b.namespace.as_deref(),
-                    b.name.as_str(),
-                )
-            })
-            .collect();
-        add(&r.object.metadata.namespace, &r.spec.parent_refs, refs);
-    }
-    for r in snapshot.list::<TcpRoute>() {
-        let refs = r.spec.rules.iter().flat_map(|x| &x.backend_refs);
-        let refs = refs
-            .map(|b| {
-                (
-                    b.group.as_deref(),
-                    b.kind.as_deref(),
-                    b.namespace.as_deref(),
-                    b.name.as_str(),
-                )
-            })
-            .collect();
-        add(&r.object.metadata.namespace, &r.spec.parent_refs, refs);
-    }
-    for r in snapshot.list::<TlsRoute>() {
-        let refs = r.spec.rules.iter().flat_map(|x| &x.backend_refs);
-        let refs = refs
-            .map(|b| {
-                (
-                    b.group.as_deref(),
-                    b.kind.as_deref(),
-                    b.namespace.as_deref(),
-                    b.name.as_str(),
-                )
-            })
-            .collect();
-        add(&r.object.metadata.namespace, &r.spec.parent_refs, refs);
-    }
+    routes!(HttpRoute, GrpcRoute, TcpRoute, TlsRoute);
     out
 }
 
