@@ -14,14 +14,14 @@ use tests::{Istiod, http_get, wait_for};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// A Gateway API kind this istiod does not read (yet): a ListenerSet.
-const LISTENER_SET: &str = r#"apiVersion: gateway.networking.k8s.io/v1
-kind: ListenerSet
-metadata: {name: extra, namespace: demo}
+/// A Gateway API kind (experimental channel) this istiod does not read
+/// (yet): an XBackendTrafficPolicy.
+const BACKEND_TRAFFIC_POLICY: &str = r#"apiVersion: gateway.networking.x-k8s.io/v1alpha1
+kind: XBackendTrafficPolicy
+metadata: {name: retry-budget, namespace: demo}
 spec:
-  parentRef: {name: gw, kind: Gateway, group: gateway.networking.k8s.io}
-  listeners:
-  - {name: extra, hostname: extra.example.com, protocol: HTTP, port: 80}
+  targetRefs: [{group: "", kind: Service, name: httpbin}]
+  retryConstraint: {budget: {percent: 20}}
 ---
 apiVersion: networking.istio.io/v1
 kind: VirtualService
@@ -62,13 +62,13 @@ fn unimplemented_kinds_are_reported_by_file_and_kind() {
     let tmp = tempfile::tempdir().unwrap();
     let config = tmp.path().join("config");
     std::fs::create_dir_all(&config).unwrap();
-    let group_file = config.join("listenerset.yaml");
-    std::fs::write(&group_file, LISTENER_SET).unwrap();
+    let group_file = config.join("backend-traffic-policy.yaml");
+    std::fs::write(&group_file, BACKEND_TRAFFIC_POLICY).unwrap();
     let ns = Netns::new("report");
     let istiod = Istiod::start_with_config(&ns, &tmp.path().join("istiod"), &config, &[]);
     let (http, monitoring) = (istiod.http, istiod.monitoring);
 
-    // At start: the ListenerSet is listed with its file; the VirtualService
+    // At start: the XBackendTrafficPolicy is listed with its file; the VirtualService
     // beside it is applied.
     let group_path = group_file.display().to_string();
     let path = group_path.clone();
@@ -76,7 +76,7 @@ fn unimplemented_kinds_are_reported_by_file_and_kind() {
         let c = configz(http);
         assert_eq!(
             c["unimplemented"],
-            serde_json::json!([{"file": path, "apiVersion": "gateway.networking.k8s.io/v1", "kind": "ListenerSet"}]),
+            serde_json::json!([{"file": path, "apiVersion": "gateway.networking.x-k8s.io/v1alpha1", "kind": "XBackendTrafficPolicy"}]),
             "{c}"
         );
         assert!(
@@ -86,12 +86,13 @@ fn unimplemented_kinds_are_reported_by_file_and_kind() {
                 .contains(&Value::from("VirtualService/demo/applied")),
             "{c}"
         );
-        assert_eq!(rejected_count(monitoring, "ListenerSet", &path), Some(1));
+        assert_eq!(rejected_count(monitoring, "XBackendTrafficPolicy", &path), Some(1));
     });
     let log = istiod.proc.log();
     assert!(
-        log.lines()
-            .any(|l| l.contains(&group_path) && l.contains("ListenerSet") && l.contains("warn")),
+        log.lines().any(|l| l.contains(&group_path)
+            && l.contains("XBackendTrafficPolicy")
+            && l.contains("warn")),
         "istiod's log names the file and the kind:\n{log}"
     );
 
@@ -119,7 +120,7 @@ fn unimplemented_kinds_are_reported_by_file_and_kind() {
     std::fs::remove_file(&group_file).unwrap();
     ns.run(move || {
         wait_for(
-            "the removed ListenerSet file gone from configz",
+            "the removed XBackendTrafficPolicy file gone from configz",
             WAIT,
             || {
                 let c = configz(http);

@@ -68,11 +68,20 @@ pub struct IgnoredKind {
 
 impl IgnoredKind {
     /// Whether it is Istio configuration that this istiod does not implement
-    /// (a kind of Istio's groups or of the Kubernetes Gateway API), rather
-    /// than an object that is no configuration for istiod at all.
+    /// (a kind of Istio's groups, of the Kubernetes Gateway API and its
+    /// experimental `x-k8s.io` group, or of the inference extension, all of
+    /// which Istio reads), rather than an object that is no configuration
+    /// for istiod at all.
     pub fn is_unimplemented_config(&self) -> bool {
         let group = self.api_version.split_once('/').map_or("", |(g, _)| g);
-        group.ends_with(".istio.io") || group == "gateway.networking.k8s.io"
+        group.ends_with(".istio.io")
+            || matches!(
+                group,
+                "gateway.networking.k8s.io"
+                    | "gateway.networking.x-k8s.io"
+                    | "inference.networking.k8s.io"
+                    | "inference.networking.x-k8s.io"
+            )
     }
 }
 
@@ -515,6 +524,22 @@ metadata: {name: d}
             .map(IgnoredKind::is_unimplemented_config)
             .collect();
         assert_eq!(unimplemented, vec![true, false]);
+    }
+
+    #[test]
+    fn experimental_gateway_api_and_inference_kinds_are_unimplemented_config() {
+        for (api_version, want) in [
+            ("gateway.networking.x-k8s.io/v1alpha1", true),
+            ("inference.networking.k8s.io/v1", true),
+            ("inference.networking.x-k8s.io/v1alpha2", true),
+            ("networking.k8s.io/v1", false),
+        ] {
+            let kind = IgnoredKind {
+                api_version: api_version.into(),
+                kind: "K".into(),
+            };
+            assert_eq!(kind.is_unimplemented_config(), want, "{api_version}");
+        }
     }
 
     #[test]
