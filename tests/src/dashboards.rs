@@ -401,10 +401,15 @@ mod tests {
 
     #[test]
     fn a_missing_variable_is_an_error_naming_the_query() {
-        let err = query("m[$__interval]").substitute(&Variables::new()).unwrap_err();
+        let err = query("m[$__interval]")
+            .substitute(&Variables::new())
+            .unwrap_err();
         let text = err.to_string();
         assert!(text.contains("$__interval"), "{text}");
-        assert!(text.contains("dashboard \"D\", panel \"P\" target A"), "{text}");
+        assert!(
+            text.contains("dashboard \"D\", panel \"P\" target A"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -424,7 +429,9 @@ mod tests {
         ));
         // A POSIX class in a regex is not a `[[name]]` reference.
         assert_eq!(
-            query(r#"m{a=~"[[:alpha:]]+"}[5m:1m]"#).substitute(&v).unwrap(),
+            query(r#"m{a=~"[[:alpha:]]+"}[5m:1m]"#)
+                .substitute(&v)
+                .unwrap(),
             r#"m{a=~"[[:alpha:]]+"}[5m:1m]"#
         );
     }
@@ -482,7 +489,11 @@ mod tests {
             ]
         );
         for d in &dashboards {
-            assert!(d.panel_queries().count() > 0, "{} has no panel queries", d.file);
+            assert!(
+                d.panel_queries().count() > 0,
+                "{} has no panel queries",
+                d.file
+            );
             assert!(d.variables().unwrap().contains("__rate_interval"));
         }
     }

@@ -192,8 +192,5 @@ fn promtool_names_a_query_that_does_not_parse() {
     let failures = check_with_promtool(&queries).unwrap_err();
     assert_eq!(failures.len(), 1, "{failures:?}");
     assert_eq!(failures[0].location, "bad");
-    assert!(
-        failures[0].message.contains("parse error"),
-        "{failures:?}"
-    );
+    assert!(failures[0].message.contains("parse error"), "{failures:?}");
 }
