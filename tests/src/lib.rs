@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 pub mod ads;
 pub mod backends;
 pub mod ca_root;
+pub mod dashboards;
 pub mod fault;
 pub mod gateway_api_source;
 pub mod gateway_pod;
