@@ -1,4 +1,4 @@
-//! Istio's Grafana dashboards, vendored in `tests/testdata/istio-dashboards/`
+//! Istio's Grafana dashboards, vendored in `tests/data/istio-dashboards/`
 //! (origin in the README there): reads each dashboard's PromQL, that is
 //! every panel target's `expr` and the Prometheus query behind each
 //! `query_result(...)` template variable, and turns it into a plain query by
@@ -205,7 +205,7 @@ impl Dashboard {
 
 /// The directory of the vendored dashboards.
 pub fn vendored_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/istio-dashboards")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/istio-dashboards")
 }
 
 /// Reads the four vendored dashboards, in [`VENDORED`]'s order.

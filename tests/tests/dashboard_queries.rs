@@ -1,5 +1,5 @@
 //! Every PromQL query of Istio's Grafana dashboards (mesh, service,
-//! workload, control plane; vendored in `tests/testdata/istio-dashboards/`)
+//! workload, control plane; vendored in `tests/data/istio-dashboards/`)
 //! parses with Prometheus's own parser once Grafana's variables are
 //! substituted as Grafana would for the sample mesh (namespace `demo`,
 //! `sleep` calling `httpbin`). The parser is `promtool check rules` on a
